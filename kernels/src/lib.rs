@@ -1,0 +1,9 @@
+//! Heavy ops the K3 Mini student calls, kept apart from the layers (as in flash-linear-attention):
+//! every fast form is tested against its naive twin.
+//!
+//! - [`kda`]: Kimi Delta Attention, as a naive recurrence, a chunkwise-parallel (WY/UT) form and a
+//!   single-token decode step.
+
+pub mod kda;
+
+pub use kda::{KdaInputs, KdaOutput, chunk_kda, kda_step, naive_recurrent_kda};

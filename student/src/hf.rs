@@ -1,0 +1,163 @@
+//! Interop with transformers' `KimiLinearForCausalLM`: its config.json maps to a [`ModelConfig`] and its
+//! safetensors load into [`K3Mini`] by name. The module tree mirrors transformers' names, so the only
+//! entries here are the differences.
+
+use crate::config::{Activation, KdaConfig, KdaKernel, MlaConfig, ModelConfig, MoeConfig};
+use crate::model::K3Mini;
+use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use serde_json::Value;
+use std::path::Path;
+
+/// Parameter names that differ from transformers' (regex on theirs → ours).
+pub const HF_RENAMES: [(&str, &str); 1] = [(r"\.A_log$", ".a_log")];
+
+#[derive(Debug, thiserror::Error)]
+pub enum HfError {
+    #[error("Kimi Linear config: `{field}`: {message}")]
+    Config { field: String, message: String },
+    #[error("loading {path}: {message}")]
+    Load { path: String, message: String },
+}
+
+fn cfg_err(field: &str, message: impl Into<String>) -> HfError {
+    HfError::Config {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn get_usize(v: &Value, field: &str) -> Result<usize, HfError> {
+    v.get(field)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .ok_or_else(|| cfg_err(field, "missing or not a non-negative integer"))
+}
+
+fn get_str_list(v: &Value, field: &str) -> Result<Vec<String>, HfError> {
+    v.get(field)
+        .and_then(Value::as_array)
+        .ok_or_else(|| cfg_err(field, "missing or not a list"))?
+        .iter()
+        .map(|x| {
+            x.as_str()
+                .map(str::to_owned)
+                .ok_or_else(|| cfg_err(field, "entries must be strings"))
+        })
+        .collect()
+}
+
+/// A [`ModelConfig`] from a Kimi Linear config.json (explicit `layer_types` / `mlp_layer_types` required).
+pub fn config_from_kimi_linear(v: &Value) -> Result<ModelConfig, HfError> {
+    let heads = get_usize(v, "num_attention_heads")?;
+    if get_usize(v, "linear_num_heads")? != heads {
+        return Err(cfg_err(
+            "linear_num_heads",
+            "k3mini uses one head count for KDA and MLA layers",
+        ));
+    }
+    let pattern: String = get_str_list(v, "layer_types")?
+        .iter()
+        .map(|t| match t.as_str() {
+            "linear_attention" => Ok('K'),
+            "full_attention" => Ok('M'),
+            other => Err(cfg_err(
+                "layer_types",
+                format!("unknown layer type {other:?}"),
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    let mlp_types = get_str_list(v, "mlp_layer_types")?;
+    let first_dense = mlp_types.iter().take_while(|t| *t == "dense").count();
+    if mlp_types[first_dense..].iter().any(|t| t != "sparse") {
+        return Err(cfg_err(
+            "mlp_layer_types",
+            "expected dense layers first, then sparse",
+        ));
+    }
+    let moe = (first_dense < mlp_types.len())
+        .then(|| -> Result<MoeConfig, HfError> {
+            Ok(MoeConfig {
+                num_experts: get_usize(v, "num_local_experts")?,
+                top_k: get_usize(v, "num_experts_per_tok")?,
+                num_shared_experts: get_usize(v, "n_shared_experts")?,
+                expert_hidden: get_usize(v, "moe_intermediate_size")?,
+                routed_scaling_factor: v
+                    .get("routed_scaling_factor")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(2.446),
+                latent_dim: None,
+                first_dense_layers: first_dense,
+                bias_update_rate: 1e-3,
+            })
+        })
+        .transpose()?;
+    let head_dim = get_usize(v, "linear_head_dim")?;
+    let config = ModelConfig {
+        vocab_size: get_usize(v, "vocab_size")?,
+        d_model: get_usize(v, "hidden_size")?,
+        n_layers: get_usize(v, "num_hidden_layers")?,
+        n_heads: heads,
+        layer_pattern: pattern,
+        last_layer_mla: false,
+        ffn_hidden: get_usize(v, "intermediate_size")?,
+        activation: Activation::Swiglu,
+        kda: KdaConfig {
+            head_dim,
+            conv_kernel: get_usize(v, "linear_conv_kernel_dim")?,
+            gate_rank: Some(head_dim),
+            gate_lower_bound: None,
+            chunk_size: 64,
+            kernel: KdaKernel::Chunk,
+        },
+        mla: MlaConfig {
+            q_lora_rank: v
+                .get("q_lora_rank")
+                .and_then(Value::as_u64)
+                .map(|x| x as usize),
+            kv_lora_rank: get_usize(v, "kv_lora_rank")?,
+            qk_nope_head_dim: get_usize(v, "qk_nope_head_dim")?,
+            qk_rope_head_dim: get_usize(v, "qk_rope_head_dim")?,
+            v_head_dim: get_usize(v, "v_head_dim")?,
+            output_gate: false,
+        },
+        moe,
+        attn_res: None,
+        rms_eps: v
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-5),
+        max_seq_len: 4096,
+    };
+    config
+        .validate()
+        .map_err(|e| cfg_err(&e.field, e.message))?;
+    Ok(config)
+}
+
+/// Loads transformers-named safetensors into `model`; every parameter must be present and used.
+pub fn load_hf_safetensors(model: &mut K3Mini, path: &Path) -> Result<(), HfError> {
+    let load_err = |message: String| HfError::Load {
+        path: path.display().to_string(),
+        message,
+    };
+    if !path.is_file() {
+        return Err(load_err("file not found".into()));
+    }
+    let mut store = SafetensorsStore::from_file(path)
+        .with_from_adapter(PyTorchToBurnAdapter)
+        .skip_enum_variants(true)
+        .allow_partial(false);
+    for (from, to) in HF_RENAMES {
+        store = store.with_key_remapping(from, to);
+    }
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| load_err(e.to_string()))?;
+    if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
+        return Err(load_err(format!(
+            "errors {:?}, missing {:?}, unused {:?}",
+            result.errors, result.missing, result.unused
+        )));
+    }
+    Ok(())
+}

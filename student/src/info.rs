@@ -1,0 +1,284 @@
+//! Analytic accounting from a config alone (no weights allocated, so it works for the 16B preset):
+//! exact parameter counts per component, a training-memory estimate and inference-state sizes.
+//! `tests/info.rs` checks the counts against instantiated models.
+
+use crate::config::{LayerKind, ModelConfig};
+use serde::Serialize;
+
+/// Parameters per component. Every field is an exact count.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct ParamBreakdown {
+    pub embedding: usize,
+    pub lm_head: usize,
+    pub kda_mixers: usize,
+    pub mla_mixers: usize,
+    pub dense_ffn: usize,
+    pub moe_router: usize,
+    pub moe_routed_experts: usize,
+    pub moe_shared_experts: usize,
+    pub moe_latent: usize,
+    pub norms: usize,
+    pub attn_res: usize,
+}
+
+impl ParamBreakdown {
+    pub fn total(&self) -> usize {
+        self.embedding
+            + self.lm_head
+            + self.kda_mixers
+            + self.mla_mixers
+            + self.dense_ffn
+            + self.moe_router
+            + self.moe_routed_experts
+            + self.moe_shared_experts
+            + self.moe_latent
+            + self.norms
+            + self.attn_res
+    }
+
+    /// Component name and count, in display order.
+    pub fn rows(&self) -> Vec<(&'static str, usize)> {
+        vec![
+            ("embedding", self.embedding),
+            ("lm_head", self.lm_head),
+            ("kda mixers", self.kda_mixers),
+            ("mla mixers", self.mla_mixers),
+            ("dense ffn", self.dense_ffn),
+            ("moe router", self.moe_router),
+            ("moe routed experts", self.moe_routed_experts),
+            ("moe shared experts", self.moe_shared_experts),
+            ("moe latent proj", self.moe_latent),
+            ("norms", self.norms),
+            ("attn_res", self.attn_res),
+        ]
+    }
+}
+
+/// Parameters of one KDA mixer.
+pub fn kda_params(c: &ModelConfig) -> usize {
+    let (d, h, hd) = (c.d_model, c.n_heads, c.kda.head_dim);
+    let inner = h * hd;
+    let gate = match c.kda.gate_rank {
+        Some(r) => d * r + r * inner,
+        None => d * inner,
+    };
+    3 * d * inner                       // q, k, v
+        + 3 * inner * c.kda.conv_kernel // short conv
+        + d * hd + hd * inner + inner + h // forget gate: f_a, f_b, dt_bias, A_log
+        + d * h                         // beta
+        + gate
+        + hd                            // o_norm
+        + inner * d // o_proj
+}
+
+/// Parameters of one MLA mixer.
+pub fn mla_params(c: &ModelConfig) -> usize {
+    let (d, h, m) = (c.d_model, c.n_heads, &c.mla);
+    let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    let q = match m.q_lora_rank {
+        None => d * h * qk,
+        Some(r) => d * r + r + r * h * qk,
+    };
+    q + d * (m.kv_lora_rank + m.qk_rope_head_dim)
+        + m.kv_lora_rank
+        + m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+        + if m.output_gate {
+            d * h * m.v_head_dim
+        } else {
+            0
+        }
+        + h * m.v_head_dim * d
+}
+
+/// Exact parameter counts. The config must be valid.
+pub fn param_breakdown(c: &ModelConfig) -> ParamBreakdown {
+    let kinds = c.layer_kinds().expect("validated config");
+    let d = c.d_model;
+    let mut p = ParamBreakdown {
+        embedding: c.vocab_size * d,
+        lm_head: d * c.vocab_size,
+        norms: d + 2 * d * c.n_layers,
+        ..Default::default()
+    };
+    for (i, kind) in kinds.iter().enumerate() {
+        match kind {
+            LayerKind::Kda => p.kda_mixers += kda_params(c),
+            LayerKind::Mla => p.mla_mixers += mla_params(c),
+        }
+        match &c.moe {
+            Some(m) if c.is_moe_layer(i) => {
+                let d_in = m.latent_dim.unwrap_or(d);
+                p.moe_router += m.num_experts * d + m.num_experts;
+                p.moe_routed_experts += 3 * m.num_experts * m.expert_hidden * d_in;
+                p.moe_shared_experts += 3 * d * m.expert_hidden * m.num_shared_experts;
+                p.moe_latent += m.latent_dim.map_or(0, |l| 2 * d * l + l);
+            }
+            _ => p.dense_ffn += 3 * d * c.ffn_hidden,
+        }
+    }
+    if c.attn_res.is_some() {
+        // Two depth attentions (query + key norm, 2d each) per layer, minus the first sub-layer's, plus the final one.
+        p.attn_res = 2 * d * (2 * c.n_layers - 1 + 1);
+    }
+    p
+}
+
+/// Parameters one token touches (routed experts counted for top-k only).
+pub fn active_params(c: &ModelConfig) -> usize {
+    let p = param_breakdown(c);
+    match &c.moe {
+        None => p.total(),
+        Some(m) => {
+            let moe_layers = (0..c.n_layers).filter(|&i| c.is_moe_layer(i)).count();
+            let d_in = m.latent_dim.unwrap_or(c.d_model);
+            p.total() - moe_layers * 3 * (m.num_experts - m.top_k) * m.expert_hidden * d_in
+        }
+    }
+}
+
+/// Training memory estimate in bytes, f32 with AdamW.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainingMemory {
+    pub batch: usize,
+    pub seq_len: usize,
+    pub weights: usize,
+    pub grads: usize,
+    pub adamw: usize,
+    /// Values the autodiff graph keeps for backward (an estimate from the layer formulas).
+    pub activations: usize,
+}
+
+impl TrainingMemory {
+    pub fn total(&self) -> usize {
+        self.weights + self.grads + self.adamw + self.activations
+    }
+}
+
+/// Estimates training memory for `batch` sequences of `seq_len` tokens.
+pub fn training_memory(c: &ModelConfig, batch: usize, seq_len: usize) -> TrainingMemory {
+    const F32: usize = 4;
+    let params = param_breakdown(c).total();
+    let kinds = c.layer_kinds().expect("validated config");
+    let (d, h) = (c.d_model, c.n_heads);
+    let inner = h * c.kda.head_dim;
+    let chunk = c.kda.chunk_size.min(seq_len.max(1));
+    let m = &c.mla;
+    // Saved values per token.
+    let kda =
+        14 * inner + 3 * chunk * inner + chunk * chunk * h + 2 * chunk * h + 3 * c.kda.head_dim + h;
+    let mla = h * (m.qk_nope_head_dim + m.qk_rope_head_dim) * 2
+        + 2 * (m.kv_lora_rank + m.qk_rope_head_dim)
+        + h * (m.qk_nope_head_dim + m.v_head_dim)
+        + 2 * h * seq_len // scores and softmax
+        + 3 * h * m.v_head_dim;
+    let per_token: usize = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| {
+            let mixer = match kind {
+                LayerKind::Kda => kda,
+                LayerKind::Mla => mla,
+            };
+            let ffn = match &c.moe {
+                Some(moe) if c.is_moe_layer(i) => {
+                    4 * moe.expert_hidden * (moe.top_k + moe.num_shared_experts)
+                        + 2 * moe.num_experts
+                }
+                _ => 4 * c.ffn_hidden,
+            };
+            6 * d + mixer + ffn
+        })
+        .sum::<usize>()
+        + 2 * c.vocab_size
+        + 2 * d;
+    TrainingMemory {
+        batch,
+        seq_len,
+        weights: params * F32,
+        grads: params * F32,
+        adamw: 2 * params * F32,
+        activations: per_token * batch * seq_len * F32,
+    }
+}
+
+/// Inference state for one sequence at a context length, f32 values.
+#[derive(Clone, Debug, Serialize)]
+pub struct StateSize {
+    pub context: usize,
+    /// The hybrid: KDA states (constant) + MLA latent caches (linear in context).
+    pub hybrid_bytes: usize,
+    /// An all-MLA model of the same shape.
+    pub all_mla_bytes: usize,
+}
+
+impl StateSize {
+    /// Fraction saved versus all-MLA.
+    pub fn saving(&self) -> f64 {
+        1.0 - self.hybrid_bytes as f64 / self.all_mla_bytes as f64
+    }
+}
+
+/// Inference state bytes at `context` tokens.
+pub fn state_size(c: &ModelConfig, context: usize) -> StateSize {
+    const F32: usize = 4;
+    let kinds = c.layer_kinds().expect("validated config");
+    let inner = c.n_heads * c.kda.head_dim;
+    let kda_layer =
+        c.n_heads * c.kda.head_dim * c.kda.head_dim + (c.kda.conv_kernel - 1) * 3 * inner;
+    let mla_layer = context * (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim);
+    let hybrid: usize = kinds
+        .iter()
+        .map(|k| match k {
+            LayerKind::Kda => kda_layer,
+            LayerKind::Mla => mla_layer,
+        })
+        .sum();
+    StateSize {
+        context,
+        hybrid_bytes: hybrid * F32,
+        all_mla_bytes: c.n_layers * mla_layer * F32,
+    }
+}
+
+/// Everything `k3mini model info` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelInfo {
+    pub name: String,
+    pub config: ModelConfig,
+    pub layer_pattern: String,
+    pub total_params: usize,
+    pub active_params: usize,
+    pub breakdown: ParamBreakdown,
+    pub training_memory: TrainingMemory,
+    pub training_memory_total: usize,
+    pub inference_state: Vec<StateSize>,
+}
+
+/// Contexts the state comparison is shown at.
+pub const STATE_CONTEXTS: [usize; 3] = [4096, 32_768, 131_072];
+
+/// Gathers [`ModelInfo`] for a validated config.
+pub fn model_info(name: &str, c: &ModelConfig, batch: usize, seq_len: usize) -> ModelInfo {
+    let breakdown = param_breakdown(c);
+    let training_memory = training_memory(c, batch, seq_len);
+    let pattern = c
+        .layer_kinds()
+        .expect("validated config")
+        .iter()
+        .map(|k| match k {
+            LayerKind::Kda => 'K',
+            LayerKind::Mla => 'M',
+        })
+        .collect();
+    ModelInfo {
+        name: name.into(),
+        config: c.clone(),
+        layer_pattern: pattern,
+        total_params: breakdown.total(),
+        active_params: active_params(c),
+        training_memory_total: training_memory.total(),
+        breakdown,
+        training_memory,
+        inference_state: STATE_CONTEXTS.iter().map(|&n| state_size(c, n)).collect(),
+    }
+}

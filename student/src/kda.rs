@@ -1,0 +1,267 @@
+//! Kimi Delta Attention layer (Kimi Linear report §3; transformers `KimiLinearDeltaAttention`).
+//!
+//! ```text
+//! q, k, v = SiLU(ShortConv([W_q x ; W_k x ; W_v x]))        depthwise causal conv, width 4, no bias
+//! q, k    = q / sqrt(Σq² + 1e-6), k / sqrt(Σk² + 1e-6)    per head; q is then scaled by dk^-1/2
+//! β       = σ(W_b x)                                        one scalar per head
+//! f       = W_f_up W_f_down x + dt_bias
+//! g       = −exp(A_log) · softplus(f)                       (Kimi Linear)
+//!         = lb · σ(exp(A_log) · f)                          (K3 "safe gate", lb = gate_lower_bound)
+//! o       = KDA(q, k, v, g, β)                              see `k3mini_kernels::kda`
+//! y       = W_o[ σ(W_g x) ⊙ RMSNorm_head(o) ]               W_g low-rank (d→dk→H·dv) or full-rank
+//! ```
+//!
+//! Parameter names follow transformers' Kimi Linear so checkpoints map one to one.
+
+use crate::config::{KdaConfig, KdaKernel};
+use crate::linear;
+use crate::norm::RmsNorm;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Distribution, Tensor, activation};
+use k3mini_kernels::{KdaInputs, chunk_kda, kda::default_scale, kda_step, naive_recurrent_kda};
+
+/// Epsilon of the q/k L2 normalisation (as fla and transformers).
+const L2_EPS: f64 = 1e-6;
+
+/// Depthwise causal convolution over the concatenated q/k/v channels: `weight [3·H·dk, 1, K]`.
+/// Output at `t` is `Σ_j w[:, j] · x[t − (K−1) + j]`: the last tap multiplies the current token.
+#[derive(Module, Debug)]
+pub struct ShortConv {
+    pub weight: Param<Tensor<3>>,
+}
+
+impl ShortConv {
+    fn new(channels: usize, kernel: usize, device: &Device) -> Self {
+        let bound = 1.0 / (kernel as f64).sqrt(); // PyTorch's Conv1d default for groups = channels
+        let w = Tensor::random(
+            [channels, 1, kernel],
+            Distribution::Uniform(-bound, bound),
+            device,
+        );
+        Self {
+            weight: Param::from_tensor(w),
+        }
+    }
+
+    fn kernel(&self) -> usize {
+        self.weight.dims()[2]
+    }
+
+    /// `x [B, T, C]`, `tail [B, K−1, C]` (the previous K−1 inputs, zeros at the start).
+    /// Returns `(y [B, T, C], new tail)`.
+    fn forward(&self, x: Tensor<3>, tail: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        let [_, t, _] = x.dims();
+        let k = self.kernel();
+        let padded = Tensor::cat(vec![tail, x], 1); // [B, K−1+T, C]
+        let w = self.weight.val().squeeze_dim::<2>(1).swap_dims(0, 1); // [K, C]
+        let mut y = padded.clone().narrow(1, 0, t) * w.clone().narrow(0, 0, 1).unsqueeze::<3>();
+        for j in 1..k {
+            y = y + padded.clone().narrow(1, j, t) * w.clone().narrow(0, j, 1).unsqueeze::<3>();
+        }
+        let new_tail = padded.narrow(1, t, k - 1);
+        (y, new_tail)
+    }
+}
+
+/// The per-channel forget gate producing the log-decay `g`.
+#[derive(Module, Debug)]
+pub struct ForgetGate {
+    pub f_a_proj: Linear,
+    pub f_b_proj: Linear,
+    /// `[H·dk]`.
+    pub dt_bias: Param<Tensor<1>>,
+    /// `[1, 1, H, 1]` (transformers' `A_log`, same layout), init `log U(1, 16)`.
+    pub a_log: Param<Tensor<4>>,
+    #[module(skip)]
+    pub lower_bound: Option<f64>,
+}
+
+impl ForgetGate {
+    fn new(
+        d_model: usize,
+        heads: usize,
+        head_dim: usize,
+        lower_bound: Option<f64>,
+        device: &Device,
+    ) -> Self {
+        let a =
+            Tensor::<4>::random([1, 1, heads, 1], Distribution::Uniform(1.0, 16.0), device).log();
+        // dt ~ exp(U(ln 1e-3, ln 1e-1)) clamped ≥ 1e-4; dt_bias = softplus⁻¹(dt) = dt + log(1 − e^−dt).
+        let dt = Tensor::<1>::random(
+            [heads * head_dim],
+            Distribution::Uniform(1e-3f64.ln(), 1e-1f64.ln()),
+            device,
+        )
+        .exp()
+        .clamp_min(1e-4);
+        let dt_bias = dt.clone() + (-(-dt).exp() + 1.0).log();
+        Self {
+            f_a_proj: linear(d_model, head_dim, device),
+            f_b_proj: linear(head_dim, heads * head_dim, device),
+            dt_bias: Param::from_tensor(dt_bias),
+            a_log: Param::from_tensor(a),
+            lower_bound,
+        }
+    }
+
+    /// `x [B, T, d]` → `g [B, T, H, dk]`, every entry ≤ 0.
+    fn forward(&self, x: Tensor<3>) -> Tensor<4> {
+        let [b, t, _] = x.dims();
+        let [_, _, h, _] = self.a_log.dims();
+        let f =
+            self.f_b_proj.forward(self.f_a_proj.forward(x)) + self.dt_bias.val().unsqueeze::<3>();
+        let f = f.reshape([b, t, h, self.dt_bias.dims()[0] / h]);
+        let rate = self.a_log.val().exp(); // [1,1,H,1]
+        match self.lower_bound {
+            None => -rate * activation::softplus_with_threshold(f, 1.0, 20.0),
+            Some(lb) => activation::sigmoid(rate * f) * lb,
+        }
+    }
+}
+
+/// Recurrent state of one KDA layer during incremental decoding.
+#[derive(Clone, Debug)]
+pub struct KdaState {
+    /// `[B, H, dk, dv]`, fp32.
+    pub recurrent: Tensor<4>,
+    /// The last K−1 conv inputs `[B, K−1, 3·H·dk]`.
+    pub conv: Tensor<3>,
+}
+
+#[derive(Module, Debug)]
+pub struct KimiDeltaAttention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub conv1d: ShortConv,
+    pub forget_gate: ForgetGate,
+    pub b_proj: Linear,
+    /// Low-rank gate down-projection d → dk; `None` for K3's full-rank gate.
+    pub g_a_proj: Option<Linear>,
+    /// Gate up-projection dk → H·dv (low-rank) or d → H·dv (full-rank).
+    pub g_b_proj: Linear,
+    pub o_norm: RmsNorm,
+    pub o_proj: Linear,
+    #[module(skip)]
+    pub heads: usize,
+    #[module(skip)]
+    pub head_dim: usize,
+    #[module(skip)]
+    pub chunk_size: usize,
+    #[module(skip)]
+    pub kernel: KdaKernel,
+}
+
+impl KimiDeltaAttention {
+    pub fn new(
+        d_model: usize,
+        heads: usize,
+        cfg: &KdaConfig,
+        rms_eps: f64,
+        device: &Device,
+    ) -> Self {
+        let hd = cfg.head_dim;
+        let inner = heads * hd;
+        let (g_a_proj, g_b_proj) = match cfg.gate_rank {
+            Some(r) => (Some(linear(d_model, r, device)), linear(r, inner, device)),
+            None => (None, linear(d_model, inner, device)),
+        };
+        Self {
+            q_proj: linear(d_model, inner, device),
+            k_proj: linear(d_model, inner, device),
+            v_proj: linear(d_model, inner, device),
+            conv1d: ShortConv::new(3 * inner, cfg.conv_kernel, device),
+            forget_gate: ForgetGate::new(d_model, heads, hd, cfg.gate_lower_bound, device),
+            b_proj: linear(d_model, heads, device),
+            g_a_proj,
+            g_b_proj,
+            o_norm: RmsNorm::new(hd, rms_eps, device),
+            o_proj: linear(inner, d_model, device),
+            heads,
+            head_dim: hd,
+            chunk_size: cfg.chunk_size,
+            kernel: cfg.kernel,
+        }
+    }
+
+    /// A zero state for `batch` sequences.
+    pub fn empty_state(&self, batch: usize, device: &Device) -> KdaState {
+        let inner = self.heads * self.head_dim;
+        KdaState {
+            recurrent: Tensor::zeros([batch, self.heads, self.head_dim, self.head_dim], device),
+            conv: Tensor::zeros([batch, self.conv1d.kernel() - 1, 3 * inner], device),
+        }
+    }
+
+    /// `x [B, T, d]` → `[B, T, d]`. With a state, continues from it and updates it in place
+    /// (prefill when T > 1, one decode step when T = 1).
+    pub fn forward(&self, x: Tensor<3>, state: Option<&mut KdaState>) -> Tensor<3> {
+        let [b, t, _] = x.dims();
+        let (h, hd) = (self.heads, self.head_dim);
+        let inner = h * hd;
+        let device = x.device();
+        let mixed = Tensor::cat(
+            vec![
+                self.q_proj.forward(x.clone()),
+                self.k_proj.forward(x.clone()),
+                self.v_proj.forward(x.clone()),
+            ],
+            2,
+        ); // [B, T, 3·H·dk]
+        let (conv_tail, s0) = match &state {
+            Some(s) => (s.conv.clone(), Some(s.recurrent.clone())),
+            None => (
+                Tensor::zeros([b, self.conv1d.kernel() - 1, 3 * inner], &device),
+                None,
+            ),
+        };
+        let (mixed, new_tail) = self.conv1d.forward(mixed, conv_tail);
+        let mixed = activation::silu(mixed);
+        let heads = |i: usize| {
+            mixed
+                .clone()
+                .narrow(2, i * inner, inner)
+                .reshape([b, t, h, hd])
+        };
+        let l2 = |x: Tensor<4>| x.clone() / (x.square().sum_dim(3) + L2_EPS).sqrt();
+        let inputs = KdaInputs {
+            q: l2(heads(0)),
+            k: l2(heads(1)),
+            v: heads(2),
+            g: self.forget_gate.forward(x.clone()),
+            beta: activation::sigmoid(self.b_proj.forward(x.clone())),
+        };
+        let scale = default_scale(hd);
+        let (o, s_final) = if t == 1 && s0.is_some() {
+            let at = |x: Tensor<4>| x.squeeze_dim::<3>(1);
+            let (o, s) = kda_step(
+                s0.expect("checked"),
+                at(inputs.q),
+                at(inputs.k),
+                at(inputs.v),
+                at(inputs.g),
+                inputs.beta.squeeze_dim::<2>(1),
+                scale,
+            );
+            (o.unsqueeze_dim::<4>(1), s)
+        } else {
+            let out = match self.kernel {
+                KdaKernel::Chunk => chunk_kda(&inputs, scale, s0, self.chunk_size),
+                KdaKernel::Naive => naive_recurrent_kda(&inputs, scale, s0),
+            };
+            (out.o, out.state)
+        };
+        if let Some(s) = state {
+            s.recurrent = s_final;
+            s.conv = new_tail;
+        }
+        let gate_in = match &self.g_a_proj {
+            Some(a) => a.forward(x),
+            None => x,
+        };
+        let gate = activation::sigmoid(self.g_b_proj.forward(gate_in)).reshape([b, t, h, hd]);
+        let o = (self.o_norm.forward(o) * gate).reshape([b, t, inner]);
+        self.o_proj.forward(o)
+    }
+}

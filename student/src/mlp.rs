@@ -1,0 +1,55 @@
+//! The gated FFN: SwiGLU (Kimi Linear) or SiTU (K3).
+//!
+//! ```text
+//! SwiGLU:  y = W_down( silu(W_gate x) ⊙ W_up x )
+//! SiTU:    y = W_down( [b·tanh(gate/b)·σ(gate)] ⊙ [b_lin·tanh(up/b_lin)] ),  b = 4, b_lin = 25
+//! ```
+//! SiTU soft-caps both branches so activations stay bounded under low-precision experts.
+
+use crate::config::Activation;
+use crate::linear;
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor, activation};
+
+/// SiTU's cap on the gate branch.
+pub const SITU_BETA: f64 = 4.0;
+/// SiTU's cap on the linear branch.
+pub const SITU_LINEAR_BETA: f64 = 25.0;
+
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+    #[module(skip)]
+    pub activation: Activation,
+}
+
+impl Mlp {
+    pub fn new(d_model: usize, hidden: usize, act: Activation, device: &Device) -> Self {
+        Self {
+            gate_proj: linear(d_model, hidden, device),
+            up_proj: linear(d_model, hidden, device),
+            down_proj: linear(hidden, d_model, device),
+            activation: act,
+        }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let gate = self.gate_proj.forward(x.clone());
+        let up = self.up_proj.forward(x);
+        self.down_proj.forward(glu(self.activation, gate, up))
+    }
+}
+
+/// The gated product `act(gate) ⊙ up` shared by dense FFNs and experts.
+pub fn glu<const D: usize>(act: Activation, gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    match act {
+        Activation::Swiglu => activation::silu(gate) * up,
+        Activation::Situ => {
+            let capped = (gate.clone() / SITU_BETA).tanh() * SITU_BETA * activation::sigmoid(gate);
+            capped * (up / SITU_LINEAR_BETA).tanh() * SITU_LINEAR_BETA
+        }
+    }
+}

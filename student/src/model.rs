@@ -1,0 +1,269 @@
+//! The K3 Mini hybrid: a stack of pre-norm decoder layers whose token mixer is KDA or Gated MLA,
+//! driven by the layer pattern (default 3 KDA : 1 MLA, last layer MLA), with optional AttnRes and MoE.
+//!
+//! ```text
+//! h_0 = E[tokens]
+//! per layer (plain residuals):   h += Mixer(RMSNorm(h));   h += FFN(RMSNorm(h))
+//! per layer (AttnRes):           x = AttnRes(sources);  out = Mixer(RMSNorm(x));  sources.push(out)   (same for the FFN)
+//! logits = W_lm RMSNorm(h)       untied embeddings
+//! ```
+//!
+//! Module paths mirror transformers' `KimiLinearForCausalLM` (`model.layers.3.self_attn.kv_b_proj`, …).
+
+use crate::attnres::{DepthAttention, DepthSources};
+use crate::config::{ConfigError, LayerKind, ModelConfig};
+use crate::kda::{KdaState, KimiDeltaAttention};
+use crate::linear;
+use crate::mla::{GatedMla, MlaCache};
+use crate::mlp::Mlp;
+use crate::moe::{ExpertLoad, Moe};
+use crate::norm::RmsNorm;
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
+use burn::tensor::{Device, Int, Tensor};
+
+/// The token mixer of a layer.
+#[derive(Module, Debug)]
+pub enum Mixer {
+    Kda(KimiDeltaAttention),
+    Mla(GatedMla),
+}
+
+/// The FFN of a layer.
+#[derive(Module, Debug)]
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(Moe),
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub self_attn: Mixer,
+    pub mlp: Ffn,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+    /// AttnRes before the mixer (absent on the very first sub-layer, whose only source is the embedding).
+    pub attn_res: Option<DepthAttention>,
+    /// AttnRes before the FFN.
+    pub mlp_res: Option<DepthAttention>,
+}
+
+#[derive(Module, Debug)]
+pub struct Backbone {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// Final AttnRes aggregation before `norm`.
+    pub final_res: Option<DepthAttention>,
+}
+
+#[derive(Module, Debug)]
+pub struct K3Mini {
+    pub model: Backbone,
+    pub lm_head: Linear,
+    #[module(skip)]
+    pub config: ModelConfig,
+}
+
+/// Per-layer inference state: KDA recurrent state + conv tail, or the MLA compressed cache.
+#[derive(Clone, Debug)]
+pub enum LayerState {
+    Kda(KdaState),
+    Mla(MlaCache),
+}
+
+/// Everything incremental decoding carries between calls.
+#[derive(Clone, Debug)]
+pub struct InferenceState {
+    pub layers: Vec<LayerState>,
+    /// Tokens consumed so far.
+    pub position: usize,
+}
+
+impl InferenceState {
+    /// Bytes held by the state now (f32 everywhere).
+    pub fn bytes(&self) -> usize {
+        let n = |t: &Tensor<4>| t.shape().num_elements();
+        let n3 = |t: &Tensor<3>| t.shape().num_elements();
+        4 * self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Kda(s) => n(&s.recurrent) + n3(&s.conv),
+                LayerState::Mla(c) => n3(&c.latent) + n3(&c.k_rope),
+            })
+            .sum::<usize>()
+    }
+}
+
+/// A forward's results.
+#[derive(Clone, Debug)]
+pub struct ModelOutput {
+    /// `[B, T, vocab]`.
+    pub logits: Tensor<3>,
+    /// Tokens per expert, for each MoE layer in order (for the aux-loss-free bias update).
+    pub expert_load: Vec<ExpertLoad>,
+}
+
+impl K3Mini {
+    /// Builds a randomly initialised model; the config is validated first.
+    pub fn new(config: &ModelConfig, device: &Device) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let kinds = config.layer_kinds()?;
+        let d = config.d_model;
+        let eps = config.rms_eps;
+        let block = config.attn_res.as_ref().map(|a| a.block_size);
+        let layers = kinds
+            .iter()
+            .enumerate()
+            .map(|(i, kind)| DecoderLayer {
+                self_attn: match kind {
+                    LayerKind::Kda => Mixer::Kda(KimiDeltaAttention::new(
+                        d,
+                        config.n_heads,
+                        &config.kda,
+                        eps,
+                        device,
+                    )),
+                    LayerKind::Mla => {
+                        Mixer::Mla(GatedMla::new(d, config.n_heads, &config.mla, device))
+                    }
+                },
+                mlp: match (&config.moe, config.is_moe_layer(i)) {
+                    (Some(moe), true) => Ffn::Moe(Moe::new(d, moe, config.activation, eps, device)),
+                    _ => Ffn::Dense(Mlp::new(d, config.ffn_hidden, config.activation, device)),
+                },
+                input_layernorm: RmsNorm::new(d, eps, device),
+                post_attention_layernorm: RmsNorm::new(d, eps, device),
+                attn_res: block
+                    .filter(|_| i > 0)
+                    .map(|_| DepthAttention::new(d, eps, device)),
+                mlp_res: block.map(|_| DepthAttention::new(d, eps, device)),
+            })
+            .collect();
+        let embed_tokens = EmbeddingConfig::new(config.vocab_size, d)
+            .with_initializer(Initializer::Normal {
+                mean: 0.0,
+                std: crate::INIT_STD,
+            })
+            .init(device);
+        Ok(Self {
+            model: Backbone {
+                embed_tokens,
+                layers,
+                norm: RmsNorm::new(d, eps, device),
+                final_res: block.map(|_| DepthAttention::new(d, eps, device)),
+            },
+            lm_head: linear(d, config.vocab_size, device),
+            config: config.clone(),
+        })
+    }
+
+    /// Full-sequence forward `tokens [B, T]` → logits `[B, T, vocab]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
+        self.forward_with(tokens, None).logits
+    }
+
+    /// A fresh inference state for `batch` sequences.
+    pub fn empty_state(&self, batch: usize, device: &Device) -> InferenceState {
+        let layers = self
+            .model
+            .layers
+            .iter()
+            .map(|l| match &l.self_attn {
+                Mixer::Kda(k) => LayerState::Kda(k.empty_state(batch, device)),
+                Mixer::Mla(m) => LayerState::Mla(m.empty_cache(batch, device)),
+            })
+            .collect();
+        InferenceState {
+            layers,
+            position: 0,
+        }
+    }
+
+    /// Forward that continues from `state` when given (prefill with T > 1, decode with T = 1) and
+    /// updates it. Without a state it is the plain training forward.
+    pub fn forward_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        mut state: Option<&mut InferenceState>,
+    ) -> ModelOutput {
+        let t = tokens.dims()[1];
+        let embedded = self.model.embed_tokens.forward(tokens);
+        let block = self.config.attn_res.as_ref().map(|a| a.block_size);
+        let mut expert_load = Vec::new();
+        let mut h = embedded.clone();
+        let mut depth = DepthSources {
+            done: vec![embedded],
+            partial: None,
+        };
+        for (i, layer) in self.model.layers.iter().enumerate() {
+            let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
+            // Mixer sub-layer (global index 2i).
+            let x = match (block, &layer.attn_res) {
+                (Some(bs), Some(res)) => res.forward(&depth.sources_for(2 * i, bs)),
+                _ => h.clone(),
+            };
+            let x = layer.input_layernorm.forward(x);
+            let mixed = match (&layer.self_attn, layer_state) {
+                (Mixer::Kda(k), Some(LayerState::Kda(s))) => k.forward(x, Some(s)),
+                (Mixer::Mla(m), Some(LayerState::Mla(c))) => m.forward(x, Some(c)),
+                (Mixer::Kda(k), None) => k.forward(x, None),
+                (Mixer::Mla(m), None) => m.forward(x, None),
+                _ => panic!("inference state does not match layer {i}'s mixer"),
+            };
+            // FFN sub-layer (global index 2i + 1).
+            let x = match (block, &layer.mlp_res) {
+                (Some(bs), Some(res)) => {
+                    depth.push_output(mixed);
+                    res.forward(&depth.sources_for(2 * i + 1, bs))
+                }
+                _ => {
+                    h = h + mixed;
+                    h.clone()
+                }
+            };
+            let x = layer.post_attention_layernorm.forward(x);
+            let out = match &layer.mlp {
+                Ffn::Dense(mlp) => mlp.forward(x),
+                Ffn::Moe(moe) => {
+                    let (y, load) = moe.forward(x);
+                    expert_load.push(load);
+                    y
+                }
+            };
+            if block.is_some() {
+                depth.push_output(out);
+            } else {
+                h = h + out;
+            }
+        }
+        let h = match &self.model.final_res {
+            Some(res) => res.forward(&depth.all()),
+            None => h,
+        };
+        if let Some(s) = state {
+            s.position += t;
+        }
+        ModelOutput {
+            logits: self.lm_head.forward(self.model.norm.forward(h)),
+            expert_load,
+        }
+    }
+
+    /// Applies the aux-loss-free bias update to every MoE layer.
+    pub fn update_router_biases(&mut self, loads: &[ExpertLoad]) {
+        let rate = self.config.moe.as_ref().map_or(0.0, |m| m.bias_update_rate);
+        let moes = self
+            .model
+            .layers
+            .iter_mut()
+            .filter_map(|l| match &mut l.mlp {
+                Ffn::Moe(m) => Some(m),
+                Ffn::Dense(_) => None,
+            });
+        for (moe, load) in moes.zip(loads) {
+            moe.update_bias(load, rate);
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! Named model shapes. A recipe picks one and may override fields.
+
+use crate::config::{
+    Activation, AttnResConfig, ConfigError, KdaConfig, KdaKernel, MlaConfig, ModelConfig, MoeConfig,
+};
+
+/// Every preset name, in size order.
+pub const PRESETS: [&str; 4] = ["tiny", "smoke-300m", "k3-mini-3b", "k3-mini-moe"];
+
+/// Kimi K2/K3 vocabulary size (tiktoken, 163,840 ids).
+pub const KIMI_VOCAB: usize = 163_840;
+/// SmolLM2 vocabulary size (the local teacher used in CI and the quickstart).
+pub const SMOLLM2_VOCAB: usize = 49_152;
+
+/// Looks a preset up by name.
+pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
+    match name {
+        "tiny" => Ok(tiny()),
+        "smoke-300m" => Ok(smoke_300m()),
+        "k3-mini-3b" => Ok(k3_mini_3b()),
+        "k3-mini-moe" => Ok(k3_mini_moe()),
+        other => Err(ConfigError {
+            field: "preset".into(),
+            message: format!(
+                "unknown preset {other:?}; known presets: {}",
+                PRESETS.join(", ")
+            ),
+        }),
+    }
+}
+
+fn kimi_linear_kda(head_dim: usize) -> KdaConfig {
+    KdaConfig {
+        head_dim,
+        conv_kernel: 4,
+        gate_rank: Some(head_dim),
+        gate_lower_bound: None,
+        chunk_size: 64,
+        kernel: KdaKernel::Chunk,
+    }
+}
+
+/// CI scale (~3.5M params): 4 layers `KKKM`, Kimi Linear-shaped so it maps onto transformers.
+pub fn tiny() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 8192,
+        d_model: 128,
+        n_layers: 4,
+        n_heads: 2,
+        layer_pattern: "KKKM".into(),
+        last_layer_mla: true,
+        ffn_hidden: 384,
+        activation: Activation::Swiglu,
+        kda: kimi_linear_kda(64),
+        mla: MlaConfig {
+            q_lora_rank: None,
+            kv_lora_rank: 64,
+            qk_nope_head_dim: 32,
+            qk_rope_head_dim: 16,
+            v_head_dim: 64,
+            output_gate: false,
+        },
+        moe: None,
+        attn_res: None,
+        rms_eps: 1e-5,
+        max_seq_len: 2048,
+    }
+}
+
+/// The nightly smoke (~312M params): Kimi Linear's layer recipe at width 1024, SmolLM2 vocabulary.
+pub fn smoke_300m() -> ModelConfig {
+    ModelConfig {
+        vocab_size: SMOLLM2_VOCAB,
+        d_model: 1024,
+        n_layers: 16,
+        n_heads: 8,
+        layer_pattern: "KKKM".into(),
+        last_layer_mla: true,
+        ffn_hidden: 2816,
+        activation: Activation::Swiglu,
+        kda: kimi_linear_kda(128),
+        mla: MlaConfig {
+            q_lora_rank: None,
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+            output_gate: false,
+        },
+        moe: None,
+        attn_res: None,
+        rms_eps: 1e-5,
+        max_seq_len: 4096,
+    }
+}
+
+/// The full dense student (~3.5B): K3's layer features (safe gate, full-rank KDA gate, q-LoRA, Gated
+/// MLA) at 32 layers, Kimi vocabulary.
+pub fn k3_mini_3b() -> ModelConfig {
+    ModelConfig {
+        vocab_size: KIMI_VOCAB,
+        d_model: 2560,
+        n_layers: 32,
+        n_heads: 20,
+        layer_pattern: "KKKM".into(),
+        last_layer_mla: true,
+        ffn_hidden: 6912,
+        activation: Activation::Swiglu,
+        kda: KdaConfig {
+            gate_rank: None,
+            gate_lower_bound: Some(-5.0),
+            ..kimi_linear_kda(128)
+        },
+        mla: MlaConfig {
+            q_lora_rank: Some(1536),
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+            output_gate: true,
+        },
+        moe: None,
+        attn_res: Some(AttnResConfig { block_size: 8 }),
+        rms_eps: 1e-5,
+        max_seq_len: 131_072,
+    }
+}
+
+/// The small MoE variant (~16B total, ~2.8B active): 64 experts top-6 plus one shared, first layer dense.
+pub fn k3_mini_moe() -> ModelConfig {
+    ModelConfig {
+        vocab_size: KIMI_VOCAB,
+        d_model: 2048,
+        n_layers: 28,
+        n_heads: 16,
+        layer_pattern: "KKKM".into(),
+        last_layer_mla: true,
+        ffn_hidden: 5632,
+        activation: Activation::Swiglu,
+        kda: kimi_linear_kda(128),
+        mla: MlaConfig {
+            q_lora_rank: None,
+            kv_lora_rank: 512,
+            qk_nope_head_dim: 128,
+            qk_rope_head_dim: 64,
+            v_head_dim: 128,
+            output_gate: false,
+        },
+        moe: Some(MoeConfig {
+            num_experts: 64,
+            top_k: 6,
+            num_shared_experts: 1,
+            expert_hidden: 1408,
+            routed_scaling_factor: 2.446,
+            latent_dim: None,
+            first_dense_layers: 1,
+            bias_update_rate: 1e-3,
+        }),
+        attn_res: None,
+        rms_eps: 1e-5,
+        max_seq_len: 131_072,
+    }
+}
+
+/// A preset with fields overridden by a TOML table (nested tables merge, e.g. `[model.kda]`).
+/// Unknown keys are rejected by name.
+pub fn resolve(name: &str, overrides: &toml::Table) -> Result<ModelConfig, ConfigError> {
+    let base = preset(name)?;
+    let mut value = toml::Table::try_from(&base).expect("a config serialises to TOML");
+    merge(&mut value, overrides);
+    let config: ModelConfig =
+        toml::Value::Table(value)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError {
+                field: "model".into(),
+                message: e.message().to_string(),
+            })?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// The `[model]` table of a recipe: `preset = "NAME"` plus overrides.
+pub fn from_recipe_toml(text: &str) -> Result<ModelConfig, ConfigError> {
+    let err = |field: &str, message: String| ConfigError {
+        field: field.into(),
+        message,
+    };
+    let recipe: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| err("recipe", e.to_string()))?;
+    let mut model = match recipe.get("model") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        _ => return Err(err("model", "the recipe has no [model] table".into())),
+    };
+    let name = match model.remove("preset") {
+        Some(toml::Value::String(s)) => s,
+        Some(_) => return Err(err("model.preset", "must be a string".into())),
+        None => {
+            return Err(err(
+                "model.preset",
+                format!("missing; one of {}", PRESETS.join(", ")),
+            ));
+        }
+    };
+    resolve(&name, &model)
+}
+
+fn merge(base: &mut toml::Table, overrides: &toml::Table) {
+    for (key, value) in overrides {
+        match (base.get_mut(key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
