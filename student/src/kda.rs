@@ -78,6 +78,11 @@ pub struct ForgetGate {
 }
 
 impl ForgetGate {
+    /// Init (fla / transformers): `A_log = log U(1, 16)`, `dt ~ exp(U(ln 1e-3, ln 1e-1))` clamped ≥ 1e-4,
+    /// `dt_bias = softplus⁻¹(dt)`, so the initial log-decay is `g₀ ≈ −exp(A_log)·dt`.
+    /// For the safe gate (our choice; the reference init is unpublished) `dt_bias` is solved for the
+    /// same `g₀`: `lb·σ(exp(A_log)·dt_bias) = g₀`. Reusing `softplus⁻¹(dt) ≈ −5` there would saturate
+    /// the sigmoid: no decay and vanishing gradients.
     fn new(
         d_model: usize,
         heads: usize,
@@ -85,22 +90,30 @@ impl ForgetGate {
         lower_bound: Option<f64>,
         device: &Device,
     ) -> Self {
-        let a =
+        let a_log =
             Tensor::<4>::random([1, 1, heads, 1], Distribution::Uniform(1.0, 16.0), device).log();
-        // dt ~ exp(U(ln 1e-3, ln 1e-1)) clamped ≥ 1e-4; dt_bias = softplus⁻¹(dt) = dt + log(1 − e^−dt).
-        let dt = Tensor::<1>::random(
-            [heads * head_dim],
-            Distribution::Uniform(1e-3f64.ln(), 1e-1f64.ln()),
-            device,
-        )
-        .exp()
-        .clamp_min(1e-4);
-        let dt_bias = dt.clone() + (-(-dt).exp() + 1.0).log();
+        let log_dt = Distribution::Uniform(1e-3f64.ln(), 1e-1f64.ln());
+        let dt = Tensor::<1>::random([heads * head_dim], log_dt, device)
+            .exp()
+            .clamp_min(1e-4);
+        let dt_bias = match lower_bound {
+            None => dt.clone() + (-(-dt).exp() + 1.0).log(), // softplus⁻¹(dt) = dt + log(1 − e^−dt)
+            Some(lb) => {
+                let rate = a_log
+                    .clone()
+                    .exp()
+                    .reshape([heads, 1])
+                    .expand([heads, head_dim])
+                    .reshape([heads * head_dim]);
+                let ratio = rate.clone() * dt / -lb; // σ(z) = g₀ / lb, in (0, 1)
+                (ratio.clone() / (-ratio + 1.0)).log() / rate // z / exp(A_log), z = logit(ratio)
+            }
+        };
         Self {
             f_a_proj: linear(d_model, head_dim, device),
             f_b_proj: linear(head_dim, heads * head_dim, device),
             dt_bias: Param::from_tensor(dt_bias),
-            a_log: Param::from_tensor(a),
+            a_log: Param::from_tensor(a_log),
             lower_bound,
         }
     }

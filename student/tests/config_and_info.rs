@@ -1,0 +1,209 @@
+//! Presets, validation errors and the analytic parameter counts (checked against real models).
+mod common;
+
+use burn::module::Module;
+use common::device;
+use k3mini_student::config::{AttnResConfig, ModelConfig, MoeConfig};
+use k3mini_student::info::{active_params, model_info, param_breakdown, state_size};
+use k3mini_student::presets::{self, from_recipe_toml, preset};
+use k3mini_student::{K3Mini, PRESETS};
+
+fn small_variants() -> Vec<ModelConfig> {
+    let tiny = presets::tiny();
+    let moe = MoeConfig {
+        num_experts: 5,
+        top_k: 2,
+        num_shared_experts: 2,
+        expert_hidden: 24,
+        routed_scaling_factor: 1.0,
+        latent_dim: Some(48),
+        first_dense_layers: 2,
+        bias_update_rate: 1e-3,
+    };
+    let mut k3 = tiny.clone();
+    k3.kda.gate_rank = None;
+    k3.kda.gate_lower_bound = Some(-5.0);
+    k3.mla.q_lora_rank = Some(40);
+    k3.mla.output_gate = true;
+    k3.attn_res = Some(AttnResConfig { block_size: 2 });
+    k3.moe = Some(moe);
+    vec![
+        tiny.clone(),
+        k3,
+        ModelConfig {
+            n_layers: 7,
+            layer_pattern: "KMK".into(),
+            ..tiny
+        },
+    ]
+}
+
+#[test]
+fn analytic_counts_equal_instantiated_models() {
+    for config in small_variants() {
+        let model = K3Mini::new(&config, &device()).unwrap();
+        assert_eq!(
+            param_breakdown(&config).total(),
+            model.num_params(),
+            "{config:?}"
+        );
+    }
+}
+
+#[test]
+fn presets_have_their_advertised_sizes() {
+    let total = |name: &str| param_breakdown(&preset(name).unwrap()).total();
+    assert!((2_000_000..6_000_000).contains(&total("tiny")));
+    assert!((280_000_000..340_000_000).contains(&total("smoke-300m")));
+    assert!((3_000_000_000..4_000_000_000).contains(&total("k3-mini-3b")));
+    let moe = preset("k3-mini-moe").unwrap();
+    assert!((12_000_000_000..20_000_000_000).contains(&param_breakdown(&moe).total()));
+    assert!((2_000_000_000..3_000_000_000).contains(&active_params(&moe)));
+    for name in PRESETS {
+        let c = preset(name).unwrap();
+        c.validate().unwrap();
+        let kinds = c.layer_kinds().unwrap();
+        assert_eq!(
+            *kinds.last().unwrap(),
+            k3mini_student::LayerKind::Mla,
+            "{name}: last layer MLA"
+        );
+        let mla = kinds
+            .iter()
+            .filter(|k| **k == k3mini_student::LayerKind::Mla)
+            .count();
+        assert_eq!(mla * 4, kinds.len(), "{name}: 3 KDA : 1 MLA");
+    }
+}
+
+#[test]
+fn hybrid_state_is_a_quarter_of_all_mla_at_long_context() {
+    let c = preset("k3-mini-3b").unwrap();
+    let s = state_size(&c, 131_072);
+    assert!(
+        s.saving() > 0.74 && s.saving() < 0.75,
+        "saving {}",
+        s.saving()
+    );
+    // The KDA part does not grow with context.
+    let short = state_size(&c, 1);
+    let kda_layers = 24;
+    let per_token = (c.mla.kv_lora_rank + c.mla.qk_rope_head_dim) * 4 * 8;
+    assert_eq!(
+        s.hybrid_bytes - short.hybrid_bytes,
+        per_token * (131_072 - 1)
+    );
+    assert!(short.hybrid_bytes > kda_layers * c.n_heads * 128 * 128 * 4);
+}
+
+#[test]
+fn info_serialises_total_params() {
+    let info = model_info("tiny", &presets::tiny(), 2, 128);
+    let json = serde_json::to_value(&info).unwrap();
+    assert_eq!(
+        json["total_params"].as_u64().unwrap() as usize,
+        info.total_params
+    );
+}
+
+fn field_of(result: Result<impl std::fmt::Debug, k3mini_student::ConfigError>) -> String {
+    result.unwrap_err().field
+}
+
+#[test]
+fn bad_configs_name_the_field() {
+    assert_eq!(field_of(preset("k3-giant")), "preset");
+    let tiny = presets::tiny();
+    assert_eq!(
+        field_of(
+            ModelConfig {
+                layer_pattern: "KKXM".into(),
+                ..tiny.clone()
+            }
+            .validate()
+        ),
+        "layer_pattern"
+    );
+    assert_eq!(
+        field_of(
+            ModelConfig {
+                layer_pattern: "".into(),
+                ..tiny.clone()
+            }
+            .validate()
+        ),
+        "layer_pattern"
+    );
+    assert_eq!(
+        field_of(
+            ModelConfig {
+                n_heads: 3,
+                ..tiny.clone()
+            }
+            .validate()
+        ),
+        "n_heads"
+    );
+    assert_eq!(
+        field_of(
+            ModelConfig {
+                d_model: 0,
+                ..tiny.clone()
+            }
+            .validate()
+        ),
+        "d_model"
+    );
+    let mut c = tiny.clone();
+    c.attn_res = Some(AttnResConfig { block_size: 3 });
+    assert_eq!(field_of(c.validate()), "attn_res.block_size");
+    let mut c = tiny.clone();
+    c.moe = Some(MoeConfig {
+        num_experts: 4,
+        top_k: 5,
+        num_shared_experts: 0,
+        expert_hidden: 8,
+        routed_scaling_factor: 1.0,
+        latent_dim: None,
+        first_dense_layers: 0,
+        bias_update_rate: 0.0,
+    });
+    assert_eq!(field_of(c.validate()), "moe.top_k");
+    let mut c = tiny;
+    c.kda.gate_lower_bound = Some(2.0);
+    assert_eq!(field_of(c.validate()), "kda.gate_lower_bound");
+    // The model constructor refuses an invalid config instead of panicking.
+    assert_eq!(
+        field_of(K3Mini::new(
+            &ModelConfig {
+                n_heads: 3,
+                ..presets::tiny()
+            },
+            &device()
+        )),
+        "n_heads"
+    );
+}
+
+#[test]
+fn recipes_override_presets_and_reject_unknown_keys() {
+    let c =
+        from_recipe_toml("[model]\npreset = \"tiny\"\nd_model = 256\n[model.kda]\nhead_dim = 32\n")
+            .unwrap();
+    assert_eq!((c.d_model, c.kda.head_dim, c.kda.conv_kernel), (256, 32, 4));
+    let err = from_recipe_toml("[model]\npreset = \"tiny\"\nd_modle = 256\n").unwrap_err();
+    assert!(err.message.contains("d_modle"), "{err}");
+    assert_eq!(
+        from_recipe_toml("[model]\nd_model = 3\n")
+            .unwrap_err()
+            .field,
+        "model.preset"
+    );
+    assert_eq!(from_recipe_toml("[data]\n").unwrap_err().field, "model");
+    assert_eq!(
+        from_recipe_toml("[model]\npreset = \"tiny\"\nn_heads = 5\n")
+            .unwrap_err()
+            .field,
+        "n_heads"
+    );
+}

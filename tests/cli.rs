@@ -1,0 +1,74 @@
+//! The CLI end to end: `k3mini model info` on presets, recipes and bad input.
+use assert_cmd::Command;
+
+fn k3mini() -> Command {
+    Command::cargo_bin("k3mini").unwrap()
+}
+
+#[test]
+fn model_info_json_for_every_preset() {
+    for preset in ["tiny", "smoke-300m", "k3-mini-3b", "k3-mini-moe"] {
+        let out = k3mini()
+            .args(["model", "info", "--preset", preset, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{preset}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["total_params"].as_u64().unwrap() >= v["active_params"].as_u64().unwrap());
+    }
+}
+
+#[test]
+fn model_info_text_shows_the_state_comparison() {
+    let out = k3mini()
+        .args(["model", "info", "--preset", "tiny"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("all-MLA") && text.contains("131072 tokens"),
+        "{text}"
+    );
+}
+
+#[test]
+fn unknown_preset_is_a_clear_error() {
+    let out = k3mini()
+        .args(["model", "info", "--preset", "k3-giant"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("`preset`") && err.contains("k3-mini-3b"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_recipe_names_file_and_field() {
+    let dir = std::env::temp_dir().join(format!("k3mini-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let recipe = dir.join("bad.toml");
+    std::fs::write(
+        &recipe,
+        "[model]\npreset = \"tiny\"\nlayer_pattern = \"KKQM\"\n",
+    )
+    .unwrap();
+    let out = k3mini()
+        .args(["model", "info", "--recipe"])
+        .arg(&recipe)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("bad.toml") && err.contains("layer_pattern") && err.contains("'Q'"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
