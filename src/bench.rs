@@ -1,10 +1,174 @@
-//! `k3mini bench`: placeholder wired below.
-use anyhow::Result;
-use clap::Subcommand;
+//! `k3mini bench`: forward+backward throughput, KDA kernels, training-memory peak.
+
+use crate::model_cmd::bytes;
+use anyhow::{Context, Result, bail};
+use burn::tensor::Device;
+use clap::{Args, Subcommand, ValueEnum};
+use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
+use k3mini_student::config::KdaKernel;
+use k3mini_student::info::training_memory;
+use k3mini_student::presets::preset;
 
 #[derive(Subcommand)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Forward+backward tokens/s and peak memory of one model shape.
+    Model(ModelArgs),
+    /// Naive vs chunked KDA op, forward and forward+backward.
+    Kda(KdaArgs),
+    /// The README's table: tiny and ~50M, chunked and naive, each in its own process.
+    All {
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kernel {
+    Chunk,
+    Naive,
+}
+
+#[derive(Args)]
+pub struct ModelArgs {
+    /// A preset, or `bench-50m`.
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 256)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    #[arg(long, value_enum, default_value = "chunk")]
+    kernel: Kernel,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct KdaArgs {
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 512)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    #[arg(long, default_value_t = 64)]
+    head_dim: usize,
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+}
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Model(a) => {
+            let r = model(&a)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!("{}", row(&r, a.batch, a.seq_len, &a.preset));
+            }
+            Ok(())
+        }
+        BenchCommand::Kda(a) => {
+            println!(
+                "| kernel | T | heads x dim | forward ms | fwd+bwd ms |\n|---|---|---|---|---|"
+            );
+            for r in bench_kda(
+                a.batch,
+                a.seq_len,
+                a.heads,
+                a.head_dim,
+                a.reps,
+                &Device::default(),
+            ) {
+                println!(
+                    "| {} | {} | {} x {} | {:.1} | {:.1} |",
+                    r.kernel, r.seq_len, r.heads, r.head_dim, r.forward_ms, r.forward_backward_ms
+                );
+            }
+            Ok(())
+        }
+        BenchCommand::All { steps } => all(steps),
+    }
+}
+
+fn model(a: &ModelArgs) -> Result<TrainStepBench> {
+    let mut config = match a.preset.as_str() {
+        "bench-50m" => bench_50m(),
+        name => preset(name)?,
+    };
+    config.kda.kernel = match a.kernel {
+        Kernel::Chunk => KdaKernel::Chunk,
+        Kernel::Naive => KdaKernel::Naive,
+    };
+    Ok(bench_train_step(
+        &a.preset,
+        &config,
+        a.batch,
+        a.seq_len,
+        a.steps,
+        &Device::default(),
+    ))
+}
+
+fn header() -> &'static str {
+    "| shape | params | batch x seq | KDA kernel | tokens/s (fwd+bwd) | ms/step | peak RSS | estimate (info) |\n|---|---|---|---|---|---|---|---|"
+}
+
+fn row(r: &TrainStepBench, batch: usize, seq_len: usize, name: &str) -> String {
+    let config = match name {
+        "bench-50m" => bench_50m(),
+        other => preset(other).expect("benchmarked preset"),
+    };
+    let estimate = training_memory(&config, batch, seq_len).total();
+    format!(
+        "| {} | {:.1}M | {} x {} | {} | {:.0} | {:.0} | {} | {} |",
+        r.name,
+        r.params as f64 / 1e6,
+        r.batch,
+        r.seq_len,
+        r.kernel,
+        r.tokens_per_s,
+        r.ms_per_step,
+        r.peak_rss_bytes.map_or("n/a".into(), bytes),
+        bytes(estimate)
+    )
+}
+
+/// Runs each configuration in a fresh process so each peak RSS is its own.
+fn all(steps: usize) -> Result<()> {
+    let exe = std::env::current_exe().context("locating k3mini")?;
+    println!("{}", header());
+    let runs: [(&str, usize, usize, &str); 4] = [
+        ("tiny", 8, 256, "chunk"),
+        ("tiny", 8, 256, "naive"),
+        ("bench-50m", 4, 256, "chunk"),
+        ("bench-50m", 4, 256, "naive"),
+    ];
+    for (name, batch, seq, kernel) in runs {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "bench", "model", "--preset", name, "--kernel", kernel, "--json",
+            ])
+            .args([
+                "--batch",
+                &batch.to_string(),
+                "--seq-len",
+                &seq.to_string(),
+                "--steps",
+                &steps.to_string(),
+            ])
+            .output()
+            .context("running a benchmark child")?;
+        if !out.status.success() {
+            bail!(
+                "bench {name} {kernel} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let r: TrainStepBench = serde_json::from_slice(&out.stdout)?;
+        println!("{}", row(&r, batch, seq, name));
+    }
+    Ok(())
 }

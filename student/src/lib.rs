@@ -6,10 +6,12 @@
 //! [`presets`]; analytic parameter/memory accounting in [`info`].
 
 pub mod attnres;
+pub mod bench;
 pub mod config;
 pub mod hf;
 pub mod info;
 pub mod kda;
+pub mod loss;
 pub mod mla;
 pub mod mlp;
 pub mod model;

@@ -58,20 +58,9 @@ pub fn chunk_kda(
     let beta = blocks(x.beta.clone().unsqueeze_dim::<4>(3)); // [BHN, C, 1]
 
     let gamma = g.cumsum(1); // Γ: [BHN, C, dk]
-    // decay[i,j,d] = exp(min(Γ_i − Γ_j, 0)): [BHN, C(i), C(j), dk]
-    let decay = (gamma.clone().unsqueeze_dim::<4>(2) - gamma.clone().unsqueeze_dim::<4>(1))
-        .clamp_max(0.0)
-        .exp();
-    let k_decayed = decay * k.clone().unsqueeze_dim::<4>(1); // k_j[d] exp(Γ_i − Γ_j)
-    // Contract over d with row i's key / query: [BHN, C, C, dk] · [BHN, C, dk, 1] -> [BHN, C, C]
-    let contract = |rows: Tensor<3>| {
-        k_decayed
-            .clone()
-            .matmul(rows.unsqueeze_dim::<4>(3))
-            .squeeze_dim::<3>(3)
-    };
-    let a_kk = (contract(k.clone()) * beta.clone()).tril(-1); // strictly lower, row-scaled by β_i
-    let a_qk = contract(q.clone()).tril(0);
+    let scores = DecayedKeys::new(k.clone(), gamma.clone());
+    let a_kk = (scores.contract(k.clone()) * beta.clone()).tril(-1); // strictly lower, row-scaled by β_i
+    let a_qk = scores.contract(q.clone()).tril(0);
 
     let m = unit_lower_inverse(a_kk) * beta.swap_dims(1, 2); // (I + A)⁻¹ Diag(β)
     let w = m.clone().matmul(k.clone() * gamma.clone().exp()); // [BHN, C, dk]
@@ -114,9 +103,120 @@ pub fn chunk_kda(
     }
 }
 
-/// `(I + A)⁻¹` for a batch of strictly lower-triangular `A: [N, C, C]`, by forward substitution:
-/// row i of the inverse is `e_i − A[i, :] · T` (rows `≥ i` of T do not contribute since A is strictly lower).
+/// Sub-chunk length for the decayed scores (fla's kernels use 16 as well).
+const SUB_CHUNK: usize = 16;
+
+/// Everything the decayed score matrices `A[i,j] = Σ_d x_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d])` share
+/// across `x = k` and `x = q`, computed per sub-chunk of `s` tokens so no exponent is ever positive
+/// and memory is `O(C/s · dk)` per token rather than `O(C · dk)`:
+///
+/// - same sub-chunk: the exact `[s, s, dk]` decay tensor (clamped above the diagonal);
+/// - sub-chunk `a` > `b`, with `e` the last token of `b`: `exp(Γ_i − Γ_j) = exp(Γ_i − Γ_e) · exp(Γ_e − Γ_j)`,
+///   both factors ≤ 1, so the block is one matmul `(x_a ⊙ e^{Γ_a − Γ_e}) (k_b ⊙ e^{Γ_e − Γ_b})ᵀ`.
+struct DecayedKeys {
+    /// `k_j exp(min(Γ_i − Γ_j, 0))` within each sub-chunk: `[N, S, s(i), s(j), dk]`.
+    intra: Tensor<5>,
+    /// `exp(min(Γ_i − Γ_{e_b}, 0))`: `[N, S(a), S(b), s(i), dk]`.
+    left_decay: Tensor<5>,
+    /// `(k_j exp(Γ_{e_b} − Γ_j))ᵀ`: `[N, 1, S(b), dk, s(j)]`.
+    right: Tensor<5>,
+    /// 1 where sub-chunk a > b: `[1, S, S, 1, 1]`.
+    lower_blocks: Tensor<5>,
+    /// 1 where a == b: `[1, S, 1, S, 1]` (for placing the diagonal blocks).
+    diag_blocks: Tensor<5>,
+    sub: usize,
+}
+
+impl DecayedKeys {
+    fn new(k: Tensor<3>, gamma: Tensor<3>) -> Self {
+        let [n, c, dk] = k.dims();
+        let sub = gcd(c, SUB_CHUNK);
+        let subs = c / sub;
+        let device = k.device();
+        let ks = k.reshape([n, subs, sub, dk]);
+        let gs = gamma.reshape([n, subs, sub, dk]);
+        let intra = (gs.clone().unsqueeze_dim::<5>(3) - gs.clone().unsqueeze_dim::<5>(2))
+            .clamp_max(0.0)
+            .exp()
+            * ks.clone().unsqueeze_dim::<5>(2);
+        let g_end = gs.clone().narrow(2, sub - 1, 1); // Γ_e per sub-chunk: [N, S, 1, dk]
+        let left_decay = (gs.clone().unsqueeze_dim::<5>(2) - g_end.clone().unsqueeze_dim::<5>(1))
+            .clamp_max(0.0)
+            .exp();
+        let right = (ks * (g_end - gs).exp())
+            .swap_dims(2, 3)
+            .unsqueeze_dim::<5>(1);
+        let eye = Tensor::<2>::eye(subs, &device);
+        let lower = Tensor::<2>::ones([subs, subs], &device).tril(-1);
+        Self {
+            intra,
+            left_decay,
+            right,
+            lower_blocks: lower.reshape([1, subs, subs, 1, 1]),
+            diag_blocks: eye.reshape([1, subs, 1, subs, 1]),
+            sub,
+        }
+    }
+
+    /// `[N, C, dk]` rows `x` → `[N, C, C]` scores, exact on and below the diagonal (above it: finite junk
+    /// within diagonal sub-chunks, zero elsewhere; callers apply `tril`).
+    fn contract(&self, x: Tensor<3>) -> Tensor<3> {
+        let [n, c, dk] = x.dims();
+        let (sub, subs) = (self.sub, c / self.sub);
+        let xs = x.reshape([n, subs, sub, dk]);
+        // Diagonal sub-chunks: [N,S,s,s,dk]·[N,S,s,dk,1] → [N,S,s(i),s(j)] → placed on the block diagonal.
+        let intra = self
+            .intra
+            .clone()
+            .matmul(xs.clone().unsqueeze_dim::<5>(4))
+            .reshape([n, subs, sub, 1, sub]);
+        let intra = (intra * self.diag_blocks.clone()).reshape([n, c, c]);
+        // Earlier sub-chunks: [N,S(a),S(b),s,dk]·[N,1,S(b),dk,s] → [N,S(a),S(b),s(i),s(j)].
+        let left = self.left_decay.clone() * xs.unsqueeze_dim::<5>(2);
+        let inter = left.matmul(self.right.clone()) * self.lower_blocks.clone();
+        intra + inter.swap_dims(2, 3).reshape([n, c, c])
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// `(I + A)⁻¹` for a batch of strictly lower-triangular `A: [N, C, C]`, blockwise: the diagonal
+/// sub-chunk blocks by forward substitution, then row-block `a` from the rows above it,
+/// `T_{a,<a} = −T_aa (A_{a,<a} T_{<a,<a})` (from `(I + A) T = I`).
 fn unit_lower_inverse(a: Tensor<3>) -> Tensor<3> {
+    let [n, c, _] = a.dims();
+    let sub = gcd(c, SUB_CHUNK);
+    let subs = c / sub;
+    if subs == 1 {
+        return forward_substitution(a);
+    }
+    let diag: Vec<_> = (0..subs)
+        .map(|i| a.clone().narrow(1, i * sub, sub).narrow(2, i * sub, sub))
+        .collect();
+    let diag_inv = forward_substitution(Tensor::cat(diag, 0)); // [S·N, s, s], block-major
+    let diag_inv = |i: usize| diag_inv.clone().narrow(0, i * n, n);
+    let zeros = |cols: usize| Tensor::<3>::zeros([n, sub, cols], &a.device());
+    let mut inv = Tensor::cat(vec![diag_inv(0), zeros(c - sub)], 2); // finished row-blocks: [N, a·s, C]
+    for blk in 1..subs {
+        let done = blk * sub;
+        let a_row = a.clone().narrow(1, done, sub).narrow(2, 0, done); // A_{a,<a}: [N, s, a·s]
+        let t_prev = inv.clone().narrow(2, 0, done); // T_{<a,<a}: [N, a·s, a·s]
+        let t_aa = diag_inv(blk);
+        let off = -t_aa.clone().matmul(a_row.matmul(t_prev));
+        let mut parts = vec![off, t_aa];
+        if c > done + sub {
+            parts.push(zeros(c - done - sub));
+        }
+        inv = Tensor::cat(vec![inv, Tensor::cat(parts, 2)], 1);
+    }
+    inv
+}
+
+/// `(I + A)⁻¹` by forward substitution: row i is `e_i − A[i, :] · T` (rows `≥ i` of T do not
+/// contribute since A is strictly lower).
+fn forward_substitution(a: Tensor<3>) -> Tensor<3> {
     let [n, c, _] = a.dims();
     let eye = Tensor::<2>::eye(c, &a.device());
     let mut inv = eye.clone().unsqueeze_dim::<3>(0).repeat_dim(0, n);
