@@ -72,3 +72,27 @@ fn bad_recipe_names_file_and_field() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn every_recipe_resolves() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = k3mini()
+                .args(["model", "info", "--json", "--recipe"])
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            n += 1;
+        }
+    }
+    assert!(n > 0, "no recipes found");
+}

@@ -164,8 +164,16 @@ pub fn training_memory(c: &ModelConfig, batch: usize, seq_len: usize) -> Trainin
     let chunk = c.kda.chunk_size.min(seq_len.max(1));
     let m = &c.mla;
     // Saved values per token.
-    let kda =
-        14 * inner + 3 * chunk * inner + chunk * chunk * h + 2 * chunk * h + 3 * c.kda.head_dim + h;
+    // KDA: projections, conv, gates and norms; the chunk kernel's decays within and across
+    // sub-chunks (k3mini_kernels::kda::chunk); the UT inverse's blocks; A_kk and A_qk.
+    let sub = k3mini_kernels::kda::sub_chunk(chunk);
+    let kda = 15 * inner
+        + 3 * sub * inner
+        + 3 * (chunk / sub) * inner
+        + sub * sub * h
+        + 2 * chunk * h
+        + 3 * c.kda.head_dim
+        + h;
     let mla = h * (m.qk_nope_head_dim + m.qk_rope_head_dim) * 2
         + 2 * (m.kv_lora_rank + m.qk_rope_head_dim)
         + h * (m.qk_nope_head_dim + m.v_head_dim)

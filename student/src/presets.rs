@@ -40,6 +40,18 @@ fn kimi_linear_kda(head_dim: usize) -> KdaConfig {
     }
 }
 
+/// Kimi Linear's MLA dimensions (kv_lora 512, nope 128, rope 64, v 128; no q-LoRA, no gate).
+fn kimi_linear_mla() -> MlaConfig {
+    MlaConfig {
+        q_lora_rank: None,
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+        output_gate: false,
+    }
+}
+
 /// CI scale (~3.5M params): 4 layers `KKKM`, Kimi Linear-shaped so it maps onto transformers.
 pub fn tiny() -> ModelConfig {
     ModelConfig {
@@ -79,14 +91,7 @@ pub fn smoke_300m() -> ModelConfig {
         ffn_hidden: 2816,
         activation: Activation::Swiglu,
         kda: kimi_linear_kda(128),
-        mla: MlaConfig {
-            q_lora_rank: None,
-            kv_lora_rank: 512,
-            qk_nope_head_dim: 128,
-            qk_rope_head_dim: 64,
-            v_head_dim: 128,
-            output_gate: false,
-        },
+        mla: kimi_linear_mla(),
         moe: None,
         attn_res: None,
         rms_eps: 1e-5,
@@ -113,11 +118,8 @@ pub fn k3_mini_3b() -> ModelConfig {
         },
         mla: MlaConfig {
             q_lora_rank: Some(1536),
-            kv_lora_rank: 512,
-            qk_nope_head_dim: 128,
-            qk_rope_head_dim: 64,
-            v_head_dim: 128,
             output_gate: true,
+            ..kimi_linear_mla()
         },
         moe: None,
         attn_res: Some(AttnResConfig { block_size: 8 }),
@@ -138,14 +140,7 @@ pub fn k3_mini_moe() -> ModelConfig {
         ffn_hidden: 5632,
         activation: Activation::Swiglu,
         kda: kimi_linear_kda(128),
-        mla: MlaConfig {
-            q_lora_rank: None,
-            kv_lora_rank: 512,
-            qk_nope_head_dim: 128,
-            qk_rope_head_dim: 64,
-            v_head_dim: 128,
-            output_gate: false,
-        },
+        mla: kimi_linear_mla(),
         moe: Some(MoeConfig {
             num_experts: 64,
             top_k: 6,

@@ -110,55 +110,35 @@ fn field_of(result: Result<impl std::fmt::Debug, k3mini_student::ConfigError>) -
     result.unwrap_err().field
 }
 
+/// The field a tiny config modified by `edit` is rejected for.
+fn rejected_field(edit: impl FnOnce(&mut ModelConfig)) -> String {
+    let mut c = presets::tiny();
+    edit(&mut c);
+    field_of(c.validate())
+}
+
 #[test]
 fn bad_configs_name_the_field() {
     assert_eq!(field_of(preset("k3-giant")), "preset");
-    let tiny = presets::tiny();
     assert_eq!(
-        field_of(
-            ModelConfig {
-                layer_pattern: "KKXM".into(),
-                ..tiny.clone()
-            }
-            .validate()
-        ),
+        rejected_field(|c| c.layer_pattern = "KKXM".into()),
         "layer_pattern"
     );
     assert_eq!(
-        field_of(
-            ModelConfig {
-                layer_pattern: "".into(),
-                ..tiny.clone()
-            }
-            .validate()
-        ),
+        rejected_field(|c| c.layer_pattern = "".into()),
         "layer_pattern"
     );
+    assert_eq!(rejected_field(|c| c.n_heads = 3), "n_heads");
+    assert_eq!(rejected_field(|c| c.d_model = 0), "d_model");
     assert_eq!(
-        field_of(
-            ModelConfig {
-                n_heads: 3,
-                ..tiny.clone()
-            }
-            .validate()
-        ),
-        "n_heads"
+        rejected_field(|c| c.attn_res = Some(AttnResConfig { block_size: 3 })),
+        "attn_res.block_size"
     );
     assert_eq!(
-        field_of(
-            ModelConfig {
-                d_model: 0,
-                ..tiny.clone()
-            }
-            .validate()
-        ),
-        "d_model"
+        rejected_field(|c| c.kda.gate_lower_bound = Some(2.0)),
+        "kda.gate_lower_bound"
     );
-    let mut c = tiny.clone();
-    c.attn_res = Some(AttnResConfig { block_size: 3 });
-    assert_eq!(field_of(c.validate()), "attn_res.block_size");
-    let mut c = tiny.clone();
-    c.moe = Some(MoeConfig {
+    let moe = MoeConfig {
         num_experts: 4,
         top_k: 5,
         num_shared_experts: 0,
@@ -167,11 +147,17 @@ fn bad_configs_name_the_field() {
         latent_dim: None,
         first_dense_layers: 0,
         bias_update_rate: 0.0,
-    });
-    assert_eq!(field_of(c.validate()), "moe.top_k");
-    let mut c = tiny;
-    c.kda.gate_lower_bound = Some(2.0);
-    assert_eq!(field_of(c.validate()), "kda.gate_lower_bound");
+    };
+    assert_eq!(rejected_field(|c| c.moe = Some(moe.clone())), "moe.top_k");
+    let wide_latent = MoeConfig {
+        top_k: 2,
+        latent_dim: Some(4096),
+        ..moe
+    };
+    assert_eq!(
+        rejected_field(|c| c.moe = Some(wide_latent)),
+        "moe.latent_dim"
+    );
     // The model constructor refuses an invalid config instead of panicking.
     assert_eq!(
         field_of(K3Mini::new(

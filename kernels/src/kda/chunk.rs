@@ -103,8 +103,14 @@ pub fn chunk_kda(
     }
 }
 
-/// Sub-chunk length for the decayed scores (fla's kernels use 16 as well).
-const SUB_CHUNK: usize = 16;
+/// Preferred sub-chunk length for the decayed scores (fla's kernels use 16 as well).
+pub const SUB_CHUNK: usize = 16;
+
+/// The sub-chunk length used for a chunk of `chunk` tokens: the largest divisor of it up to [`SUB_CHUNK`]
+/// that also divides [`SUB_CHUNK`].
+pub fn sub_chunk(chunk: usize) -> usize {
+    gcd(chunk, SUB_CHUNK)
+}
 
 /// Everything the decayed score matrices `A[i,j] = Σ_d x_i[d] k_j[d] exp(Γ_i[d] − Γ_j[d])` share
 /// across `x = k` and `x = q`, computed per sub-chunk of `s` tokens so no exponent is ever positive
@@ -130,7 +136,7 @@ struct DecayedKeys {
 impl DecayedKeys {
     fn new(k: Tensor<3>, gamma: Tensor<3>) -> Self {
         let [n, c, dk] = k.dims();
-        let sub = gcd(c, SUB_CHUNK);
+        let sub = sub_chunk(c);
         let subs = c / sub;
         let device = k.device();
         let ks = k.reshape([n, subs, sub, dk]);
@@ -187,7 +193,7 @@ fn gcd(a: usize, b: usize) -> usize {
 /// `T_{a,<a} = −T_aa (A_{a,<a} T_{<a,<a})` (from `(I + A) T = I`).
 fn unit_lower_inverse(a: Tensor<3>) -> Tensor<3> {
     let [n, c, _] = a.dims();
-    let sub = gcd(c, SUB_CHUNK);
+    let sub = sub_chunk(c);
     let subs = c / sub;
     if subs == 1 {
         return forward_substitution(a);

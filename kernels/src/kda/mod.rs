@@ -15,7 +15,7 @@
 mod chunk;
 mod recurrent;
 
-pub use chunk::{DEFAULT_CHUNK, chunk_kda};
+pub use chunk::{DEFAULT_CHUNK, SUB_CHUNK, chunk_kda, sub_chunk};
 pub use recurrent::{kda_step, naive_recurrent_kda};
 
 use burn::tensor::Tensor;
