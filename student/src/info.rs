@@ -117,8 +117,9 @@ pub fn param_breakdown(c: &ModelConfig) -> ParamBreakdown {
         }
     }
     if c.attn_res.is_some() {
-        // Two depth attentions (query + key norm, 2d each) per layer, minus the first sub-layer's, plus the final one.
-        p.attn_res = 2 * d * (2 * c.n_layers - 1 + 1);
+        // A depth attention (query + key norm: 2d) before every sub-layer but the first (2L − 1),
+        // plus the final aggregation.
+        p.attn_res = 2 * d * 2 * c.n_layers;
     }
     p
 }

@@ -246,24 +246,29 @@ impl KimiDeltaAttention {
             beta: activation::sigmoid(self.b_proj.forward(x.clone())),
         };
         let scale = default_scale(hd);
-        let (o, s_final) = if t == 1 && s0.is_some() {
-            let at = |x: Tensor<4>| x.squeeze_dim::<3>(1);
-            let (o, s) = kda_step(
-                s0.expect("checked"),
-                at(inputs.q),
-                at(inputs.k),
-                at(inputs.v),
-                at(inputs.g),
-                inputs.beta.squeeze_dim::<2>(1),
-                scale,
-            );
-            (o.unsqueeze_dim::<4>(1), s)
-        } else {
-            let out = match self.kernel {
-                KdaKernel::Chunk => chunk_kda(&inputs, scale, s0, self.chunk_size),
-                KdaKernel::Naive => naive_recurrent_kda(&inputs, scale, s0),
-            };
-            (out.o, out.state)
+        let (o, s_final) = match (t, s0) {
+            (1, Some(s0)) => {
+                // Decode: one recurrence step, no chunk padding.
+                let at = |x: Tensor<4>| x.squeeze_dim::<3>(1);
+                let beta = inputs.beta.squeeze_dim::<2>(1);
+                let (o, s) = kda_step(
+                    s0,
+                    at(inputs.q),
+                    at(inputs.k),
+                    at(inputs.v),
+                    at(inputs.g),
+                    beta,
+                    scale,
+                );
+                (o.unsqueeze_dim::<4>(1), s)
+            }
+            (_, s0) => {
+                let out = match self.kernel {
+                    KdaKernel::Chunk => chunk_kda(&inputs, scale, s0, self.chunk_size),
+                    KdaKernel::Naive => naive_recurrent_kda(&inputs, scale, s0),
+                };
+                (out.o, out.state)
+            }
         };
         if let Some(s) = state {
             s.recurrent = s_final;

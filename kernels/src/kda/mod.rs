@@ -55,7 +55,7 @@ pub fn default_scale(dk: usize) -> f64 {
     (dk as f64).powf(-0.5)
 }
 
-/// A zero state `[B, H, dk, dv]` on the device of `like`.
+/// A zero state `[B, H, dk, dv]` matching `x`'s shapes and device.
 fn zero_state(x: &KdaInputs) -> Tensor<4> {
     let [b, _, h, dk, dv] = x.dims();
     Tensor::zeros([b, h, dk, dv], &x.q.device())
