@@ -63,9 +63,10 @@ pub fn chunk_kda(
     let a_qk = scores.contract(q.clone()).tril(0);
 
     let m = unit_lower_inverse(a_kk) * beta.swap_dims(1, 2); // (I + A)⁻¹ Diag(β)
-    let w = m.clone().matmul(k.clone() * gamma.clone().exp()); // [BHN, C, dk]
+    let decay_in = gamma.clone().exp(); // exp(Γ) ≤ 1: decay from the chunk start
+    let w = m.clone().matmul(k.clone() * decay_in.clone()); // [BHN, C, dk]
     let u = m.matmul(v); // [BHN, C, dv]
-    let q_decayed = q * gamma.clone().exp();
+    let q_decayed = q * decay_in;
     let gamma_last = gamma.clone().narrow(1, chunk - 1, 1); // Γ_C: [BHN, 1, dk]
     let k_to_end = k * (gamma_last.clone() - gamma).exp(); // [BHN, C, dk]
     let decay_last = gamma_last.exp().swap_dims(1, 2); // [BHN, dk, 1]
