@@ -16,6 +16,7 @@ fn inputs(len: usize) -> (KdaInputs, Tensor<4>, f64) {
         v: cut(golden(FILE, "v")),
         g: cut(golden(FILE, "g")),
         beta: golden::<3>(FILE, "beta").narrow(1, 0, len),
+        starts: None,
     };
     let scale: f32 = golden::<1>(FILE, "scale").into_scalar::<f32>();
     (x, golden(FILE, "initial_state"), scale as f64)

@@ -50,6 +50,7 @@ fn splitting_a_sequence_and_carrying_the_state_is_exact() {
         v: head(&x.v),
         g: head(&x.g),
         beta: x.beta.clone().narrow(1, 0, 45),
+        starts: None,
     };
     let mut state = chunk_kda(&prefix, scale, None, 16).state;
     for i in 45..50 {

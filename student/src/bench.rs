@@ -117,6 +117,7 @@ pub fn bench_kda(
             Distribution::Normal(0.0, 1.0),
             &device,
         )),
+        starts: None,
     };
     let scale = default_scale(head_dim);
     [KdaKernel::Naive, KdaKernel::Chunk]

@@ -48,16 +48,44 @@ impl ShortConv {
         self.weight.dims()[2]
     }
 
-    /// `x [B, T, C]`, `tail [B, K−1, C]` (the previous K−1 inputs, zeros at the start).
-    /// Returns `(y [B, T, C], new tail)`.
-    fn forward(&self, x: Tensor<3>, tail: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
-        let [_, t, _] = x.dims();
+    /// `x [B, T, C]`, `tail [B, K−1, C]` (the previous K−1 inputs, zeros at the start). With
+    /// `starts` (packed documents, see [`crate::model::K3Mini::forward_packed`]) a tap never reads a
+    /// token of another document. Returns `(y [B, T, C], new tail)`.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        tail: Tensor<3>,
+        starts: Option<&Tensor<2>>,
+    ) -> (Tensor<3>, Tensor<3>) {
+        let [b, t, _] = x.dims();
         let k = self.kernel();
         let padded = Tensor::cat(vec![tail, x], 1); // [B, K−1+T, C]
+        // Document index per padded position; the tail belongs to the document open before `x`.
+        let docs = starts.map(|s| {
+            let doc = s.clone().cumsum(1); // [B, T]
+            (
+                Tensor::cat(
+                    vec![Tensor::zeros([b, k - 1], &doc.device()), doc.clone()],
+                    1,
+                ),
+                doc,
+            )
+        });
         let w = self.weight.val().squeeze_dim::<2>(1).swap_dims(0, 1); // [K, C]
-        let mut y = padded.clone().narrow(1, 0, t) * w.clone().narrow(0, 0, 1).unsqueeze::<3>();
-        for j in 1..k {
-            y = y + padded.clone().narrow(1, j, t) * w.clone().narrow(0, j, 1).unsqueeze::<3>();
+        let mut y = Tensor::zeros(padded.clone().narrow(1, 0, t).dims(), &padded.device());
+        for j in 0..k {
+            let mut tap = padded.clone().narrow(1, j, t);
+            if let Some((padded_doc, doc)) = &docs
+                && j + 1 < k
+            {
+                let same = padded_doc
+                    .clone()
+                    .narrow(1, j, t)
+                    .equal(doc.clone())
+                    .float();
+                tap = tap * same.unsqueeze_dim::<3>(2);
+            }
+            y = y + tap * w.clone().narrow(0, j, 1).unsqueeze::<3>();
         }
         let new_tail = padded.narrow(1, t, k - 1);
         (y, new_tail)
@@ -209,7 +237,15 @@ impl KimiDeltaAttention {
 
     /// `x [B, T, d]` → `[B, T, d]`. With a state, continues from it and updates it in place
     /// (prefill when T > 1, one decode step when T = 1).
-    pub fn forward(&self, x: Tensor<3>, state: Option<&mut KdaState>) -> Tensor<3> {
+    ///
+    /// `starts [B, T]` (packed documents): 1.0 where a token begins a new document; neither the conv
+    /// nor the recurrent state carries anything across the boundary.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        state: Option<&mut KdaState>,
+        starts: Option<&Tensor<2>>,
+    ) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let (h, hd) = (self.heads, self.head_dim);
         let inner = h * hd;
@@ -229,7 +265,7 @@ impl KimiDeltaAttention {
                 None,
             ),
         };
-        let (mixed, new_tail) = self.conv1d.forward(mixed, conv_tail);
+        let (mixed, new_tail) = self.conv1d.forward(mixed, conv_tail, starts);
         let mixed = activation::silu(mixed);
         let heads = |i: usize| {
             mixed
@@ -244,10 +280,11 @@ impl KimiDeltaAttention {
             v: heads(2),
             g: self.forget_gate.forward(x.clone()),
             beta: activation::sigmoid(self.b_proj.forward(x.clone())),
+            starts: starts.cloned(),
         };
         let scale = default_scale(hd);
         let (o, s_final) = match (t, s0) {
-            (1, Some(s0)) => {
+            (1, Some(s0)) if starts.is_none() => {
                 // Decode: one recurrence step, no chunk padding.
                 let at = |x: Tensor<4>| x.squeeze_dim::<3>(1);
                 let beta = inputs.beta.squeeze_dim::<2>(1);

@@ -101,7 +101,14 @@ impl GatedMla {
     }
 
     /// `x [B, T, d]` → `[B, T, d]`. With a cache, attends over the cached tokens too and appends to it.
-    pub fn forward(&self, x: Tensor<3>, cache: Option<&mut MlaCache>) -> Tensor<3> {
+    /// `starts [B, T]` (packed documents): attention is also block-diagonal over documents (cached
+    /// tokens belong to the document open before `x`).
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        cache: Option<&mut MlaCache>,
+        starts: Option<&Tensor<2>>,
+    ) -> Tensor<3> {
         let [b, t, _] = x.dims();
         let h = self.heads;
         let MlaConfig {
@@ -147,7 +154,22 @@ impl GatedMla {
         let scale = ((nope + rope) as f64).powf(-0.5);
         let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, H, T, S]
         let future = Tensor::<2, Bool>::tril_mask([t, s], past as i64, &x.device()); // true where j > i+past
-        let scores = scores.mask_fill(future.unsqueeze::<4>(), f32::NEG_INFINITY);
+        let mut scores = scores.mask_fill(future.unsqueeze::<4>(), f32::NEG_INFINITY);
+        if let Some(starts) = starts {
+            let doc = starts.clone().cumsum(1); // [B, T]
+            let doc_k = Tensor::cat(
+                vec![Tensor::zeros([b, past], &doc.device()), doc.clone()],
+                1,
+            ); // [B, S]
+            let other = doc
+                .unsqueeze_dim::<3>(2)
+                .expand([b, t, s])
+                .not_equal(doc_k.unsqueeze_dim::<3>(1).expand([b, t, s]));
+            scores = scores.mask_fill(
+                other.unsqueeze_dim::<4>(1).expand([b, h, t, s]),
+                f32::NEG_INFINITY,
+            );
+        }
         let o = activation::softmax(scores, 3).matmul(v); // [B, H, T, v]
         let mut o = o.swap_dims(1, 2).reshape([b, t, h * vd]);
         if let Some(g) = &self.g_proj {

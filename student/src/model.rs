@@ -161,7 +161,14 @@ impl K3Mini {
 
     /// Full-sequence forward `tokens [B, T]` → logits `[B, T, vocab]`.
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<3> {
-        self.forward_with(tokens, None).logits
+        self.run(tokens, None, None).logits
+    }
+
+    /// Forward over packed documents: `starts [B, T]` is 1.0 where a token begins a new document.
+    /// Each document is computed exactly as if it were alone: KDA states and convs reset at its
+    /// start, MLA attention is block-diagonal (per-token layers need nothing).
+    pub fn forward_packed(&self, tokens: Tensor<2, Int>, starts: Tensor<2>) -> ModelOutput {
+        self.run(tokens, Some(&starts), None)
     }
 
     /// A fresh inference state for `batch` sequences.
@@ -186,6 +193,15 @@ impl K3Mini {
     pub fn forward_with(
         &self,
         tokens: Tensor<2, Int>,
+        state: Option<&mut InferenceState>,
+    ) -> ModelOutput {
+        self.run(tokens, None, state)
+    }
+
+    fn run(
+        &self,
+        tokens: Tensor<2, Int>,
+        starts: Option<&Tensor<2>>,
         mut state: Option<&mut InferenceState>,
     ) -> ModelOutput {
         let t = tokens.dims()[1];
@@ -206,10 +222,10 @@ impl K3Mini {
             };
             let x = layer.input_layernorm.forward(x);
             let mixed = match (&layer.self_attn, layer_state) {
-                (Mixer::Kda(k), Some(LayerState::Kda(s))) => k.forward(x, Some(s)),
-                (Mixer::Mla(m), Some(LayerState::Mla(c))) => m.forward(x, Some(c)),
-                (Mixer::Kda(k), None) => k.forward(x, None),
-                (Mixer::Mla(m), None) => m.forward(x, None),
+                (Mixer::Kda(k), Some(LayerState::Kda(s))) => k.forward(x, Some(s), starts),
+                (Mixer::Mla(m), Some(LayerState::Mla(c))) => m.forward(x, Some(c), starts),
+                (Mixer::Kda(k), None) => k.forward(x, None, starts),
+                (Mixer::Mla(m), None) => m.forward(x, None, starts),
                 _ => panic!("inference state does not match layer {i}'s mixer"),
             };
             // FFN sub-layer (global index 2i + 1).

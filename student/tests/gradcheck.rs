@@ -96,21 +96,37 @@ fn kda_layer_chunked_and_decay_parameters() {
         kda_cfg.gate_lower_bound = lower_bound;
         let layer = KimiDeltaAttention::new(16, 2, &kda_cfg, 1e-5, &device());
         let x = input([1, 10, 16]);
-        check_input_grad("kda input", x.clone(), |x| layer.forward(x, None));
+        check_input_grad("kda input", x.clone(), |x| layer.forward(x, None, None));
         // The decay parameters go through hand-written gate math: check them too.
         let a_log = layer.forget_gate.a_log.val();
         check_input_grad("kda A_log", a_log, |a| {
             let mut l = layer.clone();
             l.forget_gate.a_log = Param::from_tensor(a);
-            l.forward(x.clone(), None)
+            l.forward(x.clone(), None, None)
         });
         let dt_bias = layer.forget_gate.dt_bias.val();
         check_input_grad("kda dt_bias", dt_bias, |b| {
             let mut l = layer.clone();
             l.forget_gate.dt_bias = Param::from_tensor(b);
-            l.forward(x.clone(), None)
+            l.forward(x.clone(), None, None)
         });
     }
+}
+
+#[test]
+fn kda_layer_over_packed_documents() {
+    let mut kda_cfg = presets::tiny().kda;
+    kda_cfg.head_dim = 8;
+    kda_cfg.chunk_size = 4;
+    device().seed(6);
+    let layer = KimiDeltaAttention::new(16, 2, &kda_cfg, 1e-5, &device());
+    let mut starts = vec![0.0; 10];
+    starts[3] = 1.0;
+    starts[6] = 1.0;
+    let starts = Tensor::<2>::from_data(TensorData::new(starts, [1, 10]), &device());
+    check_input_grad("kda packed", input([1, 10, 16]), |x| {
+        layer.forward(x, None, Some(&starts))
+    });
 }
 
 #[test]
@@ -121,7 +137,9 @@ fn gated_mla_with_q_lora() {
     cfg.kv_lora_rank = 12;
     device().seed(3);
     let layer = GatedMla::new(16, 2, &cfg, &device());
-    check_input_grad("mla", input([2, 5, 16]) * 10.0, |x| layer.forward(x, None));
+    check_input_grad("mla", input([2, 5, 16]) * 10.0, |x| {
+        layer.forward(x, None, None)
+    });
 }
 
 #[test]

@@ -17,6 +17,10 @@
 //! (`j > i`) are clamped to exponent 0 before `exp`, so neither they nor their gradients overflow.
 //! Never factor the decay as `(Q e^Γ)(K / e^Γ)ᵀ`: the division overflows on long chunks.
 //!
+//! Packed documents (`starts`): scores between tokens of different documents are zeroed (A_kk, A_qk,
+//! hence a block-diagonal UT inverse), only tokens of the document already open at the chunk start
+//! read or decay the incoming state, and only the chunk's last document writes the outgoing state.
+//!
 //! Padding to a multiple of `C` uses `k = v = q = g = β = 0`: a padded token neither decays nor
 //! writes the state, so any `T` is exact.
 
@@ -59,17 +63,27 @@ pub fn chunk_kda(
 
     let gamma = g.cumsum(1); // Γ: [BHN, C, dk]
     let scores = DecayedKeys::new(k.clone(), gamma.clone());
-    let a_kk = (scores.contract(k.clone()) * beta.clone()).tril(-1); // strictly lower, row-scaled by β_i
-    let a_qk = scores.contract(q.clone()).tril(0);
+    let mut a_kk = scores.contract(k.clone()) * beta.clone(); // row-scaled by β_i
+    let mut a_qk = scores.contract(q.clone());
+    let mut decay_in = gamma.clone().exp(); // exp(Γ) ≤ 1: decay from the chunk start
+    let gamma_last = gamma.clone().narrow(1, chunk - 1, 1); // Γ_C: [BHN, 1, dk]
+    let mut k_to_end = k.clone() * (gamma_last.clone() - gamma).exp(); // [BHN, C, dk]
+    let mut decay_last = gamma_last.exp().swap_dims(1, 2); // [BHN, dk, 1]
+    if let Some(starts) = &x.starts {
+        let docs = DocumentMasks::new(starts.clone(), h, chunk, padded);
+        a_kk = a_kk * docs.same.clone();
+        a_qk = a_qk * docs.same;
+        decay_in = decay_in * docs.from_start.clone();
+        k_to_end = k_to_end * docs.to_end;
+        decay_last = decay_last * docs.from_start.narrow(1, chunk - 1, 1);
+    }
+    let a_kk = a_kk.tril(-1);
+    let a_qk = a_qk.tril(0);
 
     let m = unit_lower_inverse(a_kk) * beta.swap_dims(1, 2); // (I + A)⁻¹ Diag(β)
-    let decay_in = gamma.clone().exp(); // exp(Γ) ≤ 1: decay from the chunk start
-    let w = m.clone().matmul(k.clone() * decay_in.clone()); // [BHN, C, dk]
+    let w = m.clone().matmul(k * decay_in.clone()); // [BHN, C, dk]
     let u = m.matmul(v); // [BHN, C, dv]
     let q_decayed = q * decay_in;
-    let gamma_last = gamma.clone().narrow(1, chunk - 1, 1); // Γ_C: [BHN, 1, dk]
-    let k_to_end = k * (gamma_last.clone() - gamma).exp(); // [BHN, C, dk]
-    let decay_last = gamma_last.exp().swap_dims(1, 2); // [BHN, dk, 1]
 
     // Sequential pass over chunks, batched over B*H: [B*H, N, ...].
     let per_chunk = |x: Tensor<3>| {
@@ -101,6 +115,64 @@ pub fn chunk_kda(
     KdaOutput {
         o,
         state: state.reshape([b, h, dk, dv]),
+    }
+}
+
+/// Per-chunk document masks for packed sequences, from `starts [B, T]`.
+struct DocumentMasks {
+    /// 1 where tokens i and j belong to the same document: `[BHN, C, C]`.
+    same: Tensor<3>,
+    /// 1 where token i belongs to the document open when the chunk began: `[BHN, C, 1]`.
+    from_start: Tensor<3>,
+    /// 1 where token j belongs to the chunk's last document: `[BHN, C, 1]`.
+    to_end: Tensor<3>,
+}
+
+impl DocumentMasks {
+    fn new(starts: Tensor<2>, heads: usize, chunk: usize, padded: usize) -> Self {
+        let [b, t] = starts.dims();
+        let starts = if padded > t {
+            Tensor::cat(
+                vec![
+                    starts.clone(),
+                    Tensor::zeros([b, padded - t], &starts.device()),
+                ],
+                1,
+            )
+        } else {
+            starts
+        };
+        // Document index of every token (exact small integers in f32), per head and chunk.
+        let per_chunk = |x: Tensor<2>| {
+            x.unsqueeze_dim::<3>(1)
+                .expand([b, heads, padded])
+                .reshape([b * heads * (padded / chunk), chunk])
+        };
+        let doc = per_chunk(starts.clone().cumsum(1)); // [BHN, C]
+        let starts = per_chunk(starts);
+        let bhn = doc.dims()[0];
+        let first = doc.clone().narrow(1, 0, 1) - starts.narrow(1, 0, 1); // document open at the chunk start
+        let last = doc.clone().narrow(1, chunk - 1, 1);
+        let rows = doc
+            .clone()
+            .unsqueeze_dim::<3>(2)
+            .expand([bhn, chunk, chunk]);
+        let cols = doc
+            .clone()
+            .unsqueeze_dim::<3>(1)
+            .expand([bhn, chunk, chunk]);
+        Self {
+            same: rows.equal(cols).float(),
+            from_start: doc
+                .clone()
+                .equal(first.expand([bhn, chunk]))
+                .float()
+                .unsqueeze_dim::<3>(2),
+            to_end: doc
+                .equal(last.expand([bhn, chunk]))
+                .float()
+                .unsqueeze_dim::<3>(2),
+        }
     }
 }
 

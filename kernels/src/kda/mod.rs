@@ -9,6 +9,8 @@
 //!
 //! The decay acts on the KEY dimension, one log-decay `g_t[d] ≤ 0` per key channel.
 //!
+//! Packed documents: with `starts`, `S_{t-1}` is taken as zero at each document's first token.
+//!
 //! Layout (as flash-linear-attention): `q, k, g: [B, T, H, dk]`, `v: [B, T, H, dv]`, `beta: [B, T, H]`,
 //! state `[B, H, dk, dv]`, output `[B, T, H, dv]`.
 
@@ -33,6 +35,9 @@ pub struct KdaInputs {
     pub g: Tensor<4>,
     /// Delta-rule learning rate `[B, T, H]`, in (0, 1).
     pub beta: Tensor<3>,
+    /// Packed sequences: `[B, T]`, 1.0 where a token begins a new document. The state is reset before
+    /// such a token, so nothing crosses a document boundary. `None`: one document per row.
+    pub starts: Option<Tensor<2>>,
 }
 
 impl KdaInputs {

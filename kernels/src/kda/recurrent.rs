@@ -32,7 +32,8 @@ pub fn kda_step(
     (o.squeeze_dim::<3>(2), state)
 }
 
-/// The naive recurrent form: [`kda_step`] folded over time (fla's `naive_recurrent_kda`).
+/// The naive recurrent form: [`kda_step`] folded over time (fla's `naive_recurrent_kda`), with the
+/// state zeroed before each document start.
 pub fn naive_recurrent_kda(
     x: &KdaInputs,
     scale: f64,
@@ -44,6 +45,10 @@ pub fn naive_recurrent_kda(
     for i in 0..t {
         let at = |x: &Tensor<4>| x.clone().narrow(1, i, 1).squeeze_dim::<3>(1);
         let beta = x.beta.clone().narrow(1, i, 1).squeeze_dim::<2>(1);
+        if let Some(starts) = &x.starts {
+            let keep = -starts.clone().narrow(1, i, 1) + 1.0; // [B, 1]
+            state = state * keep.unsqueeze_dims::<4>(&[2, 3]);
+        }
         let (o, s) = kda_step(state, at(&x.q), at(&x.k), at(&x.v), at(&x.g), beta, scale);
         state = s;
         outs.push(o);

@@ -25,6 +25,7 @@ pub fn random_inputs(b: usize, t: usize, h: usize, dk: usize, dv: usize, seed: u
             Distribution::Normal(0.0, 1.0),
             &device,
         )),
+        starts: None,
     }
 }
 
