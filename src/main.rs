@@ -2,6 +2,7 @@
 
 mod bench;
 mod model_cmd;
+mod recipe_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -29,6 +30,11 @@ enum Command {
         #[command(subcommand)]
         command: model_cmd::ModelCommand,
     },
+    /// Validate recipes.
+    Recipe {
+        #[command(subcommand)]
+        command: recipe_cmd::RecipeCommand,
+    },
     /// Benchmarks (throughput, memory) on this machine.
     Bench {
         #[command(subcommand)]
@@ -40,6 +46,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model { command } => model_cmd::run(command),
+        Command::Recipe { command } => recipe_cmd::run(command),
         Command::Bench { command } => bench::run(command),
     };
     match result {

@@ -1,0 +1,4 @@
+//! The `k3mini` library behind the CLI: recipes (and, as they land, the training loop). The binary in
+//! `main.rs` only parses arguments and calls these functions.
+
+pub mod recipe;

@@ -1,0 +1,472 @@
+//! Training recipes: one TOML file describes a run. Every table rejects unknown keys, and every error
+//! names the file, the line and the key (`recipes/ci-tiny.toml:14: optim.lr: must be positive`).
+//!
+//! ```toml
+//! [run]       name, out_dir, seed
+//! [model]     preset = "tiny" plus any ModelConfig field to override ([model.kda], ...)
+//! [data]      tokenizer, seq_len, packing, held_out_fraction, [[data.sources]] path/format/field
+//! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
+//! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
+//! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
+//! ```
+
+use k3mini_student::ModelConfig;
+use k3mini_student::presets::{PRESETS, resolve};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub run: RunConfig,
+    /// `preset` plus overrides; resolved into [`LoadedRecipe::model`].
+    pub model: toml::Table,
+    pub data: DataConfig,
+    pub optim: OptimConfig,
+    pub schedule: ScheduleConfig,
+    pub train: TrainConfig,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub name: String,
+    /// Where checkpoints and metrics go (default `runs/<name>`), relative to the working directory.
+    #[serde(default)]
+    pub out_dir: Option<PathBuf>,
+    /// Seeds initialisation, shuffling and sampling.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+/// Corpus file formats.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// Plain UTF-8 text: one document per file (a directory: every `.txt` file in it).
+    Text,
+    /// One JSON object per line; the document is `field`.
+    Jsonl,
+    /// A Parquet file; the document is the string column `field`.
+    Parquet,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// File or directory, relative to the recipe file.
+    pub path: PathBuf,
+    /// Inferred from the extension when omitted (`.jsonl`, `.parquet`, anything else is text).
+    #[serde(default)]
+    pub format: Option<SourceFormat>,
+    /// JSONL key / Parquet column holding the text.
+    #[serde(default = "default_field")]
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// `kimi` (the Kimi K2/K3 tiktoken vocabulary) or a path to a `tokenizer.json`, relative to the recipe.
+    pub tokenizer: String,
+    pub sources: Vec<SourceConfig>,
+    /// Tokens per training sequence.
+    pub seq_len: usize,
+    /// Pack documents back to back (their states and attention never mix) instead of one per row.
+    #[serde(default = "yes")]
+    pub packing: bool,
+    /// Fraction of documents held out for evaluation.
+    #[serde(default = "default_held_out")]
+    pub held_out_fraction: f64,
+}
+
+/// AdamW. Every default is written out (burn's own defaults differ from PyTorch's).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "default_adam_eps")]
+    pub eps: f64,
+    /// Decoupled weight decay on matrices; norms, biases and gate/decay parameters get none.
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm (all parameters together) to this value; omit to disable.
+    #[serde(default = "default_clip")]
+    pub grad_clip: Option<f64>,
+}
+
+/// Learning-rate schedule.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ScheduleConfig {
+    /// Linear warmup, then constant.
+    Constant { warmup_steps: usize },
+    /// Linear warmup, then cosine decay to `min_lr_ratio · lr` at the last step.
+    Cosine {
+        warmup_steps: usize,
+        #[serde(default = "default_min_lr_ratio")]
+        min_lr_ratio: f64,
+    },
+    /// Warmup-stable-decay: linear warmup, constant, then linear decay over the last `decay_fraction`.
+    Wsd {
+        warmup_steps: usize,
+        #[serde(default = "default_decay_fraction")]
+        decay_fraction: f64,
+        #[serde(default)]
+        min_lr_ratio: f64,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Tokens per optimizer step; a multiple of `micro_batch · seq_len` (the rest is accumulation).
+    pub batch_tokens: usize,
+    /// Sequences per forward/backward.
+    pub micro_batch: usize,
+    #[serde(default = "one")]
+    pub log_every: usize,
+    /// Held-out loss every this many steps (and at the end).
+    #[serde(default = "default_eval_every")]
+    pub eval_every: usize,
+    /// Held-out micro-batches per evaluation.
+    #[serde(default = "default_eval_batches")]
+    pub eval_batches: usize,
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept on disk (oldest removed first).
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: usize,
+    /// Consecutive non-finite steps (skipped) before the run stops.
+    #[serde(default = "default_max_bad")]
+    pub max_bad_steps: usize,
+}
+
+fn default_field() -> String {
+    "text".into()
+}
+fn yes() -> bool {
+    true
+}
+fn one() -> usize {
+    1
+}
+fn default_held_out() -> f64 {
+    0.02
+}
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.95]
+}
+fn default_adam_eps() -> f64 {
+    1e-8
+}
+fn default_weight_decay() -> f64 {
+    0.1
+}
+fn default_clip() -> Option<f64> {
+    Some(1.0)
+}
+fn default_min_lr_ratio() -> f64 {
+    0.1
+}
+fn default_decay_fraction() -> f64 {
+    0.2
+}
+fn default_eval_every() -> usize {
+    50
+}
+fn default_eval_batches() -> usize {
+    4
+}
+fn default_checkpoint_every() -> usize {
+    100
+}
+fn default_keep() -> usize {
+    3
+}
+fn default_max_bad() -> usize {
+    5
+}
+
+/// A recipe problem, located in its file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecipeError {
+    pub file: PathBuf,
+    /// 1-based line of the offending key (or of its table), when it is in the file.
+    pub line: Option<usize>,
+    /// Dotted key, e.g. `optim.lr`; empty for syntax errors.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for RecipeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for RecipeError {}
+
+/// A validated recipe with its model resolved.
+#[derive(Clone, Debug)]
+pub struct LoadedRecipe {
+    pub path: PathBuf,
+    pub recipe: Recipe,
+    pub model: ModelConfig,
+    /// Micro-batches accumulated per optimizer step.
+    pub accumulation: usize,
+}
+
+impl LoadedRecipe {
+    /// Output directory of the run.
+    pub fn out_dir(&self) -> PathBuf {
+        self.recipe
+            .run
+            .out_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs").join(&self.recipe.run.name))
+    }
+
+    /// A source or tokenizer path as given in the recipe, made relative to the recipe's directory.
+    pub fn resolve_path(&self, p: &Path) -> PathBuf {
+        self.path.parent().unwrap_or(Path::new(".")).join(p)
+    }
+
+    /// The resolved recipe as TOML: the model table expanded to every field.
+    pub fn to_toml(&self) -> String {
+        let mut value = toml::Table::try_from(&self.recipe).expect("a recipe serialises");
+        value.insert(
+            "model".into(),
+            toml::Value::try_from(&self.model).expect("a model config serialises"),
+        );
+        toml::to_string_pretty(&value).expect("TOML output")
+    }
+}
+
+/// Reads, parses and validates a recipe file.
+pub fn load(path: &Path) -> Result<LoadedRecipe, RecipeError> {
+    let text = std::fs::read_to_string(path).map_err(|e| RecipeError {
+        file: path.to_path_buf(),
+        line: None,
+        key: String::new(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and validates recipe `text` (errors are reported against `path`).
+pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
+    let err = |key: &str, message: String| RecipeError {
+        file: path.to_path_buf(),
+        line: key_line(text, key),
+        key: key.into(),
+        message,
+    };
+    let recipe: Recipe = toml::from_str(text).map_err(|e| RecipeError {
+        file: path.to_path_buf(),
+        line: e.span().map(|s| line_of(text, s.start)),
+        key: String::new(),
+        message: e.message().trim().to_string(),
+    })?;
+    let mut overrides = recipe.model.clone();
+    let preset = match overrides.remove("preset") {
+        Some(toml::Value::String(s)) => s,
+        _ => {
+            return Err(err(
+                "model.preset",
+                format!("must name a preset: {}", PRESETS.join(", ")),
+            ));
+        }
+    };
+    let model = resolve(&preset, &overrides).map_err(|e| {
+        let key = if e.field == "preset" || e.field == "model" {
+            "model.preset".into()
+        } else {
+            format!("model.{}", e.field)
+        };
+        err(&key, e.message)
+    })?;
+    let accumulation = validate(&recipe, &model).map_err(|(key, message)| err(&key, message))?;
+    let loaded = LoadedRecipe {
+        path: path.to_path_buf(),
+        recipe,
+        model,
+        accumulation,
+    };
+    for (i, source) in loaded.recipe.data.sources.iter().enumerate() {
+        let p = loaded.resolve_path(&source.path);
+        if !p.exists() {
+            return Err(err(
+                &format!("data.sources.{i}.path"),
+                format!("{} does not exist", p.display()),
+            ));
+        }
+    }
+    let tokenizer = &loaded.recipe.data.tokenizer;
+    if tokenizer != "kimi" && !loaded.resolve_path(Path::new(tokenizer)).is_file() {
+        return Err(err(
+            "data.tokenizer",
+            format!(
+                "not `kimi` and no file at {}",
+                loaded.resolve_path(Path::new(tokenizer)).display()
+            ),
+        ));
+    }
+    Ok(loaded)
+}
+
+/// Cross-field checks. Returns the accumulation factor, or `(key, message)`.
+fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> {
+    let bad = |key: &str, message: String| Err((key.to_string(), message));
+    let positive = [
+        ("data.seq_len", r.data.seq_len),
+        ("train.steps", r.train.steps),
+        ("train.batch_tokens", r.train.batch_tokens),
+        ("train.micro_batch", r.train.micro_batch),
+        ("train.log_every", r.train.log_every),
+        ("train.eval_every", r.train.eval_every),
+        ("train.checkpoint_every", r.train.checkpoint_every),
+        ("train.keep_checkpoints", r.train.keep_checkpoints),
+        ("train.max_bad_steps", r.train.max_bad_steps),
+    ];
+    for (key, v) in positive {
+        if v == 0 {
+            return bad(key, "must be positive".into());
+        }
+    }
+    if r.data.sources.is_empty() {
+        return bad("data.sources", "needs at least one source".into());
+    }
+    if !(0.0..1.0).contains(&r.data.held_out_fraction) {
+        return bad(
+            "data.held_out_fraction",
+            format!("must be in [0, 1), got {}", r.data.held_out_fraction),
+        );
+    }
+    if r.data.seq_len < 2 {
+        return bad(
+            "data.seq_len",
+            "must be at least 2 (inputs and next-token targets)".into(),
+        );
+    }
+    if r.data.seq_len > model.max_seq_len {
+        return bad(
+            "data.seq_len",
+            format!("exceeds the model's max_seq_len {}", model.max_seq_len),
+        );
+    }
+    let o = &r.optim;
+    if !(o.lr > 0.0 && o.lr.is_finite()) {
+        return bad("optim.lr", format!("must be positive, got {}", o.lr));
+    }
+    if o.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+        return bad(
+            "optim.betas",
+            format!("each must be in [0, 1), got {:?}", o.betas),
+        );
+    }
+    if !(o.eps > 0.0) {
+        return bad("optim.eps", "must be positive".into());
+    }
+    if !(o.weight_decay >= 0.0) {
+        return bad("optim.weight_decay", "must be non-negative".into());
+    }
+    if o.grad_clip.is_some_and(|c| !(c > 0.0)) {
+        return bad(
+            "optim.grad_clip",
+            "must be positive (omit it to disable clipping)".into(),
+        );
+    }
+    let warmup = match &r.schedule {
+        ScheduleConfig::Constant { warmup_steps } => *warmup_steps,
+        ScheduleConfig::Cosine {
+            warmup_steps,
+            min_lr_ratio,
+        }
+        | ScheduleConfig::Wsd {
+            warmup_steps,
+            min_lr_ratio,
+            ..
+        } => {
+            if !(0.0..=1.0).contains(min_lr_ratio) {
+                return bad("schedule.min_lr_ratio", "must be in [0, 1]".into());
+            }
+            *warmup_steps
+        }
+    };
+    if warmup >= r.train.steps {
+        return bad(
+            "schedule.warmup_steps",
+            format!("must be below train.steps ({})", r.train.steps),
+        );
+    }
+    if let ScheduleConfig::Wsd { decay_fraction, .. } = &r.schedule
+        && !(*decay_fraction > 0.0 && *decay_fraction <= 1.0)
+    {
+        return bad("schedule.decay_fraction", "must be in (0, 1]".into());
+    }
+    let per_micro = r.train.micro_batch * r.data.seq_len;
+    if r.train.batch_tokens % per_micro != 0 {
+        return bad(
+            "train.batch_tokens",
+            format!(
+                "{} is not a multiple of micro_batch x seq_len = {per_micro}",
+                r.train.batch_tokens
+            ),
+        );
+    }
+    Ok(r.train.batch_tokens / per_micro)
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Line of a dotted key (`optim.lr`, `data.sources.0.path`), or of the deepest table on its path that
+/// the file does contain.
+pub fn key_line(text: &str, dotted: &str) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let mut table = root.get_ref();
+    let mut found = None;
+    let mut parts = dotted.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref().as_ref() == part) else {
+            break;
+        };
+        found = Some(line_of(text, key.span().start));
+        match value.get_ref() {
+            DeValue::Table(t) => table = t,
+            DeValue::Array(items) => {
+                // `sources.0.path`: step into the array element.
+                let Some(index) = parts.peek().and_then(|p| p.parse::<usize>().ok()) else {
+                    break;
+                };
+                parts.next();
+                match items.get(index).map(|v| v.get_ref()) {
+                    Some(DeValue::Table(t)) => {
+                        found = Some(line_of(text, items[index].span().start));
+                        table = t;
+                    }
+                    _ => break,
+                }
+            }
+            _ => break,
+        }
+    }
+    found
+}

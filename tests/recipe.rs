@@ -1,0 +1,194 @@
+//! Recipes: defaults, resolution, and errors that name file, line and key.
+use k3mini::recipe::{self, RecipeError, ScheduleConfig};
+use std::path::{Path, PathBuf};
+
+/// A scratch directory with a corpus file, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("k3mini-recipe-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("corpus.txt"), "It was the best of times.").unwrap();
+        Self(dir)
+    }
+
+    fn write(&self, text: &str) -> PathBuf {
+        let path = self.0.join("recipe.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+const GOOD: &str = r#"[run]
+name = "t"
+seed = 7
+
+[model]
+preset = "tiny"
+d_model = 64
+
+[data]
+tokenizer = "kimi"
+seq_len = 128
+[[data.sources]]
+path = "corpus.txt"
+
+[optim]
+lr = 3e-3
+
+[schedule]
+kind = "cosine"
+warmup_steps = 10
+
+[train]
+steps = 100
+batch_tokens = 1024
+micro_batch = 4
+"#;
+
+fn error(tag: &str, text: &str) -> RecipeError {
+    let s = Scratch::new(tag);
+    recipe::load(&s.write(text)).unwrap_err()
+}
+
+/// Line (1-based) of the first line of `text` containing `needle`.
+fn line_with(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn a_good_recipe_resolves_with_explicit_defaults() {
+    let s = Scratch::new("good");
+    let r = recipe::load(&s.write(GOOD)).unwrap();
+    assert_eq!(r.model.d_model, 64);
+    assert_eq!(r.accumulation, 2); // 1024 / (4 x 128)
+    assert_eq!(r.recipe.optim.betas, [0.9, 0.95]);
+    assert_eq!(r.recipe.optim.eps, 1e-8);
+    assert_eq!(r.recipe.optim.weight_decay, 0.1);
+    assert_eq!(
+        r.recipe.schedule,
+        ScheduleConfig::Cosine {
+            warmup_steps: 10,
+            min_lr_ratio: 0.1
+        }
+    );
+    assert_eq!(r.out_dir(), Path::new("runs/t"));
+    let resolved = r.to_toml();
+    assert!(
+        resolved.contains("kv_lora_rank") && resolved.contains("weight_decay"),
+        "{resolved}"
+    );
+}
+
+#[test]
+fn unknown_keys_are_rejected_with_their_line() {
+    let text = GOOD.replace("lr = 3e-3", "lr = 3e-3\nlearning_rate = 1");
+    let e = error("unknown", &text);
+    assert!(e.message.contains("learning_rate"), "{e}");
+    assert_eq!(e.line, Some(line_with(&text, "learning_rate")), "{e}");
+}
+
+#[test]
+fn syntax_errors_point_at_the_line() {
+    let text = GOOD.replace("seq_len = 128", "seq_len = = 128");
+    let e = error("syntax", &text);
+    assert_eq!(e.line, Some(line_with(&text, "seq_len")), "{e}");
+    assert!(e.to_string().contains("recipe.toml:"), "{e}");
+}
+
+#[test]
+fn bad_values_name_key_and_line() {
+    for (from, to, key, needle) in [
+        ("lr = 3e-3", "lr = -1.0", "optim.lr", "lr = -1.0"),
+        (
+            "d_model = 64",
+            "d_model = 64\nlayer_pattern = \"KXM\"",
+            "model.layer_pattern",
+            "layer_pattern",
+        ),
+        (
+            "preset = \"tiny\"",
+            "preset = \"huge\"",
+            "model.preset",
+            "preset =",
+        ),
+        (
+            "batch_tokens = 1024",
+            "batch_tokens = 1000",
+            "train.batch_tokens",
+            "batch_tokens",
+        ),
+        (
+            "warmup_steps = 10",
+            "warmup_steps = 100",
+            "schedule.warmup_steps",
+            "warmup_steps",
+        ),
+        (
+            "path = \"corpus.txt\"",
+            "path = \"missing.txt\"",
+            "data.sources.0.path",
+            "missing.txt",
+        ),
+        (
+            "tokenizer = \"kimi\"",
+            "tokenizer = \"nope.json\"",
+            "data.tokenizer",
+            "nope.json",
+        ),
+    ] {
+        let text = GOOD.replace(from, to);
+        let e = error(&key.replace('.', "-"), &text);
+        assert_eq!(e.key, key, "{e}");
+        assert_eq!(e.line, Some(line_with(&text, needle)), "{e}");
+    }
+}
+
+#[test]
+fn an_unreadable_file_is_named() {
+    let e = recipe::load(Path::new("/no/such/recipe.toml")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("/no/such/recipe.toml: cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn recipe_check_prints_the_resolved_recipe() {
+    let s = Scratch::new("cli");
+    let path = s.write(GOOD);
+    let out = assert_cmd::Command::cargo_bin("k3mini")
+        .unwrap()
+        .args(["recipe", "check"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
+    assert_eq!(resolved["model"]["d_model"].as_integer(), Some(64));
+    let bad = s.write(&GOOD.replace("micro_batch = 4", "micro_batch = 0"));
+    let out = assert_cmd::Command::cargo_bin("k3mini")
+        .unwrap()
+        .args(["recipe", "check"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("recipe.toml:") && err.contains("train.micro_batch"),
+        "{err}"
+    );
+}
