@@ -2,3 +2,4 @@
 //! `main.rs` only parses arguments and calls these functions.
 
 pub mod recipe;
+pub mod train;
