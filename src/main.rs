@@ -1,6 +1,7 @@
 //! `k3mini`: the command line. Thin by design: it parses arguments and calls library functions.
 
 mod bench;
+mod data_cmd;
 mod model_cmd;
 mod recipe_cmd;
 
@@ -30,6 +31,11 @@ enum Command {
         #[command(subcommand)]
         command: model_cmd::ModelCommand,
     },
+    /// Data tools: tokenizers.
+    Data {
+        #[command(subcommand)]
+        command: data_cmd::DataCommand,
+    },
     /// Validate recipes.
     Recipe {
         #[command(subcommand)]
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model { command } => model_cmd::run(command),
+        Command::Data { command } => data_cmd::run(command),
         Command::Recipe { command } => recipe_cmd::run(command),
         Command::Bench { command } => bench::run(command),
     };

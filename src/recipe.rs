@@ -10,6 +10,7 @@
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! ```
 
+use k3mini_data::{SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::presets::{PRESETS, resolve};
 use serde::{Deserialize, Serialize};
@@ -40,18 +41,6 @@ pub struct RunConfig {
     pub seed: u64,
 }
 
-/// Corpus file formats.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceFormat {
-    /// Plain UTF-8 text: one document per file (a directory: every `.txt` file in it).
-    Text,
-    /// One JSON object per line; the document is `field`.
-    Jsonl,
-    /// A Parquet file; the document is the string column `field`.
-    Parquet,
-}
-
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
@@ -68,7 +57,8 @@ pub struct SourceConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// `kimi` (the Kimi K2/K3 tiktoken vocabulary) or a path to a `tokenizer.json`, relative to the recipe.
+    /// `kimi` (the Kimi K3 tiktoken vocabulary; `kimi_k2` for K2's specials) or a path to a
+    /// `tokenizer.json`, relative to the recipe.
     pub tokenizer: String,
     pub sources: Vec<SourceConfig>,
     /// Tokens per training sequence.
@@ -316,7 +306,9 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
         }
     }
     let tokenizer = &loaded.recipe.data.tokenizer;
-    if tokenizer != "kimi" && !loaded.resolve_path(Path::new(tokenizer)).is_file() {
+    if Tokenizer::builtin(tokenizer).is_none()
+        && !loaded.resolve_path(Path::new(tokenizer)).is_file()
+    {
         return Err(err(
             "data.tokenizer",
             format!(

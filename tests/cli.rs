@@ -96,3 +96,49 @@ fn every_recipe_resolves() {
     }
     assert!(n > 0, "no recipes found");
 }
+
+#[test]
+fn tokenizer_train_then_encode() {
+    let dir = std::env::temp_dir().join(format!("k3mini-cli-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("c.txt");
+    std::fs::write(
+        &corpus,
+        "state space models and linear attention, again and again.\n".repeat(50),
+    )
+    .unwrap();
+    let out = dir.join("tokenizer.json");
+    let run = k3mini()
+        .args(["data", "tokenizer", "train", "--vocab-size", "300", "--out"])
+        .arg(&out)
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let enc = k3mini()
+        .args(["data", "tokenizer", "encode"])
+        .arg(&out)
+        .arg("linear attention")
+        .output()
+        .unwrap();
+    let ids = String::from_utf8(enc.stdout).unwrap();
+    assert!(
+        ids.starts_with('[') && ids.matches(',').count() < 8,
+        "merged ids: {ids}"
+    );
+    let bad = dir.join("bad.txt");
+    std::fs::write(&bad, b"caf\xe9").unwrap();
+    let run = k3mini()
+        .args(["data", "tokenizer", "train", "--out"])
+        .arg(dir.join("x.json"))
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    assert!(String::from_utf8_lossy(&run.stderr).contains("bad.txt: not valid UTF-8 at byte 3"));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,33 @@
+//! Data errors: each names the file and, where it has one, the place in it.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error("{path}: not valid UTF-8 at byte {offset}")]
+    NotUtf8 { path: PathBuf, offset: usize },
+    #[error("{path}: empty")]
+    Empty { path: PathBuf },
+    #[error("{path}:{line}: {message}")]
+    Record {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("tokenizer {source_name}: {message}")]
+    Tokenizer {
+        source_name: String,
+        message: String,
+    },
+}
+
+impl DataError {
+    pub(crate) fn io(path: &std::path::Path, e: impl std::fmt::Display) -> Self {
+        Self::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! Tokenizers: any Hugging Face `tokenizer.json` (the `tokenizers` crate), the Kimi K2/K3 vocabulary
+//! (tiktoken, 163,840 ids), and training a byte-level BPE on a corpus.
+
+use crate::error::DataError;
+use std::path::Path;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::{AddedToken, TokenizerBuilder};
+
+/// Kimi's tokenizer reserves 256 special-token ids after its 163,584 BPE ranks (163,840 in all: the
+/// model's embedding rows), whether or not each slot is named.
+pub const KIMI_RESERVED_SPECIALS: usize = 256;
+
+/// The end-of-document token a trained byte-level BPE reserves (id 0).
+pub const BPE_EOS: &str = "<|endoftext|>";
+
+/// A loaded tokenizer.
+pub enum Tokenizer {
+    Hf {
+        tokenizer: Box<tokenizers::Tokenizer>,
+        source: String,
+    },
+    Tiktoken {
+        bpe: &'static tiktoken::CoreBpe,
+        name: &'static str,
+    },
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokenizer({}, {} ids)", self.name(), self.vocab_size())
+    }
+}
+
+impl Tokenizer {
+    /// The built-in vocabulary a spec names: `kimi` / `kimi_k3` / `kimi_k2` (tiktoken); `None` for a path.
+    pub fn builtin(spec: &str) -> Option<&'static str> {
+        match spec {
+            "kimi" | "kimi_k3" => Some("kimi_k3"),
+            "kimi_k2" => Some("kimi_k2"),
+            _ => None,
+        }
+    }
+
+    /// A built-in vocabulary (see [`Self::builtin`]) or a path to a `tokenizer.json`.
+    pub fn load(spec: &str) -> Result<Self, DataError> {
+        if let Some(name) = Self::builtin(spec) {
+            let bpe = tiktoken::get_encoding(name).ok_or_else(|| DataError::Tokenizer {
+                source_name: spec.into(),
+                message: "vocabulary not compiled in".into(),
+            })?;
+            return Ok(Self::Tiktoken { bpe, name });
+        }
+        let path = Path::new(spec);
+        if !path.is_file() {
+            return Err(DataError::Tokenizer {
+                source_name: spec.into(),
+                message: "not `kimi` and no such tokenizer.json file".into(),
+            });
+        }
+        let tokenizer =
+            tokenizers::Tokenizer::from_file(path).map_err(|e| DataError::Tokenizer {
+                source_name: spec.into(),
+                message: format!("does not parse: {e}"),
+            })?;
+        Ok(Self::Hf {
+            tokenizer: Box::new(tokenizer),
+            source: spec.into(),
+        })
+    }
+
+    /// Where the tokenizer came from.
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Hf { source, .. } => source,
+            Self::Tiktoken { name, .. } => name,
+        }
+    }
+
+    /// Number of ids, special tokens included.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            Self::Hf { tokenizer, .. } => tokenizer.get_vocab_size(true),
+            Self::Tiktoken { bpe, .. } => {
+                bpe.vocab_size() + KIMI_RESERVED_SPECIALS.max(bpe.num_special_tokens())
+            }
+        }
+    }
+
+    /// Plain text to ids (special-token strings in the text are encoded as text).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match self {
+            Self::Hf { tokenizer, source } => tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| DataError::Tokenizer {
+                    source_name: source.clone(),
+                    message: e.to_string(),
+                }),
+            Self::Tiktoken { bpe, .. } => Ok(bpe.encode(text)),
+        }
+    }
+
+    /// Ids back to text (lossy for ids that split a UTF-8 character).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
+        match self {
+            Self::Hf { tokenizer, source } => {
+                tokenizer
+                    .decode(ids, false)
+                    .map_err(|e| DataError::Tokenizer {
+                        source_name: source.clone(),
+                        message: e.to_string(),
+                    })
+            }
+            Self::Tiktoken { bpe, .. } => {
+                Ok(String::from_utf8_lossy(&bpe.decode(ids)).into_owned())
+            }
+        }
+    }
+
+    /// The id of a special (or any whole) token string.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        match self {
+            Self::Hf { tokenizer, .. } => tokenizer.token_to_id(token),
+            Self::Tiktoken { bpe, .. } => match bpe.encode_with_special_tokens(token).as_slice() {
+                [id] => Some(*id),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Trains a byte-level BPE (GPT-2 style, no normaliser) with `vocab_size` ids on text files and
+/// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`].
+pub fn train_byte_level_bpe(
+    files: &[String],
+    vocab_size: usize,
+    out: &Path,
+) -> Result<(), DataError> {
+    let err = |message: String| DataError::Tokenizer {
+        source_name: out.display().to_string(),
+        message,
+    };
+    let mut trainer = BpeTrainerBuilder::new()
+        .show_progress(false)
+        .vocab_size(vocab_size)
+        .min_frequency(2)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .special_tokens(vec![AddedToken::from(BPE_EOS, true)])
+        .build();
+    let mut tokenizer = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >::new()
+    .with_model(BPE::default())
+    .with_normalizer(None)
+    .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
+    .with_post_processor(Some(ByteLevel::default().into()))
+    .with_decoder(Some(ByteLevel::default().into()))
+    .build()
+    .map_err(|e| err(e.to_string()))?;
+    tokenizer
+        .train_from_files(&mut trainer, files.to_vec())
+        .map_err(|e| err(format!("training failed: {e}")))?;
+    let tmp = out.with_extension("json.tmp");
+    tokenizer
+        .save(&tmp, false)
+        .map_err(|e| err(e.to_string()))?;
+    std::fs::rename(&tmp, out).map_err(|e| err(e.to_string()))
+}
