@@ -1,0 +1,109 @@
+//! Packing: lossless, boundary-aware, deterministic and exactly resumable.
+use k3mini_data::pack::{epoch_order, split_held_out};
+use k3mini_data::{Cursor, Packer};
+use std::sync::Arc;
+
+/// Documents whose ids encode (document, position): doc d has ids d*1000 .. d*1000 + len.
+fn docs(lens: &[usize]) -> Arc<Vec<Vec<u32>>> {
+    Arc::new(
+        lens.iter()
+            .enumerate()
+            .map(|(d, &n)| (0..n as u32).map(|i| d as u32 * 1000 + i).collect())
+            .collect(),
+    )
+}
+
+#[test]
+fn one_epoch_emits_every_token_once_in_permuted_order() {
+    let lens = [5, 17, 3, 40, 9, 1, 12];
+    let total: usize = lens.iter().sum(); // 87
+    let mut p = Packer::new(docs(&lens), 8, 42, true, 0);
+    let mut seen = Vec::new();
+    while seen.len() < total {
+        seen.extend(p.next_batch(1).tokens);
+    }
+    let expect: Vec<i64> = epoch_order(lens.len(), 42, 0)
+        .into_iter()
+        .flat_map(|d| (0..lens[d] as i64).map(move |i| d as i64 * 1000 + i))
+        .collect();
+    assert_eq!(&seen[..total], &expect[..]);
+}
+
+#[test]
+fn starts_and_loss_mask_follow_document_boundaries() {
+    let mut p = Packer::new(docs(&[3, 4, 2]), 16, 1, true, 0);
+    let b = p.next_batch(1);
+    for t in 0..16 {
+        let pos = b.tokens[t] % 1000;
+        assert_eq!(b.starts[t], if pos == 0 { 1.0 } else { 0.0 }, "t={t}");
+        let next_same_doc =
+            t + 1 < 16 && b.tokens[t + 1] / 1000 == b.tokens[t] / 1000 && b.starts[t + 1] == 0.0;
+        assert_eq!(
+            b.loss_mask[t],
+            if next_same_doc { 1.0 } else { 0.0 },
+            "t={t}: {:?}",
+            b.tokens
+        );
+    }
+}
+
+#[test]
+fn resuming_from_a_cursor_reproduces_the_stream() {
+    let d = docs(&[50, 7, 33, 2, 90, 14]);
+    let mut straight = Packer::new(d.clone(), 32, 9, true, 0);
+    let all: Vec<_> = (0..12).map(|_| straight.next_batch(3)).collect(); // crosses epochs
+    let mut first = Packer::new(d.clone(), 32, 9, true, 0);
+    for b in &all[..5] {
+        assert_eq!(&first.next_batch(3), b);
+    }
+    let cursor: Cursor =
+        serde_json::from_str(&serde_json::to_string(&first.cursor()).unwrap()).unwrap();
+    let mut resumed = Packer::new(d, 32, 9, true, 0).with_cursor(cursor);
+    for b in &all[5..] {
+        assert_eq!(&resumed.next_batch(3), b);
+    }
+    assert!(resumed.cursor().epoch >= 1, "the test crossed an epoch");
+}
+
+#[test]
+fn seeds_change_the_order_and_epochs_reshuffle() {
+    assert_ne!(epoch_order(50, 1, 0), epoch_order(50, 2, 0));
+    assert_ne!(epoch_order(50, 1, 0), epoch_order(50, 1, 1));
+    let mut sorted = epoch_order(50, 1, 3);
+    sorted.sort();
+    assert_eq!(sorted, (0..50).collect::<Vec<_>>());
+}
+
+#[test]
+fn without_packing_each_row_is_one_padded_document() {
+    let mut p = Packer::new(docs(&[3, 20]), 8, 0, false, 7);
+    let b = p.next_batch(2);
+    for row in 0..2 {
+        let r = &b.tokens[row * 8..(row + 1) * 8];
+        assert_eq!(b.starts[row * 8], 1.0);
+        let doc = r[0] / 1000;
+        let len = if doc == 0 { 3 } else { 8 };
+        assert!(r[..len].iter().all(|&x| x / 1000 == doc));
+        assert!(r[len..].iter().all(|&x| x == 7), "padded: {r:?}");
+        assert!(
+            b.loss_mask[row * 8 + len - 1..(row + 1) * 8]
+                .iter()
+                .all(|&m| m == 0.0)
+        );
+    }
+}
+
+#[test]
+fn held_out_split_is_disjoint_stable_and_never_empty() {
+    let (train, held) = split_held_out(100, 0.1, 5);
+    assert_eq!(train.len() + held.len(), 100);
+    assert!(held.iter().all(|h| !train.contains(h)));
+    assert_eq!(split_held_out(100, 0.1, 5), (train, held.clone()));
+    assert!((3..=20).contains(&held.len()), "{}", held.len());
+    assert_eq!(
+        split_held_out(3, 0.01, 1).1.len(),
+        1,
+        "at least one held-out document"
+    );
+    assert!(split_held_out(10, 0.0, 1).1.is_empty());
+}
