@@ -4,12 +4,24 @@
 
 use crate::config::{Activation, KdaConfig, KdaKernel, MlaConfig, ModelConfig, MoeConfig};
 use crate::model::K3Mini;
-use burn::store::{ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
+use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use serde_json::Value;
 use std::path::Path;
 
-/// Parameter names that differ from transformers' (regex on theirs → ours).
-pub const HF_RENAMES: [(&str, &str); 1] = [(r"\.A_log$", ".a_log")];
+/// Parameter-name suffixes that differ from transformers': (theirs, ours).
+pub const HF_RENAMES: [(&str, &str); 1] = [(".A_log", ".a_log")];
+
+/// Key remappings `(regex, replacement)` between transformers' names and ours, in either direction.
+fn renames(to_hf: bool) -> impl Iterator<Item = (String, String)> {
+    HF_RENAMES.iter().map(move |&(theirs, ours)| {
+        let (from, to) = if to_hf {
+            (ours, theirs)
+        } else {
+            (theirs, ours)
+        };
+        (format!("{}$", from.replace('.', r"\.")), to.to_string())
+    })
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HfError {
@@ -143,21 +155,40 @@ pub fn load_hf_safetensors(model: &mut K3Mini, path: &Path) -> Result<(), HfErro
     if !path.is_file() {
         return Err(load_err("file not found".into()));
     }
-    let mut store = SafetensorsStore::from_file(path)
+    load_hf_store(model, SafetensorsStore::from_file(path)).map_err(load_err)
+}
+
+/// [`load_hf_safetensors`] from bytes in memory.
+pub fn load_hf_bytes(model: &mut K3Mini, bytes: Vec<u8>) -> Result<(), String> {
+    load_hf_store(model, SafetensorsStore::from_bytes(Some(bytes)))
+}
+
+fn load_hf_store(model: &mut K3Mini, store: SafetensorsStore) -> Result<(), String> {
+    let mut store = store
         .with_from_adapter(PyTorchToBurnAdapter)
         .skip_enum_variants(true)
         .allow_partial(false);
-    for (from, to) in HF_RENAMES {
+    for (from, to) in renames(false) {
         store = store.with_key_remapping(from, to);
     }
-    let result = model
-        .load_from(&mut store)
-        .map_err(|e| load_err(e.to_string()))?;
+    let result = model.load_from(&mut store).map_err(|e| e.to_string())?;
     if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
-        return Err(load_err(format!(
+        return Err(format!(
             "errors {:?}, missing {:?}, unused {:?}",
             result.errors, result.missing, result.unused
-        )));
+        ));
     }
     Ok(())
+}
+
+/// The model's weights as safetensors bytes with transformers' Kimi Linear names and layouts.
+pub fn to_hf_bytes(model: &K3Mini) -> Result<Vec<u8>, String> {
+    let mut store = SafetensorsStore::from_bytes(None)
+        .with_to_adapter(BurnToPyTorchAdapter)
+        .skip_enum_variants(true);
+    for (from, to) in renames(true) {
+        store = store.with_key_remapping(from, to);
+    }
+    model.save_into(&mut store).map_err(|e| e.to_string())?;
+    store.get_bytes().map_err(|e| e.to_string())
 }

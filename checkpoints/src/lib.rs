@@ -1,0 +1,145 @@
+//! Checkpoints: a checkpoint is a directory `step-NNNNNNNN/` holding named files and a
+//! `manifest.json` of their SHA-256 sums. It is written to a temporary directory and renamed into
+//! place (a crash leaves either the old set or the new one, never half a checkpoint), the oldest
+//! are pruned beyond `keep`, and reading verifies every checksum so a corrupt or truncated file is
+//! named instead of loaded.
+//!
+//! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
+//! transformers-named safetensors weights, so resumption is exact.
+
+pub mod param_ids;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST: &str = "manifest.json";
+const PREFIX: &str = "step-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error("checkpoint {dir}: {file} is corrupt (checksum mismatch)")]
+    Corrupt { dir: PathBuf, file: String },
+    #[error("checkpoint {dir}: {message}")]
+    Invalid { dir: PathBuf, message: String },
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    step: usize,
+    /// File name → SHA-256 (hex).
+    files: BTreeMap<String, String>,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Directory name of the checkpoint at `step`.
+pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join(format!("{PREFIX}{step:08}"))
+}
+
+/// Writes a checkpoint atomically and prunes all but the newest `keep`. Returns its directory.
+pub fn write(
+    run_dir: &Path,
+    step: usize,
+    files: &[(&str, Vec<u8>)],
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    let final_dir = step_dir(run_dir, step);
+    let tmp = run_dir.join(format!(".tmp-{PREFIX}{step:08}-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    let mut manifest = Manifest {
+        step,
+        files: BTreeMap::new(),
+    };
+    for (name, bytes) in files {
+        let path = tmp.join(name);
+        std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
+        manifest
+            .files
+            .insert((*name).to_string(), sha256_hex(bytes));
+    }
+    let manifest_path = tmp.join(MANIFEST);
+    let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+    std::fs::write(&manifest_path, json).map_err(|e| io(&manifest_path, e))?;
+    // fsync the files' directory entries before the rename makes them visible.
+    if let Ok(d) = std::fs::File::open(&tmp) {
+        let _ = d.sync_all();
+    }
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).map_err(|e| io(&final_dir, e))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
+    let all = list(run_dir)?;
+    for (_, old) in all.iter().rev().skip(keep.max(1)) {
+        std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+    }
+    Ok(final_dir)
+}
+
+/// Every checkpoint under `run_dir`, oldest first, as `(step, dir)`. Temporary directories are ignored.
+pub fn list(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+    if !run_dir.exists() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<(usize, PathBuf)> = std::fs::read_dir(run_dir)
+        .map_err(|e| io(run_dir, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(PREFIX)
+                .and_then(|s| s.parse::<usize>().ok())
+                .map(|step| (step, e.path()))
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// The newest checkpoint, if any.
+pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>, CheckpointError> {
+    Ok(list(run_dir)?.pop())
+}
+
+/// Reads and verifies every file of a checkpoint: name → bytes.
+pub fn read(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, CheckpointError> {
+    let invalid = |message: String| CheckpointError::Invalid {
+        dir: dir.to_path_buf(),
+        message,
+    };
+    let manifest_path = dir.join(MANIFEST);
+    let raw = std::fs::read(&manifest_path).map_err(|e| io(&manifest_path, e))?;
+    let manifest: Manifest = serde_json::from_slice(&raw)
+        .map_err(|e| invalid(format!("{MANIFEST} does not parse: {e}")))?;
+    let mut files = BTreeMap::new();
+    for (name, sum) in &manifest.files {
+        let path = dir.join(name);
+        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        if &sha256_hex(&bytes) != sum {
+            return Err(CheckpointError::Corrupt {
+                dir: dir.to_path_buf(),
+                file: name.clone(),
+            });
+        }
+        files.insert(name.clone(), bytes);
+    }
+    Ok(files)
+}

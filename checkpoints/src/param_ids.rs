@@ -1,0 +1,95 @@
+//! Parameter ids by module path. burn keys optimizer state by parameter id, and safetensors (the
+//! weights' format, see `k3mini_student::hf::to_hf_bytes`) has no place for ids, so a checkpoint
+//! carries this path → id map and resuming gives the fresh model its old ids back.
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
+use burn::tensor::Tensor;
+use std::collections::BTreeMap;
+
+/// The current module path, with enum variant names left out (as in the safetensors names).
+#[derive(Default)]
+struct PathStack(Vec<Option<String>>);
+
+impl PathStack {
+    fn enter(&mut self, name: &str, container_type: &str) {
+        self.0
+            .push((!container_type.starts_with("Enum:")).then(|| name.to_string()));
+    }
+
+    fn exit(&mut self) {
+        self.0.pop();
+    }
+
+    fn path(&self) -> String {
+        self.0
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+}
+
+/// Module path → parameter id, for every float parameter.
+pub fn param_ids<M: Module>(module: &M) -> BTreeMap<String, u64> {
+    #[derive(Default)]
+    struct Ids {
+        path: PathStack,
+        out: BTreeMap<String, u64>,
+    }
+    impl ModuleVisitor for Ids {
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.enter(name, container_type);
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.exit();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.out.insert(self.path.path(), param.id.val());
+        }
+    }
+    let mut v = Ids::default();
+    module.visit(&mut v);
+    v.out
+}
+
+/// Gives every float parameter the id recorded for its path. Errors if a path is missing.
+pub fn restore_param_ids<M: Module>(module: M, ids: &BTreeMap<String, u64>) -> Result<M, String> {
+    struct Restore<'a> {
+        path: PathStack,
+        ids: &'a BTreeMap<String, u64>,
+        missing: Vec<String>,
+    }
+    impl ModuleMapper for Restore<'_> {
+        fn enter_module(&mut self, name: &str, container_type: &str) {
+            self.path.enter(name, container_type);
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.exit();
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let path = self.path.path();
+            match self.ids.get(&path) {
+                Some(&id) => {
+                    let value = param.val();
+                    param.transform_for_load(value, ParamId::from(id))
+                }
+                None => {
+                    self.missing.push(path);
+                    param
+                }
+            }
+        }
+    }
+    let mut mapper = Restore {
+        path: PathStack::default(),
+        ids,
+        missing: Vec::new(),
+    };
+    let module = module.map(&mut mapper);
+    if mapper.missing.is_empty() {
+        Ok(module)
+    } else {
+        Err(format!("no saved id for {:?}", mapper.missing))
+    }
+}

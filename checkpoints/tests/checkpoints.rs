@@ -1,0 +1,106 @@
+//! Checkpoint directories: atomic, pruned, verified; parameter ids survive a round trip.
+use burn::tensor::Device;
+use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
+use k3mini_checkpoints::{CheckpointError, latest, list, read, step_dir, write};
+use k3mini_student::{K3Mini, presets};
+use std::path::PathBuf;
+
+struct Run(PathBuf);
+
+impl Run {
+    fn new(tag: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("k3mini-ckpt-{tag}-{}", std::process::id()));
+        std::fs::remove_dir_all(&d).ok();
+        Self(d)
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+fn files(step: usize) -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("state.json", format!("{{\"step\": {step}}}").into_bytes()),
+        ("blob.bin", vec![step as u8; 1000]),
+    ]
+}
+
+#[test]
+fn write_read_and_keep_the_newest() {
+    let run = Run::new("keep");
+    for step in [10, 20, 30, 40] {
+        write(&run.0, step, &files(step), 2).unwrap();
+    }
+    let steps: Vec<usize> = list(&run.0).unwrap().into_iter().map(|(s, _)| s).collect();
+    assert_eq!(steps, vec![30, 40]);
+    let (step, dir) = latest(&run.0).unwrap().unwrap();
+    assert_eq!(step, 40);
+    let got = read(&dir).unwrap();
+    assert_eq!(got["blob.bin"], vec![40u8; 1000]);
+    // A leftover temporary directory from a crash is not a checkpoint.
+    std::fs::create_dir_all(run.0.join(".tmp-step-00000050-1")).unwrap();
+    assert_eq!(latest(&run.0).unwrap().unwrap().0, 40);
+}
+
+#[test]
+fn corrupt_and_truncated_files_are_named() {
+    let run = Run::new("corrupt");
+    let dir = write(&run.0, 7, &files(7), 3).unwrap();
+    let blob = dir.join("blob.bin");
+    let mut bytes = std::fs::read(&blob).unwrap();
+    bytes[500] ^= 1;
+    std::fs::write(&blob, &bytes).unwrap();
+    let err = read(&dir).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::Corrupt { file, .. } if file == "blob.bin"),
+        "{err}"
+    );
+    std::fs::write(&blob, &bytes[..100]).unwrap();
+    assert!(
+        read(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("blob.bin is corrupt")
+    );
+    std::fs::write(&blob, vec![7u8; 1000]).unwrap(); // repaired
+    std::fs::remove_file(dir.join("state.json")).unwrap();
+    assert!(read(&dir).unwrap_err().to_string().contains("state.json"));
+    std::fs::write(dir.join("manifest.json"), "{not json").unwrap();
+    assert!(
+        read(&dir)
+            .unwrap_err()
+            .to_string()
+            .contains("manifest.json does not parse")
+    );
+    assert_eq!(step_dir(&run.0, 7), dir);
+}
+
+#[test]
+fn parameter_ids_round_trip_by_path() {
+    let device = Device::flex();
+    let a = K3Mini::new(&presets::tiny(), &device).unwrap();
+    let b = K3Mini::new(&presets::tiny(), &device).unwrap();
+    let ids = param_ids(&a);
+    let unique: std::collections::BTreeSet<u64> = ids.values().copied().collect();
+    assert_eq!(
+        unique.len(),
+        ids.len(),
+        "one distinct id per parameter tensor"
+    );
+    assert!(
+        ids.contains_key("model.layers.3.self_attn.kv_b_proj.weight"),
+        "{:?}",
+        ids.keys().take(5).collect::<Vec<_>>()
+    );
+    assert_ne!(param_ids(&b), ids);
+    let b = restore_param_ids(b, &ids).unwrap();
+    assert_eq!(param_ids(&b), ids);
+    let mut partial = ids.clone();
+    partial.remove("lm_head.weight");
+    let err =
+        restore_param_ids(K3Mini::new(&presets::tiny(), &device).unwrap(), &partial).unwrap_err();
+    assert!(err.contains("lm_head.weight"), "{err}");
+}
