@@ -4,6 +4,7 @@ mod bench;
 mod data_cmd;
 mod model_cmd;
 mod recipe_cmd;
+mod train_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Command {
         #[command(subcommand)]
         command: model_cmd::ModelCommand,
     },
+    /// Train from a recipe (plain next-token training; distillation arrives with its issue).
+    Train(train_cmd::TrainArgs),
     /// Data tools: tokenizers.
     Data {
         #[command(subcommand)]
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model { command } => model_cmd::run(command),
+        Command::Train(args) => train_cmd::run(args),
         Command::Data { command } => data_cmd::run(command),
         Command::Recipe { command } => recipe_cmd::run(command),
         Command::Bench { command } => bench::run(command),

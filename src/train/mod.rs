@@ -1,4 +1,5 @@
-//! The training loop's building blocks (the loop itself lands with the data pipeline and checkpoints).
+//! Training: schedules, the optimizer, and the loop.
 
 pub mod optim;
 pub mod schedule;
+pub mod trainer;

@@ -142,7 +142,7 @@ mod tests {
         let tokens =
             Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2, 3, 4], [1, 4]), &device);
         // A loss that touches every parameter but has zero gradient: 0 · loss.
-        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens) * 0.0;
+        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens, None) * 0.0;
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         let before_q = values(&model.lm_head.weight);
         let before_norm = values(&model.model.norm.weight);
@@ -167,7 +167,7 @@ mod tests {
         let model = K3Mini::new(&presets::tiny(), &device).unwrap();
         let tokens =
             Tensor::<2, Int>::from_data(TensorData::new(vec![5i64, 9, 2, 7, 1], [1, 5]), &device);
-        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens) * 1000.0;
+        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens, None) * 1000.0;
         let mut grads = GradientsParams::from_grads(loss.backward(), &model);
         let norm = clip_global_norm(&model, &mut grads, 1.0);
         assert!(norm > 1.0, "a x1000 loss has a large gradient: {norm}");

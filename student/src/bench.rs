@@ -58,7 +58,7 @@ pub fn bench_train_step(
     let model = K3Mini::new(config, &device).expect("valid bench config");
     let tokens = random_tokens(batch, seq_len, config.vocab_size, &device);
     let step = || {
-        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens.clone());
+        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens.clone(), None);
         let grads = loss.backward();
         drop(grads);
     };

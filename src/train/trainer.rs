@@ -1,0 +1,410 @@
+//! The training loop: recipe → tokenizer → packed batches → forward/backward with gradient
+//! accumulation → global-norm clipping → AdamW at the scheduled rate, with metrics, held-out loss,
+//! checkpoints and exact resume.
+//!
+//! Resumption is bit-identical: a checkpoint holds the weights (transformers-named safetensors), the
+//! parameter ids and AdamW moments, the step and the data cursor. Training draws no randomness after
+//! initialisation (no dropout; the data order is a function of the seed and the cursor).
+
+use crate::recipe::LoadedRecipe;
+use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
+use crate::train::schedule::lr_at;
+use anyhow::{Context, Result, bail};
+use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer, OptimizerRecord};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
+use k3mini_data::pack::split_held_out;
+use k3mini_data::tokenizer::BPE_EOS;
+use k3mini_data::{Cursor, Packer, SourceFormat, Tokenizer, read_source};
+use k3mini_student::K3Mini;
+use k3mini_student::hf::{load_hf_bytes, to_hf_bytes};
+use k3mini_student::loss::next_token_cross_entropy;
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// How to run a recipe.
+#[derive(Clone, Debug, Default)]
+pub struct TrainOptions {
+    /// Overrides the recipe's output directory.
+    pub out_dir: Option<PathBuf>,
+    /// Continue from the newest checkpoint in the output directory.
+    pub resume: bool,
+    /// Stop (with a checkpoint) after this many optimizer steps of this invocation.
+    pub stop_after: Option<usize>,
+    /// No progress bar (tests, CI logs).
+    pub quiet: bool,
+}
+
+/// One line of `metrics.jsonl`. A non-finite loss or norm is written as `null` (JSON has no NaN).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    pub step: usize,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub loss: f64,
+    pub lr: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub grad_norm: f64,
+    pub tokens_per_s: f64,
+    /// Non-finite loss or gradient: the update was skipped.
+    pub skipped: bool,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub eval_loss: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub peak_rss_bytes: Option<usize>,
+}
+
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// What a finished (or stopped) run reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    pub out_dir: PathBuf,
+    pub first_step: usize,
+    pub last_step: usize,
+    pub first_loss: Option<f64>,
+    pub last_loss: Option<f64>,
+    pub eval_loss: Option<f64>,
+    pub tokens: usize,
+    pub wall_s: f64,
+    pub interrupted: bool,
+}
+
+/// Everything besides weights and optimizer moments that a checkpoint restores.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TrainState {
+    /// Optimizer steps completed.
+    step: usize,
+    cursor: Cursor,
+    seed: u64,
+    consecutive_bad_steps: usize,
+}
+
+const WEIGHTS: &str = "model.safetensors";
+const IDS: &str = "param_ids.json";
+const OPTIMIZER: &str = "optimizer.bpk";
+const STATE: &str = "state.json";
+const RECIPE: &str = "recipe.toml";
+
+/// Set by Ctrl-C: the loop finishes its step, checkpoints and returns.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Installs the Ctrl-C handler (once per process).
+pub fn handle_ctrl_c() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+    });
+}
+
+/// The documents of a recipe, tokenized, each ending in the end-of-text id when the tokenizer has one.
+pub fn tokenized_documents(recipe: &LoadedRecipe, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    let eos = [BPE_EOS, "</s>", "<|end_of_text|>"]
+        .iter()
+        .find_map(|t| tokenizer.token_id(t));
+    let mut docs = Vec::new();
+    for source in &recipe.recipe.data.sources {
+        let path = recipe.resolve_path(&source.path);
+        let format = source.format.unwrap_or_else(|| SourceFormat::infer(&path));
+        for doc in read_source(&path, format, &source.field)? {
+            let mut ids = tokenizer.encode(&doc.text)?;
+            ids.extend(eos);
+            if ids.len() >= 2 {
+                docs.push(ids);
+            }
+        }
+    }
+    if docs.is_empty() {
+        bail!(
+            "{}: the data sources hold no document of two or more tokens",
+            recipe.path.display()
+        );
+    }
+    Ok(docs)
+}
+
+fn batch_tensors(
+    b: &k3mini_data::PackedBatch,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
+    let shape = [b.rows, b.seq_len];
+    (
+        Tensor::from_data(TensorData::new(b.tokens.clone(), shape), device),
+        Tensor::from_data(TensorData::new(b.starts.clone(), shape), device),
+        Tensor::from_data(TensorData::new(b.loss_mask.clone(), shape), device),
+    )
+}
+
+/// Held-out loss over the first `batches` micro-batches of the held-out stream (the same ones every time).
+fn eval_loss(
+    model: &K3Mini,
+    docs: &Arc<Vec<Vec<u32>>>,
+    recipe: &LoadedRecipe,
+    batches: usize,
+) -> f64 {
+    let r = &recipe.recipe;
+    let device = model.lm_head.weight.device();
+    let inference = burn::module::Module::valid(model);
+    let mut packer = Packer::new(docs.clone(), r.data.seq_len, r.run.seed, r.data.packing, 0);
+    let total: f64 = (0..batches)
+        .map(|_| {
+            let batch = packer.next_batch(r.train.micro_batch);
+            let (tokens, starts, mask) = batch_tensors(&batch, &device.clone().without_autodiff());
+            let logits = inference.forward_packed(tokens.clone(), starts).logits;
+            next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64
+        })
+        .sum();
+    total / batches as f64
+}
+
+fn write_checkpoint(
+    out: &Path,
+    recipe: &LoadedRecipe,
+    model: &K3Mini,
+    optim: &ModuleOptimizer,
+    state: &TrainState,
+) -> Result<PathBuf> {
+    let weights = to_hf_bytes(model)
+        .map_err(anyhow::Error::msg)
+        .context("serialising weights")?;
+    let ids = serde_json::to_vec(&param_ids(model))?;
+    let optimizer = optim
+        .to_record()
+        .into_bytes()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+        .to_vec();
+    let recipe_text = std::fs::read(&recipe.path).unwrap_or_default();
+    let files = [
+        (WEIGHTS, weights),
+        (IDS, ids),
+        (OPTIMIZER, optimizer),
+        (STATE, serde_json::to_vec_pretty(state)?),
+        (RECIPE, recipe_text),
+    ];
+    Ok(k3mini_checkpoints::write(
+        out,
+        state.step,
+        &files,
+        recipe.recipe.train.keep_checkpoints,
+    )?)
+}
+
+/// Restores model, optimizer and state from the newest checkpoint under `out`.
+fn resume(
+    out: &Path,
+    recipe: &LoadedRecipe,
+    model: K3Mini,
+) -> Result<(K3Mini, ModuleOptimizer, TrainState)> {
+    let Some((_, dir)) = k3mini_checkpoints::latest(out)? else {
+        bail!("--resume: no checkpoint under {}", out.display());
+    };
+    let mut files = k3mini_checkpoints::read(&dir)?;
+    let mut take = |name: &str| {
+        files
+            .remove(name)
+            .with_context(|| format!("checkpoint {}: no {name}", dir.display()))
+    };
+    let weights = take(WEIGHTS)?;
+    let ids: std::collections::BTreeMap<String, u64> =
+        serde_json::from_slice(&take(IDS)?).with_context(|| format!("{}: {IDS}", dir.display()))?;
+    let optimizer = take(OPTIMIZER)?;
+    let state: TrainState = serde_json::from_slice(&take(STATE)?)
+        .with_context(|| format!("{}: {STATE}", dir.display()))?;
+    let mut model = model;
+    load_hf_bytes(&mut model, weights)
+        .map_err(|e| anyhow::anyhow!("{}: {WEIGHTS}: {e}", dir.display()))?;
+    let model = restore_param_ids(model, &ids)
+        .map_err(|e| anyhow::anyhow!("{}: {IDS}: {e}", dir.display()))?;
+    let record = OptimizerRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(optimizer))
+        .map_err(|e| anyhow::anyhow!("{}: {OPTIMIZER}: {e:?}", dir.display()))?;
+    let optim = build_optimizer(&recipe.recipe.optim, &model).load_record(record);
+    Ok((model, optim, state))
+}
+
+/// Runs (or resumes) a recipe.
+pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary> {
+    let r = &recipe.recipe;
+    let out = opts.out_dir.clone().unwrap_or_else(|| recipe.out_dir());
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let tokenizer_spec = match Tokenizer::builtin(&r.data.tokenizer) {
+        Some(_) => r.data.tokenizer.clone(),
+        None => recipe
+            .resolve_path(Path::new(&r.data.tokenizer))
+            .display()
+            .to_string(),
+    };
+    let tokenizer = Tokenizer::load(&tokenizer_spec)?;
+    if tokenizer.vocab_size() > recipe.model.vocab_size {
+        bail!(
+            "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",
+            recipe.path.display(),
+            tokenizer.vocab_size(),
+            recipe.model.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    let docs = tokenized_documents(recipe, &tokenizer)?;
+    let (train_idx, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
+    let pick = |idx: &[usize]| Arc::new(idx.iter().map(|&i| docs[i].clone()).collect::<Vec<_>>());
+    let (train_docs, held_docs) = (pick(&train_idx), pick(&held_idx));
+    if train_docs.is_empty() {
+        bail!(
+            "{}: no training documents left after the held-out split",
+            recipe.path.display()
+        );
+    }
+
+    let device = Device::default();
+    device.seed(r.run.seed);
+    let device = device.autodiff();
+    let fresh = K3Mini::new(&recipe.model, &device)?;
+    let (mut model, mut optim, mut state) = if opts.resume {
+        resume(&out, recipe, fresh)?
+    } else {
+        if k3mini_checkpoints::latest(&out)?.is_some() {
+            bail!(
+                "{} already holds checkpoints: pass --resume to continue, or choose another --out",
+                out.display()
+            );
+        }
+        let optim = build_optimizer(&r.optim, &fresh);
+        (
+            fresh,
+            optim,
+            TrainState {
+                step: 0,
+                cursor: Cursor::default(),
+                seed: r.run.seed,
+                consecutive_bad_steps: 0,
+            },
+        )
+    };
+    let mut packer = Packer::new(train_docs, r.data.seq_len, r.run.seed, r.data.packing, 0)
+        .with_cursor(state.cursor);
+    let metrics_path = out.join("metrics.jsonl");
+    let mut metrics = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("opening {}", metrics_path.display()))?;
+
+    let total = r.train.steps;
+    let first_step = state.step;
+    let last = opts
+        .stop_after
+        .map_or(total, |n| (first_step + n).min(total));
+    let progress = if opts.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let bar = indicatif::ProgressBar::new(total as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]",
+            )
+            .expect("valid template"),
+        );
+        bar.set_position(first_step as u64);
+        bar
+    };
+    let started = Instant::now();
+    let (mut first_loss, mut last_loss, mut last_eval) = (None, None, None);
+    let mut tokens_seen = 0usize;
+    while state.step < last {
+        let step_start = Instant::now();
+        let lr = lr_at(&r.schedule, r.optim.lr, state.step, total);
+        let mut accumulator = GradientsAccumulator::new();
+        let mut loss_sum = 0.0f64;
+        for _ in 0..recipe.accumulation {
+            let batch = packer.next_batch(r.train.micro_batch);
+            let (tokens, starts, mask) = batch_tensors(&batch, &device);
+            let logits = model.forward_packed(tokens.clone(), starts).logits;
+            let loss =
+                next_token_cross_entropy(logits, tokens, Some(mask)) / recipe.accumulation as f64;
+            loss_sum += loss.clone().into_scalar::<f32>() as f64;
+            accumulator.accumulate(&model, GradientsParams::from_grads(loss.backward(), &model));
+        }
+        let mut grads = accumulator.grads();
+        let grad_norm = match r.optim.grad_clip {
+            Some(c) => clip_global_norm(&model, &mut grads, c),
+            None => global_grad_norm(&model, &grads),
+        };
+        let skipped = !(loss_sum.is_finite() && grad_norm.is_finite());
+        if skipped {
+            state.consecutive_bad_steps += 1;
+            progress.println(format!(
+                "step {}: non-finite loss or gradient, update skipped",
+                state.step
+            ));
+        } else {
+            state.consecutive_bad_steps = 0;
+            model = optim.step(lr, model, grads);
+        }
+        state.step += 1;
+        state.cursor = packer.cursor();
+        let step_tokens = r.train.batch_tokens;
+        tokens_seen += step_tokens;
+        let eval_loss = (!held_docs.is_empty()
+            && (state.step % r.train.eval_every == 0 || state.step == total))
+            .then(|| eval_loss(&model, &held_docs, recipe, r.train.eval_batches));
+        let m = StepMetrics {
+            step: state.step,
+            loss: loss_sum,
+            lr,
+            grad_norm,
+            tokens_per_s: step_tokens as f64 / step_start.elapsed().as_secs_f64(),
+            skipped,
+            eval_loss,
+            peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
+        };
+        if state.step % r.train.log_every == 0 || eval_loss.is_some() || skipped {
+            writeln!(metrics, "{}", serde_json::to_string(&m)?).context("writing metrics.jsonl")?;
+        }
+        first_loss.get_or_insert(loss_sum);
+        last_loss = Some(loss_sum);
+        last_eval = eval_loss.or(last_eval);
+        progress.set_position(state.step as u64);
+        progress.set_message(format!(
+            "loss {loss_sum:.4}{}  lr {lr:.2e}  {:.0} tok/s",
+            eval_loss.map_or(String::new(), |e| format!("  eval {e:.4}")),
+            m.tokens_per_s
+        ));
+        if state.consecutive_bad_steps >= r.train.max_bad_steps {
+            progress.abandon();
+            bail!(
+                "{} consecutive steps had a non-finite loss or gradient (last at step {}); stopping. \
+                 The last good checkpoint in {} is intact; lower optim.lr or check the data.",
+                state.consecutive_bad_steps,
+                state.step,
+                out.display()
+            );
+        }
+        let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+        if state.step % r.train.checkpoint_every == 0 || state.step == last || interrupted {
+            write_checkpoint(&out, recipe, &model, &optim, &state)?;
+        }
+        if interrupted {
+            progress.abandon_with_message(format!(
+                "interrupted: checkpoint at step {} written",
+                state.step
+            ));
+            break;
+        }
+    }
+    progress.finish();
+    Ok(TrainSummary {
+        out_dir: out,
+        first_step,
+        last_step: state.step,
+        first_loss,
+        last_loss,
+        eval_loss: last_eval,
+        tokens: tokens_seen,
+        wall_s: started.elapsed().as_secs_f64(),
+        interrupted: INTERRUPTED.load(Ordering::SeqCst),
+    })
+}

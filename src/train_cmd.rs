@@ -1,0 +1,61 @@
+//! `k3mini train RECIPE [--out DIR] [--resume]`.
+
+use anyhow::Result;
+use clap::Args;
+use k3mini::recipe;
+use k3mini::train::trainer::{TrainOptions, handle_ctrl_c, train};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct TrainArgs {
+    /// The recipe TOML.
+    recipe: PathBuf,
+    /// Output directory (default: the recipe's run.out_dir, else runs/<run.name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue from the newest checkpoint in the output directory.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this many steps (with a checkpoint); `--resume` continues.
+    #[arg(long)]
+    stop_after: Option<usize>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+pub fn run(args: TrainArgs) -> Result<()> {
+    let loaded = recipe::load(&args.recipe)?;
+    handle_ctrl_c();
+    let opts = TrainOptions {
+        out_dir: args.out,
+        resume: args.resume,
+        stop_after: args.stop_after,
+        quiet: args.quiet,
+    };
+    let s = train(&loaded, &opts)?;
+    let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
+    println!(
+        "\n| run | steps | tokens | first loss | last loss | held-out loss | wall | tokens/s |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {}..{} | {} | {} | {} | {} | {:.0}s | {:.0} |",
+        s.out_dir.display(),
+        s.first_step,
+        s.last_step,
+        s.tokens,
+        fmt(s.first_loss),
+        fmt(s.last_loss),
+        fmt(s.eval_loss),
+        s.wall_s,
+        s.tokens as f64 / s.wall_s.max(1e-9)
+    );
+    if s.interrupted {
+        println!(
+            "interrupted: continue with `k3mini train {} --resume`",
+            args.recipe.display()
+        );
+    }
+    Ok(())
+}

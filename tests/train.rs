@@ -1,0 +1,204 @@
+//! The training loop end to end on a small real corpus (this repository's own sources and README):
+//! exact resume, the loss falling, non-finite steps, corrupt checkpoints.
+use k3mini::recipe;
+use k3mini::train::trainer::{StepMetrics, TrainOptions, train};
+use k3mini_data::tokenizer::train_byte_level_bpe;
+use std::path::{Path, PathBuf};
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+/// A scratch dir with a BPE tokenizer trained on real text and a recipe using it.
+fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("k3mini-train-{tag}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut corpus = Vec::new();
+    for (i, f) in [
+        "README.md",
+        "student/src/kda.rs",
+        "student/src/mla.rs",
+        "kernels/src/kda/chunk.rs",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let p = dir.join(format!("doc{i}.txt"));
+        std::fs::copy(root.join(f), &p).unwrap();
+        corpus.push(p.display().to_string());
+    }
+    train_byte_level_bpe(&corpus, 512, &dir.join("tok.json")).unwrap();
+    let sources: String = (0..4)
+        .map(|i| format!("[[data.sources]]\npath = \"doc{i}.txt\"\n"))
+        .collect();
+    let recipe = format!(
+        r#"[run]
+name = "t"
+seed = 11
+
+[model]
+preset = "tiny"
+vocab_size = 512
+d_model = 64
+
+[data]
+tokenizer = "tok.json"
+seq_len = 64
+held_out_fraction = 0.25
+{sources}
+[optim]
+lr = 3e-3
+
+[schedule]
+kind = "cosine"
+warmup_steps = 2
+
+[train]
+steps = {steps}
+batch_tokens = 256
+micro_batch = 2
+eval_every = 4
+eval_batches = 2
+checkpoint_every = 3
+{extra}"#
+    );
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, recipe).unwrap();
+    (Scratch(dir), path)
+}
+
+fn metrics(out: &Path) -> Vec<StepMetrics> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn opts(out: &Path) -> TrainOptions {
+    TrainOptions {
+        out_dir: Some(out.to_path_buf()),
+        quiet: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn stop_and_resume_is_bit_identical_to_a_straight_run() {
+    let (s, path) = setup("resume", 8, "");
+    let r = recipe::load(&path).unwrap();
+    let straight = s.0.join("straight");
+    train(&r, &opts(&straight)).unwrap();
+    let split = s.0.join("split");
+    let first = train(
+        &r,
+        &TrainOptions {
+            stop_after: Some(3),
+            ..opts(&split)
+        },
+    )
+    .unwrap();
+    assert_eq!(first.last_step, 3);
+    assert!(
+        train(&r, &opts(&split))
+            .unwrap_err()
+            .to_string()
+            .contains("--resume"),
+        "refuses to overwrite"
+    );
+    let second = train(
+        &r,
+        &TrainOptions {
+            resume: true,
+            ..opts(&split)
+        },
+    )
+    .unwrap();
+    assert_eq!((second.first_step, second.last_step), (3, 8));
+    let (a, b) = (metrics(&straight), metrics(&split));
+    assert_eq!(a.len(), 8);
+    let bits = |m: &[StepMetrics]| {
+        m.iter()
+            .map(|x| (x.step, x.loss.to_bits(), x.eval_loss.map(f64::to_bits)))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bits(&a), bits(&b), "per-step losses identical to the bit");
+    assert!(
+        a.iter().any(|m| m.eval_loss.is_some()),
+        "held-out loss is reported"
+    );
+}
+
+#[test]
+fn the_loss_falls() {
+    let (s, path) = setup("falls", 24, "");
+    let r = recipe::load(&path).unwrap();
+    train(&r, &opts(&s.0.join("run"))).unwrap();
+    let m = metrics(&s.0.join("run"));
+    let mean = |xs: &[StepMetrics]| xs.iter().map(|x| x.loss).sum::<f64>() / xs.len() as f64;
+    let (head, tail) = (mean(&m[..4]), mean(&m[m.len() - 4..]));
+    assert!(
+        tail < head - 0.5,
+        "training loss fell from {head:.3} to {tail:.3}"
+    );
+}
+
+#[test]
+fn non_finite_steps_are_skipped_then_the_run_stops_keeping_the_last_checkpoint() {
+    let (s, path) = setup("nan", 12, "max_bad_steps = 2\n");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("lr = 3e-3", "lr = 1e30");
+    std::fs::write(&path, text).unwrap();
+    let r = recipe::load(&path).unwrap();
+    let out = s.0.join("run");
+    let err = train(&r, &opts(&out)).unwrap_err().to_string();
+    assert!(
+        err.contains("consecutive steps had a non-finite loss"),
+        "{err}"
+    );
+    let m = metrics(&out);
+    assert!(
+        m.iter().filter(|x| x.skipped).count() >= 2,
+        "skipped steps are logged"
+    );
+    // Every checkpoint written is readable (none holds non-finite weights from a skipped step).
+    for (_, dir) in k3mini_checkpoints::list(&out).unwrap() {
+        k3mini_checkpoints::read(&dir).unwrap();
+    }
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_named_not_loaded() {
+    let (s, path) = setup("corrupt", 6, "");
+    let r = recipe::load(&path).unwrap();
+    let out = s.0.join("run");
+    train(
+        &r,
+        &TrainOptions {
+            stop_after: Some(3),
+            ..opts(&out)
+        },
+    )
+    .unwrap();
+    let (_, dir) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
+    let weights = dir.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 2]).unwrap();
+    let err = train(
+        &r,
+        &TrainOptions {
+            resume: true,
+            ..opts(&out)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("model.safetensors is corrupt"), "{err}");
+}
