@@ -178,7 +178,8 @@ fn write_checkpoint(
         .into_bytes()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?
         .to_vec();
-    let recipe_text = std::fs::read(&recipe.path).unwrap_or_default();
+    let recipe_text = std::fs::read(&recipe.path)
+        .with_context(|| format!("reading {} for the checkpoint", recipe.path.display()))?;
     let files = [
         (WEIGHTS, weights),
         (IDS, ids),
