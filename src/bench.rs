@@ -4,6 +4,7 @@ use crate::model_cmd::bytes;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::{Args, Subcommand, ValueEnum};
+use k3mini::train::bench::bench_recipe;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
 use k3mini_student::info::training_memory;
@@ -15,6 +16,14 @@ pub enum BenchCommand {
     Model(ModelArgs),
     /// Naive vs chunked KDA op, forward and forward+backward.
     Kda(KdaArgs),
+    /// Real optimizer steps of a recipe (data, forward, backward, AdamW): tokens/s and peak RSS.
+    Train {
+        recipe: std::path::PathBuf,
+        #[arg(long, default_value_t = 4)]
+        steps: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The README's table: tiny and ~50M, chunked and naive, each in its own process.
     All {
         #[arg(long, default_value_t = 3)]
@@ -85,6 +94,31 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 println!(
                     "| {} | {} | {} x {} | {:.1} | {:.1} |",
                     r.kernel, r.seq_len, r.heads, r.head_dim, r.forward_ms, r.forward_backward_ms
+                );
+            }
+            Ok(())
+        }
+        BenchCommand::Train {
+            recipe,
+            steps,
+            json,
+        } => {
+            let r = bench_recipe(&k3mini::recipe::load(&recipe)?, steps)?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                println!(
+                    "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS |\n|---|---|---|---|---|---|---|"
+                );
+                println!(
+                    "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} |",
+                    r.recipe,
+                    r.params as f64 / 1e6,
+                    r.tokens_per_step,
+                    r.steps,
+                    r.median_tokens_per_s,
+                    r.median_step_s,
+                    r.peak_rss_bytes.map_or("n/a".into(), bytes)
                 );
             }
             Ok(())

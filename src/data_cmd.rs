@@ -1,8 +1,9 @@
-//! `k3mini data`: tokenizer tools.
+//! `k3mini data`: tokenizer tools, and chat rendering with the part of every token.
 
 use anyhow::{Result, bail};
 use clap::Subcommand;
-use k3mini_data::Tokenizer;
+use k3mini_data::chat::{check_markers, render};
+use k3mini_data::{ChatFormat, LossParts, Tokenizer, read_chats};
 use k3mini_data::tokenizer::train_byte_level_bpe;
 use std::path::PathBuf;
 
@@ -13,6 +14,27 @@ pub enum DataCommand {
         #[command(subcommand)]
         command: TokenizerCommand,
     },
+    /// Render the conversations of a chat JSONL and show which tokens carry loss.
+    Chat {
+        /// JSONL, one conversation (`messages`: [{role, content, thinking?}]) per line.
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "kimi")]
+        template: Template,
+        /// `kimi_k2` (the Kimi template's markers) or a tokenizer.json.
+        #[arg(long, default_value = "kimi_k2")]
+        tokenizer: String,
+        #[arg(long, default_value = "messages")]
+        field: String,
+        /// Show only the first N conversations.
+        #[arg(long, default_value_t = 1)]
+        limit: usize,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Template {
+    Chatml,
+    Kimi,
 }
 
 #[derive(Subcommand)]
@@ -24,6 +46,10 @@ pub enum TokenizerCommand {
         vocab_size: usize,
         #[arg(long)]
         out: PathBuf,
+        /// Extra whole-token specials after `<|endoftext|>`, e.g. `--special '<|im_start|>'
+        /// --special '<|im_end|>'` for ChatML.
+        #[arg(long = "special")]
+        specials: Vec<String>,
         /// UTF-8 text files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
@@ -39,6 +65,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                 TokenizerCommand::Train {
                     vocab_size,
                     out,
+                    specials,
                     files,
                 },
         } => {
@@ -50,9 +77,38 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                 k3mini_data::read_source(f, k3mini_data::SourceFormat::Text, "text")?;
             }
             let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
-            train_byte_level_bpe(&names, vocab_size, &out)?;
+            let specials: Vec<&str> = specials.iter().map(String::as_str).collect();
+            train_byte_level_bpe(&names, vocab_size, &specials, &out)?;
             let t = Tokenizer::load(&out.display().to_string())?;
             eprintln!("wrote {} ({} ids)", out.display(), t.vocab_size());
+            Ok(())
+        }
+        DataCommand::Chat {
+            file,
+            template,
+            tokenizer,
+            field,
+            limit,
+        } => {
+            let format = match template {
+                Template::Chatml => ChatFormat::Chatml,
+                Template::Kimi => ChatFormat::Kimi,
+            };
+            let t = Tokenizer::load(&tokenizer)?;
+            check_markers(format, &t).map_err(anyhow::Error::msg)?;
+            let loss = LossParts::default();
+            for chat in read_chats(&file, &field)?.iter().take(limit) {
+                let rendered = render(&chat.messages, format, false)
+                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", file.display(), chat.index + 1))?;
+                let (ids, parts) = rendered.encode(&t)?;
+                println!("# {}:{} — {} tokens", file.display(), chat.index + 1, ids.len());
+                for s in &rendered.segments {
+                    let mark = if loss.trains(s.part) { "loss" } else { "    " };
+                    println!("[{:<8} {mark}] {:?}", format!("{:?}", s.part), s.text);
+                }
+                let trained = parts.iter().filter(|&&p| loss.trains(p)).count();
+                println!("{trained} of {} tokens are targets (thinking + answer)\n", ids.len());
+            }
             Ok(())
         }
         DataCommand::Tokenizer {

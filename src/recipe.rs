@@ -4,13 +4,14 @@
 //! ```toml
 //! [run]       name, out_dir, seed
 //! [model]     preset = "tiny" plus any ModelConfig field to override ([model.kda], ...)
-//! [data]      tokenizer, seq_len, packing, held_out_fraction, [[data.sources]] path/format/field
+//! [data]      tokenizer, seq_len, packing, held_out_fraction, train_on, [[data.sources]]
+//!             path/format/field/chat
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! ```
 
-use k3mini_data::{SourceFormat, Tokenizer};
+use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::presets::{PRESETS, resolve};
 use serde::{Deserialize, Serialize};
@@ -49,9 +50,23 @@ pub struct SourceConfig {
     /// Inferred from the extension when omitted (`.jsonl`, `.parquet`, anything else is text).
     #[serde(default)]
     pub format: Option<SourceFormat>,
-    /// JSONL key / Parquet column holding the text.
-    #[serde(default = "default_field")]
-    pub field: String,
+    /// JSONL key / Parquet column holding the document: `text` by default, `messages` for chat.
+    #[serde(default)]
+    pub field: Option<String>,
+    /// The source holds conversations (JSONL, a list of `{role, content, thinking?}` per record),
+    /// rendered with this template; `data.train_on` picks which parts carry loss.
+    #[serde(default)]
+    pub chat: Option<ChatFormat>,
+}
+
+impl SourceConfig {
+    pub fn field(&self) -> &str {
+        match (&self.field, self.chat) {
+            (Some(f), _) => f,
+            (None, Some(_)) => "messages",
+            (None, None) => "text",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -69,6 +84,10 @@ pub struct DataConfig {
     /// Fraction of documents held out for evaluation.
     #[serde(default = "default_held_out")]
     pub held_out_fraction: f64,
+    /// Which parts of chat documents are trained as targets (default: thinking and answer, not the
+    /// prompt). Plain-text documents train on every token.
+    #[serde(default)]
+    pub train_on: LossParts,
 }
 
 /// AdamW. Every default is written out (burn's own defaults differ from PyTorch's).
@@ -138,9 +157,6 @@ pub struct TrainConfig {
     pub max_bad_steps: usize,
 }
 
-fn default_field() -> String {
-    "text".into()
-}
 fn yes() -> bool {
     true
 }
@@ -302,6 +318,13 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
             return Err(err(
                 &format!("data.sources.{i}.path"),
                 format!("{} does not exist", p.display()),
+            ));
+        }
+        let format = source.format.unwrap_or_else(|| SourceFormat::infer(&p));
+        if source.chat.is_some() && format != SourceFormat::Jsonl {
+            return Err(err(
+                &format!("data.sources.{i}.chat"),
+                "chat sources are JSONL (one conversation per line)".into(),
             ));
         }
     }

@@ -56,6 +56,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
             "interrupted: continue with `k3mini train {} --resume`",
             args.recipe.display()
         );
+        // The shell's convention for a run ended by SIGINT.
+        std::process::exit(130);
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
         std::fs::copy(root.join(f), &p).unwrap();
         corpus.push(p.display().to_string());
     }
-    train_byte_level_bpe(&corpus, 512, &dir.join("tok.json")).unwrap();
+    train_byte_level_bpe(&corpus, 512, &["<|im_start|>", "<|im_end|>"], &dir.join("tok.json")).unwrap();
     let sources: String = (0..4)
         .map(|i| format!("[[data.sources]]\npath = \"doc{i}.txt\"\n"))
         .collect();
@@ -209,4 +209,117 @@ fn a_corrupt_checkpoint_is_named_not_loaded() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("model.safetensors is corrupt"), "{err}");
+}
+
+/// Per-step (step, loss bits, held-out loss bits) of a run directory.
+fn loss_bits(out: &Path) -> Vec<(usize, u64, Option<u64>)> {
+    metrics(out)
+        .iter()
+        .map(|x| (x.step, x.loss.to_bits(), x.eval_loss.map(f64::to_bits)))
+        .collect()
+}
+
+/// Starts `k3mini train` on `recipe` into `out` and waits until checkpoint `step` exists.
+fn spawn_until_checkpoint(recipe: &Path, out: &Path, step: usize) -> std::process::Child {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["train", "--quiet", "--out"])
+        .arg(out)
+        .arg(recipe)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let target = k3mini_checkpoints::step_dir(out, step);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while !target.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before checkpoint {step}"
+        );
+        assert!(std::time::Instant::now() < deadline, "no checkpoint {step}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    child
+}
+
+fn resume_to_the_end(recipe: &Path, out: &Path) {
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["train", "--quiet", "--resume", "--out"])
+        .arg(out)
+        .arg(recipe)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[test]
+fn a_killed_process_resumes_bit_identically() {
+    // SIGKILL at an arbitrary point after checkpoint 3 (possibly mid-step or mid-checkpoint): the
+    // resumed run drops the lost steps' metrics and reproduces the straight run exactly.
+    let (s, path) = setup("kill", 30, "");
+    let straight = s.0.join("straight");
+    train(&recipe::load(&path).unwrap(), &opts(&straight)).unwrap();
+    let killed = s.0.join("killed");
+    let mut child = spawn_until_checkpoint(&path, &killed, 3);
+    child.kill().unwrap();
+    assert!(!child.wait().unwrap().success(), "the process was killed");
+    resume_to_the_end(&path, &killed);
+    assert_eq!(loss_bits(&straight), loss_bits(&killed));
+    assert_eq!(metrics(&killed).len(), 30);
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_checkpoints_then_resume_is_bit_identical() {
+    let (s, path) = setup("sigint", 30, "");
+    let straight = s.0.join("straight");
+    train(&recipe::load(&path).unwrap(), &opts(&straight)).unwrap();
+    let out = s.0.join("interrupted");
+    let mut child = spawn_until_checkpoint(&path, &out, 3);
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    assert_eq!(child.wait().unwrap().code(), Some(130), "exits as interrupted");
+    // The interrupted step was checkpointed: the newest checkpoint is the last step logged.
+    let (step, _) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
+    assert!(step >= 3 && step < 30, "stopped early, at step {step}");
+    assert_eq!(metrics(&out).last().unwrap().step, step);
+    resume_to_the_end(&path, &out);
+    assert_eq!(loss_bits(&straight), loss_bits(&out));
+}
+
+#[test]
+fn chat_sources_train_on_the_answer_and_thinking_only() {
+    let chats = concat!(
+        r#"{"messages": [{"role": "user", "content": "Who wrote Hamlet?"}, {"role": "assistant", "content": "Shakespeare.", "thinking": "The play is Elizabethan."}]}"#,
+        "\n",
+        r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a play."}, {"role": "assistant", "content": "Macbeth."}]}"#,
+        "\n"
+    );
+    let extra = "[[data.sources]]\npath = \"chats.jsonl\"\nchat = \"chatml\"\n";
+    let (s, path) = setup("chat", 3, extra);
+    std::fs::write(s.0.join("chats.jsonl"), chats).unwrap();
+    let r = recipe::load(&path).unwrap();
+    let tok = k3mini_data::Tokenizer::load(&s.0.join("tok.json").display().to_string()).unwrap();
+    let docs = k3mini::train::trainer::tokenized_documents(&r, &tok).unwrap();
+    let chat_docs: Vec<_> = docs.iter().filter(|d| d.targets.is_some()).collect();
+    assert_eq!(chat_docs.len(), 2);
+    for d in chat_docs {
+        let targets = d.targets.as_ref().unwrap();
+        let first = targets.iter().position(|&t| t).unwrap();
+        // The prompt is never a target; the conversation ends on a target (the closing marker).
+        let prompt_text = tok.decode(&d.ids[..first]).unwrap();
+        assert!(prompt_text.ends_with("<|im_start|>assistant\n"), "{prompt_text:?}");
+        assert!(!targets[..first].iter().any(|&t| t));
+        let answer = tok.decode(&d.ids[first..]).unwrap();
+        assert!(
+            answer.starts_with("<think>") || answer.starts_with("Macbeth"),
+            "{answer:?}"
+        );
+    }
+    // And the recipe trains.
+    let out = s.0.join("run");
+    assert_eq!(train(&r, &opts(&out)).unwrap().last_step, 3);
 }

@@ -114,6 +114,20 @@ pub fn list(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
     Ok(out)
 }
 
+/// Removes the temporary directories a killed writer left behind (never a finished checkpoint).
+/// Call it only while no other process writes checkpoints into `run_dir`.
+pub fn remove_stale_temps(run_dir: &Path) -> Result<(), CheckpointError> {
+    if !run_dir.exists() {
+        return Ok(());
+    }
+    for entry in std::fs::read_dir(run_dir).map_err(|e| io(run_dir, e))?.flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&format!(".tmp-{PREFIX}")) {
+            std::fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
 /// The newest checkpoint, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>, CheckpointError> {
     Ok(list(run_dir)?.pop())

@@ -1,7 +1,11 @@
-//! Corpus readers: plain text files (or a directory of `.txt` files) and JSONL. Every document is
-//! validated as UTF-8 and non-empty so a bad file fails loudly with its name, never silently.
+//! Corpus readers: plain text files (or a directory of `.txt` files), JSONL and Parquet (a string
+//! column), and chat conversations from JSONL. Every document is validated as UTF-8 and non-empty
+//! so a bad file fails loudly with its name (and line or row), never silently.
 
+use crate::chat::Message;
 use crate::error::DataError;
+use arrow_array::Array;
+use arrow_array::cast::AsArray;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -9,7 +13,8 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceFormat {
-    /// Plain UTF-8 text: one document per file (a directory: every `.txt` file in it, sorted).
+    /// Plain UTF-8 text: one document per file. A directory of any format means every file of that
+    /// format's extension in it (`.txt`, `.jsonl`, `.parquet`), sorted by name.
     Text,
     /// One JSON object per line; the document is the string at `field`.
     Jsonl,
@@ -44,27 +49,35 @@ pub fn read_source(
     field: &str,
 ) -> Result<Vec<Document>, DataError> {
     match format {
-        SourceFormat::Text if path.is_dir() => {
+        _ if path.is_dir() => {
+            // A directory: every file of the format's extension in it, sorted by name.
+            let ext = match format {
+                SourceFormat::Text => "txt",
+                SourceFormat::Jsonl => "jsonl",
+                SourceFormat::Parquet => "parquet",
+            };
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(|e| DataError::io(path, e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+                .filter(|p| p.extension().is_some_and(|e| e == ext))
                 .collect();
             files.sort();
             if files.is_empty() {
-                return Err(DataError::io(path, "directory holds no .txt files"));
+                return Err(DataError::io(path, format!("directory holds no .{ext} files")));
             }
-            files
-                .iter()
-                .enumerate()
-                .map(|(index, f)| {
-                    Ok(Document {
+            let mut docs = Vec::new();
+            for (i, f) in files.iter().enumerate() {
+                if format == SourceFormat::Text {
+                    docs.push(Document {
                         source: f.clone(),
-                        index,
+                        index: i,
                         text: read_text(f)?,
-                    })
-                })
-                .collect()
+                    });
+                } else {
+                    docs.extend(read_source(f, format, field)?);
+                }
+            }
+            Ok(docs)
         }
         SourceFormat::Text => Ok(vec![Document {
             source: path.to_path_buf(),
@@ -72,8 +85,38 @@ pub fn read_source(
             text: read_text(path)?,
         }]),
         SourceFormat::Jsonl => read_jsonl(path, field),
-        SourceFormat::Parquet => Err(DataError::io(path, "Parquet sources are not supported yet")),
+        SourceFormat::Parquet => read_parquet(path, field),
     }
+}
+
+/// A conversation and where it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatDocument {
+    pub source: PathBuf,
+    /// Line index in the JSONL file.
+    pub index: usize,
+    pub messages: Vec<Message>,
+}
+
+/// Reads conversations: JSONL whose `field` holds `[{"role", "content", "thinking"?}, …]`.
+pub fn read_chats(path: &Path, field: &str) -> Result<Vec<ChatDocument>, DataError> {
+    jsonl_field(path, field, |value| {
+        let messages: Vec<Message> = serde_json::from_value(value.clone())
+            .map_err(|e| format!("`{field}` is not a list of messages: {e}"))?;
+        if messages.is_empty() {
+            return Err(format!("`{field}` holds no messages"));
+        }
+        Ok(messages)
+    })
+    .map(|docs| {
+        docs.into_iter()
+            .map(|(index, messages)| ChatDocument {
+                source: path.to_path_buf(),
+                index,
+                messages,
+            })
+            .collect()
+    })
 }
 
 /// A whole file as UTF-8 text; empty files and invalid UTF-8 are errors naming the file.
@@ -91,6 +134,27 @@ fn read_text(path: &Path) -> Result<String, DataError> {
 }
 
 fn read_jsonl(path: &Path, field: &str) -> Result<Vec<Document>, DataError> {
+    let docs = jsonl_field(path, field, |value| match value {
+        serde_json::Value::String(s) if !s.trim().is_empty() => Ok(s.clone()),
+        serde_json::Value::String(_) => Err(format!("`{field}` is empty")),
+        _ => Err(format!("`{field}` is not a string")),
+    })?;
+    Ok(docs
+        .into_iter()
+        .map(|(index, text)| Document {
+            source: path.to_path_buf(),
+            index,
+            text,
+        })
+        .collect())
+}
+
+/// `parse(record[field])` for every non-blank line, with (line index, value); errors name the line.
+fn jsonl_field<T>(
+    path: &Path,
+    field: &str,
+    parse: impl Fn(&serde_json::Value) -> Result<T, String>,
+) -> Result<Vec<(usize, T)>, DataError> {
     let text = read_text(path)?;
     let mut docs = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -104,19 +168,76 @@ fn read_jsonl(path: &Path, field: &str) -> Result<Vec<Document>, DataError> {
         };
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| record(format!("invalid JSON: {e}")))?;
-        let doc = match value.get(field) {
-            Some(serde_json::Value::String(s)) if !s.trim().is_empty() => s.clone(),
-            Some(serde_json::Value::String(_)) => {
-                return Err(record(format!("`{field}` is empty")));
-            }
-            Some(_) => return Err(record(format!("`{field}` is not a string"))),
-            None => return Err(record(format!("no `{field}` field"))),
-        };
-        docs.push(Document {
-            source: path.to_path_buf(),
-            index: i,
-            text: doc,
+        let field_value = value
+            .get(field)
+            .ok_or_else(|| record(format!("no `{field}` field")))?;
+        docs.push((i, parse(field_value).map_err(record)?));
+    }
+    if docs.is_empty() {
+        return Err(DataError::Empty {
+            path: path.to_path_buf(),
         });
+    }
+    Ok(docs)
+}
+
+/// The string column `field` of a Parquet file (utf8, large_utf8 or utf8_view), one document per row.
+fn read_parquet(path: &Path, field: &str) -> Result<Vec<Document>, DataError> {
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let bad = |e: &dyn std::fmt::Display| DataError::io(path, format!("not a readable Parquet file: {e}"));
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad(&e))?;
+    let schema = builder.schema().clone();
+    let Some((column, _)) = schema.column_with_name(field) else {
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        return Err(DataError::io(
+            path,
+            format!("no column `{field}` (columns: {})", names.join(", ")),
+        ));
+    };
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [column]);
+    let reader = builder.with_projection(mask).build().map_err(|e| bad(&e))?;
+    let mut docs = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| bad(&e))?;
+        let array = batch.column(0);
+        let row = |i: usize| -> Option<&str> {
+            if array.is_null(i) {
+                return None;
+            }
+            array
+                .as_string_opt::<i32>()
+                .map(|a| a.value(i))
+                .or_else(|| array.as_string_opt::<i64>().map(|a| a.value(i)))
+                .or_else(|| array.as_string_view_opt().map(|a| a.value(i)))
+        };
+        if array.as_string_opt::<i32>().is_none()
+            && array.as_string_opt::<i64>().is_none()
+            && array.as_string_view_opt().is_none()
+        {
+            return Err(DataError::io(
+                path,
+                format!("column `{field}` is {}, not a string", array.data_type()),
+            ));
+        }
+        for i in 0..array.len() {
+            let index = docs.len();
+            let error = |message: &str| DataError::Row {
+                path: path.to_path_buf(),
+                row: index,
+                message: format!("`{field}` {message}"),
+            };
+            match row(i) {
+                None => return Err(error("is null")),
+                Some(t) if t.trim().is_empty() => return Err(error("is empty")),
+                Some(t) => docs.push(Document {
+                    source: path.to_path_buf(),
+                    index,
+                    text: t.to_owned(),
+                }),
+            }
+        }
     }
     if docs.is_empty() {
         return Err(DataError::Empty {

@@ -16,6 +16,12 @@ pub enum DataError {
         line: usize,
         message: String,
     },
+    #[error("{path}: row {row}: {message}")]
+    Row {
+        path: PathBuf,
+        row: usize,
+        message: String,
+    },
     #[error("tokenizer {source_name}: {message}")]
     Tokenizer {
         source_name: String,

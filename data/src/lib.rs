@@ -1,13 +1,15 @@
 //! Data for k3mini: tokenizers (any `tokenizer.json`, the Kimi tiktoken vocabulary, byte-level BPE
-//! training), corpus readers and resumable sequence packing. Chat templates, Parquet and the
-//! teacher-shard schema join them as the trainer and teacher issues land.
+//! training), corpus readers (text, JSONL, Parquet, chat conversations), chat templates with
+//! per-token parts for loss masks, and resumable sequence packing.
 
+pub mod chat;
 pub mod corpus;
 pub mod error;
 pub mod pack;
 pub mod tokenizer;
 
-pub use corpus::{Document, SourceFormat, read_source};
+pub use chat::{ChatFormat, LossParts, Message, Part, Role};
+pub use corpus::{ChatDocument, Document, SourceFormat, read_chats, read_source};
 pub use error::DataError;
-pub use pack::{Cursor, PackedBatch, Packer};
+pub use pack::{Cursor, PackedBatch, Packer, TokenDoc};
 pub use tokenizer::Tokenizer;

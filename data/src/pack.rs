@@ -4,7 +4,8 @@
 //! shuffled per epoch by a seeded Fisher–Yates permutation and laid back to back into rows of
 //! `seq_len` tokens. Each row carries `starts` (1 where a document begins: the model resets its
 //! KDA state and masks attention there) and a loss mask (0 where the next token starts another
-//! document, so no position is trained to predict across a boundary). The whole loader state is a
+//! document, so no position is trained to predict across a boundary, and 0 where the next token is
+//! not a target of its document, e.g. the prompt of a chat). The whole loader state is a
 //! [`Cursor`] `(epoch, document, offset)`: saving it and packing again from it reproduces the
 //! batches exactly.
 
@@ -29,6 +30,26 @@ pub struct PackedBatch {
     pub starts: Vec<f32>,
     /// 1.0 where position t's next-token target (t + 1) belongs to the same document and exists.
     pub loss_mask: Vec<f32>,
+}
+
+/// A tokenized document. `targets[j]` says whether token `j` is trained as a next-token target
+/// (a chat's answer but not its prompt); `None` trains every token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenDoc {
+    pub ids: Vec<u32>,
+    pub targets: Option<Vec<bool>>,
+}
+
+impl From<Vec<u32>> for TokenDoc {
+    fn from(ids: Vec<u32>) -> Self {
+        Self { ids, targets: None }
+    }
+}
+
+impl TokenDoc {
+    fn is_target(&self, j: usize) -> bool {
+        self.targets.as_ref().is_none_or(|t| t[j])
+    }
 }
 
 /// SplitMix64: a small, well-mixed deterministic generator (seeding and shuffles only).
@@ -73,7 +94,7 @@ pub fn split_held_out(n: usize, fraction: f64, seed: u64) -> (Vec<usize>, Vec<us
 /// Packs documents into fixed-length rows from a cursor.
 #[derive(Clone, Debug)]
 pub struct Packer {
-    docs: std::sync::Arc<Vec<Vec<u32>>>,
+    docs: std::sync::Arc<Vec<TokenDoc>>,
     seq_len: usize,
     seed: u64,
     /// Pack back to back; otherwise each row holds the head of one document, padded with `pad`.
@@ -84,17 +105,19 @@ pub struct Packer {
 }
 
 impl Packer {
-    /// `docs` must be non-empty and every document non-empty.
+    /// `docs` must be non-empty and every document non-empty (with one target flag per token).
     pub fn new(
-        docs: std::sync::Arc<Vec<Vec<u32>>>,
+        docs: std::sync::Arc<Vec<TokenDoc>>,
         seq_len: usize,
         seed: u64,
         packing: bool,
         pad: u32,
     ) -> Self {
         assert!(
-            !docs.is_empty() && docs.iter().all(|d| !d.is_empty()),
-            "documents must be non-empty"
+            !docs.is_empty()
+                && docs.iter().all(|d| !d.ids.is_empty()
+                    && d.targets.as_ref().is_none_or(|t| t.len() == d.ids.len())),
+            "documents must be non-empty, with one target flag per token"
         );
         assert!(seq_len >= 2, "seq_len must be at least 2");
         let order = epoch_order(docs.len(), seed, 0);
@@ -140,26 +163,21 @@ impl Packer {
             let row_start = tokens.len();
             while tokens.len() - row_start < t {
                 let doc = &self.docs[self.order[self.cursor.doc]];
-                let take = (doc.len() - self.cursor.offset).min(t - (tokens.len() - row_start));
-                for (i, &id) in doc[self.cursor.offset..self.cursor.offset + take]
+                let len = doc.ids.len();
+                let take = (len - self.cursor.offset).min(t - (tokens.len() - row_start));
+                for (i, &id) in doc.ids[self.cursor.offset..self.cursor.offset + take]
                     .iter()
                     .enumerate()
                 {
                     tokens.push(id as i64);
-                    starts.push(if self.cursor.offset + i == 0 {
-                        1.0
-                    } else {
-                        0.0
-                    });
+                    let j = self.cursor.offset + i;
+                    starts.push(if j == 0 { 1.0 } else { 0.0 });
                     // The last token of a document has no same-document target.
-                    loss_mask.push(if self.cursor.offset + i + 1 < doc.len() {
-                        1.0
-                    } else {
-                        0.0
-                    });
+                    let trained = j + 1 < len && doc.is_target(j + 1);
+                    loss_mask.push(if trained { 1.0 } else { 0.0 });
                 }
                 self.cursor.offset += take;
-                if self.cursor.offset == doc.len() {
+                if self.cursor.offset == len {
                     self.advance_doc();
                 } else if !self.packing {
                     // One document per row: the rest of this document is dropped.

@@ -15,6 +15,9 @@ use tokenizers::{AddedToken, TokenizerBuilder};
 /// model's embedding rows), whether or not each slot is named.
 pub const KIMI_RESERVED_SPECIALS: usize = 256;
 
+/// Kimi's reasoning tags: reserved ids that the tiktoken crate's special-token table does not name.
+pub const KIMI_THINK_TAGS: [(&str, u32); 2] = [("<think>", 163_606), ("</think>", 163_607)];
+
 /// The end-of-document token a trained byte-level BPE reserves (id 0).
 pub const BPE_EOS: &str = "<|endoftext|>";
 
@@ -105,6 +108,29 @@ impl Tokenizer {
         }
     }
 
+    /// Text in which special-token strings (`<|im_end|>`, and Kimi's `<think>` / `</think>`, which
+    /// the tiktoken table lacks) become their ids. HF tokenizers recognise their added tokens anyway.
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match self {
+            Self::Hf { .. } => self.encode(text),
+            Self::Tiktoken { bpe, .. } => {
+                let mut ids = Vec::new();
+                let mut rest = text;
+                while let Some((at, tag, id)) = KIMI_THINK_TAGS
+                    .iter()
+                    .filter_map(|&(tag, id)| rest.find(tag).map(|at| (at, tag, id)))
+                    .min()
+                {
+                    ids.extend(bpe.encode_with_special_tokens(&rest[..at]));
+                    ids.push(id);
+                    rest = &rest[at + tag.len()..];
+                }
+                ids.extend(bpe.encode_with_special_tokens(rest));
+                Ok(ids)
+            }
+        }
+    }
+
     /// Ids back to text (lossy for ids that split a UTF-8 character).
     pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         match self {
@@ -117,7 +143,16 @@ impl Tokenizer {
                     })
             }
             Self::Tiktoken { bpe, .. } => {
-                Ok(String::from_utf8_lossy(&bpe.decode(ids)).into_owned())
+                let mut bytes = Vec::new();
+                for run in ids.split_inclusive(|id| KIMI_THINK_TAGS.iter().any(|t| t.1 == *id)) {
+                    let (last, head) = run.split_last().expect("split_inclusive runs are non-empty");
+                    bytes.extend(bpe.decode(head));
+                    match KIMI_THINK_TAGS.iter().find(|t| t.1 == *last) {
+                        Some((tag, _)) => bytes.extend(tag.as_bytes()),
+                        None => bytes.extend(bpe.decode(&[*last])),
+                    }
+                }
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
             }
         }
     }
@@ -126,7 +161,7 @@ impl Tokenizer {
     pub fn token_id(&self, token: &str) -> Option<u32> {
         match self {
             Self::Hf { tokenizer, .. } => tokenizer.token_to_id(token),
-            Self::Tiktoken { bpe, .. } => match bpe.encode_with_special_tokens(token).as_slice() {
+            Self::Tiktoken { .. } => match self.encode_with_specials(token).ok()?.as_slice() {
                 [id] => Some(*id),
                 _ => None,
             },
@@ -135,10 +170,12 @@ impl Tokenizer {
 }
 
 /// Trains a byte-level BPE (GPT-2 style, no normaliser) with `vocab_size` ids on text files and
-/// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`].
+/// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`]; `specials` (chat markers such as
+/// `<|im_start|>`) follow it as whole tokens.
 pub fn train_byte_level_bpe(
     files: &[String],
     vocab_size: usize,
+    specials: &[&str],
     out: &Path,
 ) -> Result<(), DataError> {
     let err = |message: String| DataError::Tokenizer {
@@ -150,7 +187,12 @@ pub fn train_byte_level_bpe(
         .vocab_size(vocab_size)
         .min_frequency(2)
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
-        .special_tokens(vec![AddedToken::from(BPE_EOS, true)])
+        .special_tokens(
+            std::iter::once(BPE_EOS)
+                .chain(specials.iter().copied())
+                .map(|t| AddedToken::from(t, true))
+                .collect(),
+        )
         .build();
     let mut tokenizer = TokenizerBuilder::<
         BPE,

@@ -1,5 +1,5 @@
 //! Corpus readers: good sources, and bad ones that fail with the file (and line) named.
-use k3mini_data::{DataError, SourceFormat, read_source};
+use k3mini_data::{DataError, Role, SourceFormat, read_chats, read_source};
 use std::path::{Path, PathBuf};
 
 struct Dir(PathBuf);
@@ -73,4 +73,64 @@ fn bad_sources_are_named_with_the_place() {
     assert!(err(&not_string, SourceFormat::Jsonl).contains("`text` is not a string"));
     let empty_dir = Dir::new("emptydir");
     assert!(err(&empty_dir.0, SourceFormat::Text).contains("no .txt files"));
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn parquet_written_by_pyarrow_reads_back_every_row() {
+    // scripts/golden/corpus_fixtures.py: snappy with two row groups, and large_string with zstd.
+    let snappy = fixture("sonnet_snappy.parquet");
+    assert_eq!(SourceFormat::infer(&snappy), SourceFormat::Parquet);
+    let a = read_source(&snappy, SourceFormat::Parquet, "text").unwrap();
+    let b = read_source(&fixture("sonnet_large_zstd.parquet"), SourceFormat::Parquet, "content").unwrap();
+    let texts = |d: &[k3mini_data::Document]| d.iter().map(|d| d.text.clone()).collect::<Vec<_>>();
+    assert_eq!(texts(&a), texts(&b));
+    assert_eq!(a.len(), 3);
+    assert_eq!(a[0].text, "Shall I compare thee to a summer's day?");
+    assert!(a[1].text.contains("café, naïve, 中文"));
+    assert_eq!(a.iter().map(|d| d.index).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+#[test]
+fn bad_parquet_is_named() {
+    let snappy = fixture("sonnet_snappy.parquet");
+    let e = read_source(&snappy, SourceFormat::Parquet, "body").unwrap_err().to_string();
+    assert!(e.contains("no column `body` (columns: id, text)"), "{e}");
+    let e = read_source(&snappy, SourceFormat::Parquet, "id").unwrap_err().to_string();
+    assert!(e.contains("column `id` is Int64, not a string"), "{e}");
+    let e = read_source(&fixture("with_null.parquet"), SourceFormat::Parquet, "text")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("with_null.parquet: row 1: `text` is null"), "{e}");
+    // Truncated: the footer is gone.
+    let d = Dir::new("parquet");
+    let bytes = std::fs::read(&snappy).unwrap();
+    let cut = d.file("cut.parquet", &bytes[..bytes.len() / 2]);
+    let e = read_source(&cut, SourceFormat::Parquet, "text").unwrap_err().to_string();
+    assert!(e.contains("cut.parquet: not a readable Parquet file"), "{e}");
+}
+
+#[test]
+fn chat_jsonl_reads_conversations_with_thinking() {
+    let d = Dir::new("chat");
+    let p = d.file(
+        "chats.jsonl",
+        br#"{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4", "reasoning_content": "add"}]}
+{"messages": [{"role": "system", "content": "terse"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+"#,
+    );
+    let chats = read_chats(&p, "messages").unwrap();
+    assert_eq!(chats.len(), 2);
+    assert_eq!(chats[0].messages[1].role, Role::Assistant);
+    assert_eq!(chats[0].messages[1].thinking.as_deref(), Some("add"));
+    let bad = d.file("bad.jsonl", br#"{"messages": [{"role": "robot", "content": "x"}]}"#);
+    let e = read_chats(&bad, "messages").unwrap_err().to_string();
+    assert!(e.contains("bad.jsonl:1: `messages` is not a list of messages"), "{e}");
+    let empty = d.file("none.jsonl", br#"{"messages": []}"#);
+    assert!(read_chats(&empty, "messages").unwrap_err().to_string().contains("holds no messages"));
 }

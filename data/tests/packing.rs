@@ -1,16 +1,38 @@
 //! Packing: lossless, boundary-aware, deterministic and exactly resumable.
 use k3mini_data::pack::{epoch_order, split_held_out};
-use k3mini_data::{Cursor, Packer};
+use k3mini_data::{Cursor, Packer, TokenDoc};
 use std::sync::Arc;
 
 /// Documents whose ids encode (document, position): doc d has ids d*1000 .. d*1000 + len.
-fn docs(lens: &[usize]) -> Arc<Vec<Vec<u32>>> {
+fn docs(lens: &[usize]) -> Arc<Vec<TokenDoc>> {
     Arc::new(
         lens.iter()
             .enumerate()
-            .map(|(d, &n)| (0..n as u32).map(|i| d as u32 * 1000 + i).collect())
+            .map(|(d, &n)| {
+                (0..n as u32)
+                    .map(|i| d as u32 * 1000 + i)
+                    .collect::<Vec<_>>()
+                    .into()
+            })
             .collect(),
     )
+}
+
+#[test]
+fn per_token_targets_mask_the_positions_that_predict_them() {
+    // One document whose tokens 0..3 are a prompt and 3..6 the answer: positions 2..5 predict
+    // answer tokens and carry loss; nothing predicts across into the next copy of the document.
+    let doc = TokenDoc {
+        ids: (0..6).collect(),
+        targets: Some(vec![false, false, false, true, true, true]),
+    };
+    let mut p = Packer::new(Arc::new(vec![doc]), 12, 0, true, 0);
+    let b = p.next_batch(1);
+    assert_eq!(b.tokens, [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]);
+    assert_eq!(
+        b.loss_mask,
+        [0., 0., 1., 1., 1., 0., 0., 0., 1., 1., 1., 0.]
+    );
 }
 
 #[test]

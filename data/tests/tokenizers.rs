@@ -33,7 +33,7 @@ fn trained_byte_level_bpe_round_trips_any_text() {
     let line = "the quick brown fox jumps over the lazy dog; the dog sleeps while the fox runs.\n";
     std::fs::write(&corpus, line.repeat(200)).unwrap();
     let out = dir.join("tokenizer.json");
-    train_byte_level_bpe(&[corpus.display().to_string()], 300, &out).unwrap();
+    train_byte_level_bpe(&[corpus.display().to_string()], 300, &[], &out).unwrap();
     let t = Tokenizer::load(out.to_str().unwrap()).unwrap();
     assert!(
         t.vocab_size() <= 300 && t.vocab_size() > 256,

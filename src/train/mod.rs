@@ -1,5 +1,6 @@
-//! Training: schedules, the optimizer, and the loop.
+//! Training: schedules, the optimizer, the loop, and its benchmark.
 
+pub mod bench;
 pub mod optim;
 pub mod schedule;
 pub mod trainer;

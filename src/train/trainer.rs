@@ -15,7 +15,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
 use k3mini_data::pack::split_held_out;
 use k3mini_data::tokenizer::BPE_EOS;
-use k3mini_data::{Cursor, Packer, SourceFormat, Tokenizer, read_source};
+use k3mini_data::chat::{check_markers, render};
+use k3mini_data::{Cursor, Packer, SourceFormat, TokenDoc, Tokenizer, read_chats, read_source};
 use k3mini_student::K3Mini;
 use k3mini_student::hf::{load_hf_bytes, to_hf_bytes};
 use k3mini_student::loss::next_token_cross_entropy;
@@ -102,20 +103,41 @@ pub fn handle_ctrl_c() {
     });
 }
 
-/// The documents of a recipe, tokenized, each ending in the end-of-text id when the tokenizer has one.
-pub fn tokenized_documents(recipe: &LoadedRecipe, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+/// The documents of a recipe, tokenized. Text documents end in the end-of-text id when the
+/// tokenizer has one and train on every token; chat documents are rendered with their template and
+/// train on the parts `data.train_on` names.
+pub fn tokenized_documents(recipe: &LoadedRecipe, tokenizer: &Tokenizer) -> Result<Vec<TokenDoc>> {
+    let data = &recipe.recipe.data;
     let eos = [BPE_EOS, "</s>", "<|end_of_text|>"]
         .iter()
         .find_map(|t| tokenizer.token_id(t));
     let mut docs = Vec::new();
-    for source in &recipe.recipe.data.sources {
+    for source in &data.sources {
         let path = recipe.resolve_path(&source.path);
+        if let Some(template) = source.chat {
+            check_markers(template, tokenizer)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", recipe.path.display()))?;
+            for chat in read_chats(&path, source.field())? {
+                let rendered = render(&chat.messages, template, false).map_err(|e| {
+                    anyhow::anyhow!("{}:{}: {e}", path.display(), chat.index + 1)
+                })?;
+                let (ids, parts) = rendered.encode(tokenizer)?;
+                let targets = parts.iter().map(|&p| data.train_on.trains(p)).collect();
+                if ids.len() >= 2 {
+                    docs.push(TokenDoc {
+                        ids,
+                        targets: Some(targets),
+                    });
+                }
+            }
+            continue;
+        }
         let format = source.format.unwrap_or_else(|| SourceFormat::infer(&path));
-        for doc in read_source(&path, format, &source.field)? {
+        for doc in read_source(&path, format, source.field())? {
             let mut ids = tokenizer.encode(&doc.text)?;
             ids.extend(eos);
             if ids.len() >= 2 {
-                docs.push(ids);
+                docs.push(ids.into());
             }
         }
     }
@@ -143,7 +165,7 @@ fn batch_tensors(
 /// Held-out loss over the first `batches` micro-batches of the held-out stream (the same ones every time).
 fn eval_loss(
     model: &K3Mini,
-    docs: &Arc<Vec<Vec<u32>>>,
+    docs: &Arc<Vec<TokenDoc>>,
     recipe: &LoadedRecipe,
     batches: usize,
 ) -> f64 {
@@ -227,6 +249,25 @@ fn resume(
     Ok((model, optim, state))
 }
 
+/// Drops the lines of `metrics.jsonl` after `step` (written by a run that was killed after its last
+/// checkpoint, and a half-written last line), so the resumed run's lines follow on exactly.
+fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<StepMetrics>(l).is_ok_and(|m| m.step <= step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if kept.len() != text.len() {
+        let tmp = path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, kept).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Runs (or resumes) a recipe.
 pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary> {
     let r = &recipe.recipe;
@@ -287,7 +328,9 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
     };
     let mut packer = Packer::new(train_docs, r.data.seq_len, r.run.seed, r.data.packing, 0)
         .with_cursor(state.cursor);
+    k3mini_checkpoints::remove_stale_temps(&out)?;
     let metrics_path = out.join("metrics.jsonl");
+    truncate_metrics(&metrics_path, state.step)?;
     let mut metrics = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -349,6 +392,8 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         state.cursor = packer.cursor();
         let step_tokens = r.train.batch_tokens;
         tokens_seen += step_tokens;
+        // Throughput of the step itself, before any held-out evaluation.
+        let tokens_per_s = step_tokens as f64 / step_start.elapsed().as_secs_f64();
         let eval_loss = (!held_docs.is_empty()
             && (state.step % r.train.eval_every == 0 || state.step == total))
             .then(|| eval_loss(&model, &held_docs, recipe, r.train.eval_batches));
@@ -357,7 +402,7 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
             loss: loss_sum,
             lr,
             grad_norm,
-            tokens_per_s: step_tokens as f64 / step_start.elapsed().as_secs_f64(),
+            tokens_per_s,
             skipped,
             eval_loss,
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
