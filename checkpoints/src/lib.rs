@@ -4,9 +4,13 @@
 //! are pruned beyond `keep`, and reading verifies every checksum so a corrupt or truncated file is
 //! named instead of loaded.
 //!
+//! [`gguf`] reads llama.cpp's GGUF files (the local teacher's weights; the writer joins it with
+//! export).
+//!
 //! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
 //! transformers-named safetensors weights, so resumption is exact.
 
+pub mod gguf;
 pub mod param_ids;
 
 use serde::{Deserialize, Serialize};

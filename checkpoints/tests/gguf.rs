@@ -1,0 +1,109 @@
+//! The GGUF reader and ggml dequantisers against files and values made by gguf-py (the `gguf` PyPI
+//! package, llama.cpp's own Python library): scripts/golden/gguf_quants.py.
+use k3mini_checkpoints::gguf::quants::dequantize;
+use k3mini_checkpoints::gguf::{GgmlType, GgufFile, Value};
+use std::path::{Path, PathBuf};
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/golden")
+        .join(name)
+}
+
+#[test]
+fn dequantisation_matches_gguf_py_for_every_block_format() {
+    let bytes = std::fs::read(golden("gguf_quants.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, ty) in [
+        ("Q4_0", GgmlType::Q4_0),
+        ("Q4_1", GgmlType::Q4_1),
+        ("Q5_0", GgmlType::Q5_0),
+        ("Q8_0", GgmlType::Q8_0),
+        ("Q4_K", GgmlType::Q4K),
+        ("Q6_K", GgmlType::Q6K),
+    ] {
+        let raw = st.tensor(&format!("{name}.bytes")).unwrap();
+        let want: Vec<f32> = st
+            .tensor(&format!("{name}.values"))
+            .unwrap()
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let got = dequantize(ty, raw.data(), want.len()).unwrap();
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-3))
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-6, "{name}: worst relative error {worst}");
+    }
+}
+
+#[test]
+fn dequantise_refuses_a_wrong_length() {
+    let e = dequantize(GgmlType::Q4_0, &[0u8; 17], 32).unwrap_err();
+    assert!(e.contains("17 bytes do not hold 32 Q4_0 values"), "{e}");
+}
+
+#[test]
+fn reads_metadata_and_tensors_written_by_gguf_py() {
+    let f = GgufFile::open(&golden("tiny.gguf")).unwrap();
+    assert_eq!(f.version, 3);
+    assert_eq!(f.get("general.architecture").and_then(Value::as_str), Some("llama"));
+    assert_eq!(f.get("test.u32"), Some(&Value::U32(7)));
+    assert_eq!(f.get("test.i32"), Some(&Value::I32(-3)));
+    assert_eq!(f.get("test.f32"), Some(&Value::F32(0.5)));
+    assert_eq!(f.get("test.bool"), Some(&Value::Bool(true)));
+    assert_eq!(f.get("test.string").and_then(Value::as_str), Some("café"));
+    assert_eq!(f.get("test.u64").and_then(Value::as_u64), Some(1 << 40));
+    assert_eq!(f.get("test.f64").and_then(Value::as_f64), Some(2.25));
+    let strings: Vec<&str> = f
+        .require("test.strings", Value::as_array)
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(strings, ["<s>", "</s>", "hello"]);
+    assert!(
+        f.require("test.missing", Value::as_u64)
+            .unwrap_err()
+            .to_string()
+            .contains("metadata test.missing is missing")
+    );
+
+    let (values, dims) = f.dequantize("f32").unwrap();
+    assert_eq!(dims, [32, 2]);
+    assert_eq!(values, (0..64).map(|i| i as f32).collect::<Vec<_>>());
+    let (values, _) = f.dequantize("f16").unwrap();
+    assert_eq!(values, (0..32).map(|i| i as f32 / 8.0).collect::<Vec<_>>());
+    // Quantised tensors dequantise exactly as the loose blocks do.
+    let bytes = std::fs::read(golden("gguf_quants.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (tensor, key, ty) in [("q8_0", "Q8_0", GgmlType::Q8_0), ("q4_k", "Q4_K", GgmlType::Q4K)] {
+        let info = f.tensor(tensor).unwrap();
+        assert_eq!((info.ty, info.dims.as_slice()), (ty, &[256u64, 4][..]));
+        let raw = st.tensor(&format!("{key}.bytes")).unwrap();
+        assert_eq!(f.raw(info).unwrap(), raw.data());
+    }
+}
+
+#[test]
+fn corrupt_files_are_named() {
+    let dir = std::env::temp_dir().join(format!("k3mini-gguf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read(golden("tiny.gguf")).unwrap();
+    let check = |name: &str, bytes: &[u8], want: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let e = GgufFile::open(&p).unwrap_err().to_string();
+        assert!(e.contains(name) && e.contains(want), "{e}");
+    };
+    check("cut.gguf", &good[..good.len() - 100], "truncated");
+    check("header.gguf", &good[..40], "truncated header");
+    check("magic.gguf", b"GGML\x03\x00\x00\x00", "bad magic");
+    let mut v9 = good.clone();
+    v9[4] = 9;
+    check("version.gguf", &v9, "version 9");
+    std::fs::remove_dir_all(&dir).ok();
+}
