@@ -4,6 +4,7 @@ mod bench;
 mod data_cmd;
 mod model_cmd;
 mod recipe_cmd;
+mod teacher_cmd;
 mod train_cmd;
 
 use clap::{Parser, Subcommand};
@@ -34,7 +35,7 @@ enum Command {
     },
     /// Train from a recipe (plain next-token training; distillation arrives with its issue).
     Train(train_cmd::TrainArgs),
-    /// Data tools: tokenizers.
+    /// Data tools: tokenizers, chat rendering.
     Data {
         #[command(subcommand)]
         command: data_cmd::DataCommand,
@@ -43,6 +44,11 @@ enum Command {
     Recipe {
         #[command(subcommand)]
         command: recipe_cmd::RecipeCommand,
+    },
+    /// Teachers: fetch the built-in one, ask it a question.
+    Teacher {
+        #[command(subcommand)]
+        command: teacher_cmd::TeacherCommand,
     },
     /// Benchmarks (throughput, memory) on this machine.
     Bench {
@@ -58,6 +64,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::run(args),
         Command::Data { command } => data_cmd::run(command),
         Command::Recipe { command } => recipe_cmd::run(command),
+        Command::Teacher { command } => teacher_cmd::run(command),
         Command::Bench { command } => bench::run(command),
     };
     match result {

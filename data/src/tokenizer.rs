@@ -76,6 +76,75 @@ impl Tokenizer {
         })
     }
 
+    /// A byte-level BPE from its vocabulary (id order), merges (`"a b"`) and special-token ids, as
+    /// GGUF files carry them (`tokenizer.ggml.model = "gpt2"`). `pre` is `tokenizer.ggml.pre`:
+    /// `smollm` splits digits one by one before the GPT-2 byte-level split; `gpt2` / `default` is
+    /// the byte-level split alone. Other pre-tokenizers are refused by name.
+    pub fn from_byte_level_bpe(
+        name: &str,
+        tokens: &[String],
+        merges: &[String],
+        specials: &[u32],
+        pre: &str,
+    ) -> Result<Self, DataError> {
+        use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence};
+        let err = |message: String| DataError::Tokenizer {
+            source_name: name.into(),
+            message,
+        };
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let merges = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| err(format!("merge {m:?} is not two tokens")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let model = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| err(format!("BPE: {e}")))?;
+        let byte_level = ByteLevel::new(false, true, true);
+        let pre_tokenizer: PreTokenizerWrapper = match pre {
+            "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
+            "gpt2" | "default" => byte_level.into(),
+            other => {
+                return Err(err(format!(
+                    "pre-tokenizer {other:?} is not supported (smollm, gpt2, default)"
+                )));
+            }
+        };
+        let mut tokenizer = TokenizerBuilder::<
+            BPE,
+            NormalizerWrapper,
+            PreTokenizerWrapper,
+            PostProcessorWrapper,
+            DecoderWrapper,
+        >::new()
+        .with_model(model)
+        .with_normalizer(None)
+        .with_pre_tokenizer(Some(pre_tokenizer))
+        .with_post_processor(Some(ByteLevel::default().into()))
+        .with_decoder(Some(ByteLevel::default().into()))
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+        let special: Vec<AddedToken> = specials
+            .iter()
+            .filter_map(|&id| tokens.get(id as usize))
+            .map(|t| AddedToken::from(t.clone(), true))
+            .collect();
+        tokenizer.add_special_tokens(&special);
+        Ok(Self::Hf {
+            tokenizer: Box::new(tokenizer.into()),
+            source: name.into(),
+        })
+    }
+
     /// Where the tokenizer came from.
     pub fn name(&self) -> &str {
         match self {

