@@ -1,11 +1,12 @@
 //! Data for k3mini: tokenizers (any `tokenizer.json`, the Kimi tiktoken vocabulary, byte-level BPE
 //! training), corpus readers (text, JSONL, Parquet, chat conversations), chat templates with
-//! per-token parts for loss masks, and resumable sequence packing.
+//! per-token parts for loss masks, resumable sequence packing, and the teacher-signal shard schema.
 
 pub mod chat;
 pub mod corpus;
 pub mod error;
 pub mod pack;
+pub mod shards;
 pub mod tokenizer;
 
 pub use chat::{ChatFormat, LossParts, Message, Part, Role};

@@ -226,6 +226,23 @@ impl Tokenizer {
         }
     }
 
+    /// SHA-256 (hex) of the id → token table: equal fingerprints mean the same ids for the same
+    /// strings, which is what a teacher and its student must share.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for id in 0..self.vocab_size() as u32 {
+            match self {
+                Self::Hf { tokenizer, .. } => {
+                    h.update(tokenizer.id_to_token(id).unwrap_or_default().as_bytes())
+                }
+                Self::Tiktoken { bpe, .. } => h.update(bpe.decode(&[id])),
+            }
+            h.update([0xFF]); // never inside a UTF-8 token: separates entries unambiguously
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The id of a special (or any whole) token string.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         match self {

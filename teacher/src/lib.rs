@@ -7,6 +7,7 @@ pub mod fetch;
 pub mod gguf;
 pub mod llama;
 pub mod local;
+pub mod score;
 
 use std::path::PathBuf;
 

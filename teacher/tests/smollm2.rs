@@ -99,3 +99,92 @@ fn bad_requests_are_refused_with_the_reason() {
     assert!(t.score(&[1], 4).unwrap_err().to_string().contains("scoring needs 2"));
     assert!(t.score(&[1, 2], 0).unwrap_err().to_string().contains("k = 0"));
 }
+
+mod scoring {
+    use super::teacher;
+    use k3mini_data::shards::{ShardMeta, read_shard};
+    use k3mini_teacher::score::{ScoreJob, score_corpus};
+    use k3mini_teacher::{GenerateParams, Generation, Scored, Teacher, TeacherError};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The real teacher, failing from its `fail_at`-th scoring call on (a server that dies).
+    struct Dying {
+        calls: AtomicUsize,
+        fail_at: usize,
+    }
+
+    impl Teacher for Dying {
+        fn name(&self) -> &str {
+            teacher().name()
+        }
+        fn vocab_size(&self) -> usize {
+            teacher().vocab_size()
+        }
+        fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) >= self.fail_at {
+                return Err(TeacherError::Request("connection reset".into()));
+            }
+            teacher().score(ids, k)
+        }
+        fn generate(&self, p: &[u32], g: &GenerateParams) -> Result<Generation, TeacherError> {
+            teacher().generate(p, g)
+        }
+    }
+
+    #[test]
+    fn a_dying_teacher_loses_no_finished_shard_and_a_rerun_finishes_the_job() {
+        let t = teacher();
+        let lines = [
+            "To be, or not to be, that is the question:",
+            "Whether 'tis nobler in the mind to suffer",
+            "The slings and arrows of outrageous fortune,",
+            "Or to take arms against a sea of troubles",
+            "And by opposing end them. To die—to sleep,",
+        ];
+        let docs: Vec<Vec<u32>> = lines.iter().map(|l| t.tokenizer.encode(l).unwrap()).collect();
+        let dir = std::env::temp_dir().join(format!("k3mini-score-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let job = ScoreJob {
+            out_dir: dir.clone(),
+            meta: ShardMeta {
+                teacher: t.name().into(),
+                tokenizer_sha256: t.tokenizer.fingerprint(),
+                k: 8,
+                temperature: 1.0,
+            },
+            seq_len: 6, // several segments per line
+            docs_per_shard: 2,
+        };
+        let segs: usize = docs.iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
+        let first_shard: usize = docs[..2].iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
+        // Dies inside the second shard: the first is finished and recorded.
+        let dying = Dying { calls: AtomicUsize::new(0), fail_at: first_shard + 1 };
+        let e = score_corpus(&dying, &docs, &job, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains("connection reset"), "{e}");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        assert_eq!(manifest["shards"].as_array().unwrap().len(), 1);
+        // The rerun skips shard 0 and scores the rest.
+        let mut last = None;
+        let m = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
+        let p = last.unwrap();
+        assert_eq!((p.shards_total, p.skipped), (3, 1));
+        assert_eq!(m.shards.iter().map(|s| s.rows).sum::<usize>(), segs);
+        // Shards hold exactly what the teacher says.
+        let (meta, rows) = read_shard(&dir.join("shard-00002.parquet")).unwrap();
+        assert_eq!(meta, job.meta);
+        let direct = t.score(&rows[0].input_ids, 8).unwrap();
+        assert_eq!((rows[0].doc_id, rows[0].segment), (4, 0));
+        assert_eq!(rows[0].top_logprobs, direct.top_logprobs);
+        // A corrupted shard is rescored; a job with another k refuses the directory.
+        let bytes = std::fs::read(dir.join("shard-00001.parquet")).unwrap();
+        std::fs::write(dir.join("shard-00001.parquet"), &bytes[..bytes.len() / 2]).unwrap();
+        let m2 = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
+        assert_eq!(last.unwrap().skipped, 2);
+        assert_eq!(m2, m, "rescoring reproduces the shard byte for byte");
+        let other = ScoreJob { meta: ShardMeta { k: 4, ..job.meta.clone() }, ..job.clone() };
+        let e = score_corpus(t, &docs, &other, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains("different job"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

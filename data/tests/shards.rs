@@ -1,0 +1,61 @@
+//! Teacher-signal shards: a lossless round trip, metadata, and refusal of what is not a shard.
+use k3mini_data::shards::{ShardMeta, ShardRow, read_shard, write_shard};
+
+fn rows(k: usize) -> Vec<ShardRow> {
+    (0..3u32)
+        .map(|d| {
+            let n = 5 + d as usize * 7;
+            let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7919 + d) % 49152).collect();
+            let mut top_ids = Vec::new();
+            let mut top_lp = Vec::new();
+            for t in 0..n - 1 {
+                for r in 0..k {
+                    top_ids.push(((t * 31 + r * 17) % 49152) as u32);
+                    top_lp.push(-0.1 - r as f32 * 0.731 - t as f32 * 1e-3);
+                }
+            }
+            ShardRow {
+                doc_id: d as u64 * 10,
+                segment: d,
+                input_ids: ids,
+                target_logprobs: (0..n - 1).map(|t| -(t as f32).sqrt()).collect(),
+                top_ids,
+                top_logprobs: top_lp,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn shards_round_trip_losslessly_with_metadata() {
+    let dir = std::env::temp_dir().join(format!("k3mini-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let meta = ShardMeta {
+        teacher: "SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+        tokenizer_sha256: "ab".repeat(32),
+        k: 8,
+        temperature: 1.0,
+    };
+    let path = dir.join("shard-00000.parquet");
+    let written = write_shard(&path, &meta, &rows(8)).unwrap();
+    assert!(written > 0 && !dir.join("shard-00000.parquet.tmp").exists());
+    let (m, back) = read_shard(&path).unwrap();
+    assert_eq!(m, meta);
+    assert_eq!(back, rows(8));
+    // A row whose lengths disagree with k is refused before anything is written.
+    let mut bad = rows(8);
+    bad[1].top_ids.pop();
+    let e = write_shard(&dir.join("bad.parquet"), &meta, &bad).unwrap_err().to_string();
+    assert!(e.contains("document 10 segment 1"), "{e}");
+    assert!(!dir.join("bad.parquet").exists());
+    // A Parquet file that is not a shard, and a truncated shard, are named.
+    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sonnet_snappy.parquet");
+    let e = read_shard(std::path::Path::new(corpus)).unwrap_err().to_string();
+    assert!(e.contains("no k3mini.schema_version metadata"), "{e}");
+    let bytes = std::fs::read(&path).unwrap();
+    let cut = dir.join("cut.parquet");
+    std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
+    let e = read_shard(&cut).unwrap_err().to_string();
+    assert!(e.contains("cut.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

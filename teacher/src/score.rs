@@ -1,0 +1,185 @@
+//! Scoring a corpus into teacher-signal shards, resumably.
+//!
+//! Documents are cut into segments of at most `seq_len` ids; shard `i` holds the segments of
+//! documents `[i·D, (i+1)·D)` (D = `docs_per_shard`), so a shard's contents depend only on its index.
+//! Each finished shard is written atomically and then recorded, with its SHA-256, in
+//! `manifest.json` (itself replaced atomically). A rerun checks the manifest against the job (same
+//! teacher, tokenizer, k, layout) and skips every shard whose file still has its recorded checksum:
+//! killing the scorer loses at most the shard in flight, never a finished one.
+
+use crate::{Teacher, TeacherError};
+use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST: &str = "manifest.json";
+
+/// What to score and where.
+#[derive(Clone, Debug)]
+pub struct ScoreJob {
+    pub out_dir: PathBuf,
+    pub meta: ShardMeta,
+    pub seq_len: usize,
+    pub docs_per_shard: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    pub index: usize,
+    pub file: String,
+    pub sha256: String,
+    pub docs: [usize; 2],
+    pub rows: usize,
+    /// Positions scored (ids − 1 per segment).
+    pub positions: usize,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    pub teacher: String,
+    pub tokenizer_sha256: String,
+    pub k: usize,
+    pub temperature: f32,
+    pub seq_len: usize,
+    pub docs_per_shard: usize,
+    pub documents: usize,
+    pub shards: Vec<ShardEntry>,
+}
+
+/// Progress after each shard (for a progress bar).
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreProgress {
+    pub shards_done: usize,
+    pub shards_total: usize,
+    /// Positions scored by this run (not counting skipped shards).
+    pub positions: usize,
+    pub skipped: usize,
+}
+
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
+    TeacherError::Load {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// The segments of one document: consecutive windows of at most `seq_len` ids (≥ 2 each).
+pub fn segments(doc: &[u32], seq_len: usize) -> impl Iterator<Item = &[u32]> {
+    doc.chunks(seq_len).filter(|s| s.len() >= 2)
+}
+
+fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), TeacherError> {
+    let path = dir.join(MANIFEST);
+    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    let text = serde_json::to_vec_pretty(m).expect("manifest serialises");
+    std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+}
+
+/// Scores `docs` into shards under `job.out_dir`, skipping shards a previous run finished.
+pub fn score_corpus(
+    teacher: &dyn Teacher,
+    docs: &[Vec<u32>],
+    job: &ScoreJob,
+    on_progress: &mut dyn FnMut(ScoreProgress),
+) -> Result<Manifest, TeacherError> {
+    let dir = &job.out_dir;
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let fresh = Manifest {
+        schema_version: SCHEMA_VERSION,
+        teacher: job.meta.teacher.clone(),
+        tokenizer_sha256: job.meta.tokenizer_sha256.clone(),
+        k: job.meta.k,
+        temperature: job.meta.temperature,
+        seq_len: job.seq_len,
+        docs_per_shard: job.docs_per_shard,
+        documents: docs.len(),
+        shards: Vec::new(),
+    };
+    let manifest_path = dir.join(MANIFEST);
+    let mut manifest = match std::fs::read(&manifest_path) {
+        Ok(bytes) => {
+            let old: Manifest = serde_json::from_slice(&bytes)
+                .map_err(|e| io(&manifest_path, format!("unreadable manifest: {e}")))?;
+            let same = Manifest {
+                shards: Vec::new(),
+                ..old.clone()
+            };
+            if same != fresh {
+                return Err(io(
+                    &manifest_path,
+                    "holds shards of a different job (teacher, tokenizer, k, temperature, seq_len, \
+                     docs_per_shard or corpus differ): choose another output directory",
+                ));
+            }
+            old
+        }
+        Err(_) => fresh,
+    };
+    let total = docs.len().div_ceil(job.docs_per_shard);
+    let mut progress = ScoreProgress {
+        shards_done: 0,
+        shards_total: total,
+        positions: 0,
+        skipped: 0,
+    };
+    for index in 0..total {
+        let file = format!("shard-{index:05}.parquet");
+        let path = dir.join(&file);
+        let finished = manifest.shards.iter().any(|e| {
+            e.index == index && sha256_file(&path).is_ok_and(|sum| sum == e.sha256)
+        });
+        if finished {
+            progress.shards_done += 1;
+            progress.skipped += 1;
+            on_progress(progress);
+            continue;
+        }
+        manifest.shards.retain(|e| e.index != index);
+        let range = [
+            index * job.docs_per_shard,
+            ((index + 1) * job.docs_per_shard).min(docs.len()),
+        ];
+        let mut rows = Vec::new();
+        for (doc_id, doc) in docs.iter().enumerate().take(range[1]).skip(range[0]) {
+            for (segment, ids) in segments(doc, job.seq_len).enumerate() {
+                let s = teacher.score(ids, job.meta.k)?;
+                rows.push(ShardRow {
+                    doc_id: doc_id as u64,
+                    segment: segment as u32,
+                    input_ids: s.ids,
+                    target_logprobs: s.target_logprobs,
+                    top_ids: s.top_ids,
+                    top_logprobs: s.top_logprobs,
+                });
+            }
+        }
+        let positions: usize = rows.iter().map(ShardRow::positions).sum();
+        let bytes = write_shard(&path, &job.meta, &rows)?;
+        manifest.shards.push(ShardEntry {
+            index,
+            file,
+            sha256: sha256_file(&path).map_err(|e| io(&path, e))?,
+            docs: range,
+            rows: rows.len(),
+            positions,
+            bytes,
+        });
+        manifest.shards.sort_by_key(|e| e.index);
+        write_manifest(dir, &manifest)?;
+        progress.shards_done += 1;
+        progress.positions += positions;
+        on_progress(progress);
+    }
+    write_manifest(dir, &manifest)?;
+    Ok(manifest)
+}
