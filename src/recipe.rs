@@ -28,6 +28,29 @@ pub struct Recipe {
     pub optim: OptimConfig,
     pub schedule: ScheduleConfig,
     pub train: TrainConfig,
+    /// The teacher whose signals `k3mini teacher score` writes into shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<TeacherConfig>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherConfig {
+    /// A built-in teacher (`smollm2`, fetched when missing) or a llama-architecture `.gguf`,
+    /// relative to the recipe.
+    pub model: String,
+    /// Top-k logprobs kept per position.
+    #[serde(default = "default_k")]
+    pub k: usize,
+    /// The temperature the signals describe (1 = the teacher's own distribution).
+    #[serde(default = "default_temperature")]
+    pub temperature: f32,
+    /// Segments (`data.seq_len` windows) per shard: a kill loses at most one shard of work.
+    #[serde(default = "default_segments_per_shard")]
+    pub segments_per_shard: usize,
+    /// Where shards go (default `<run out_dir>/shards`).
+    #[serde(default)]
+    pub shards_dir: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -196,6 +219,15 @@ fn default_checkpoint_every() -> usize {
 fn default_keep() -> usize {
     3
 }
+fn default_k() -> usize {
+    20
+}
+fn default_temperature() -> f32 {
+    1.0
+}
+fn default_segments_per_shard() -> usize {
+    32
+}
 fn default_max_bad() -> usize {
     5
 }
@@ -237,6 +269,22 @@ pub struct LoadedRecipe {
 }
 
 impl LoadedRecipe {
+    /// The recipe's tokenizer: a built-in vocabulary or a tokenizer.json (not `teacher`, which the
+    /// teacher supplies).
+    pub fn tokenizer(&self) -> Result<Tokenizer, k3mini_data::DataError> {
+        let spec = &self.recipe.data.tokenizer;
+        match Tokenizer::builtin(spec) {
+            Some(_) => Tokenizer::load(spec),
+            None => Tokenizer::load(&self.resolve_path(Path::new(spec)).display().to_string()),
+        }
+    }
+
+    /// Where `k3mini teacher score` writes this recipe's shards.
+    pub fn shards_dir(&self) -> Option<PathBuf> {
+        let t = self.recipe.teacher.as_ref()?;
+        Some(t.shards_dir.clone().unwrap_or_else(|| self.out_dir().join("shards")))
+    }
+
     /// Output directory of the run.
     pub fn out_dir(&self) -> PathBuf {
         self.recipe
@@ -329,7 +377,14 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
         }
     }
     let tokenizer = &loaded.recipe.data.tokenizer;
-    if Tokenizer::builtin(tokenizer).is_none()
+    if tokenizer == TEACHER_TOKENIZER {
+        if loaded.recipe.teacher.is_none() {
+            return Err(err(
+                "data.tokenizer",
+                "`teacher` needs a [teacher] table naming the teacher".into(),
+            ));
+        }
+    } else if Tokenizer::builtin(tokenizer).is_none()
         && !loaded.resolve_path(Path::new(tokenizer)).is_file()
     {
         return Err(err(
@@ -343,9 +398,23 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
     Ok(loaded)
 }
 
+/// `data.tokenizer = "teacher"`: use the teacher's own tokenizer (so the ids agree by construction).
+pub const TEACHER_TOKENIZER: &str = "teacher";
+
 /// Cross-field checks. Returns the accumulation factor, or `(key, message)`.
 fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> {
     let bad = |key: &str, message: String| Err((key.to_string(), message));
+    if let Some(t) = &r.teacher {
+        if t.k == 0 {
+            return bad("teacher.k", "must be positive".into());
+        }
+        if !(t.temperature > 0.0 && t.temperature.is_finite()) {
+            return bad("teacher.temperature", format!("must be positive, got {}", t.temperature));
+        }
+        if t.segments_per_shard == 0 {
+            return bad("teacher.segments_per_shard", "must be positive".into());
+        }
+    }
     let positive = [
         ("data.seq_len", r.data.seq_len),
         ("train.steps", r.train.steps),

@@ -6,6 +6,12 @@ use clap::Subcommand;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::local::LocalTeacher;
+use k3mini::train::trainer::tokenized_documents;
+use k3mini_data::shards::ShardMeta;
+use k3mini_teacher::score::{ScoreJob, score_corpus};
+use k3mini_teacher::server::serve;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use k3mini_teacher::{GenerateParams, Teacher, fetch};
 use std::path::{Path, PathBuf};
 
@@ -13,6 +19,28 @@ use std::path::{Path, PathBuf};
 pub enum TeacherCommand {
     /// Download a built-in teacher (`smollm2`) into the cache and print its path.
     Fetch { name: String },
+    /// Score a recipe's corpus with its [teacher] into Parquet shards (a rerun skips finished shards).
+    Score {
+        recipe: PathBuf,
+        /// Shard directory (default: the recipe's teacher.shards_dir, else <run out_dir>/shards).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Serve a local teacher over HTTP with vLLM's OpenAI-compatible surface (until Ctrl-C).
+    Serve {
+        /// A built-in teacher name (fetched if needed) or a llama-architecture .gguf.
+        teacher: String,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port (printed on the first line).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Threads accepting requests (the model runs one request at a time).
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+    },
     /// Ask a local teacher one chat question (greedy unless --temperature is set).
     Chat {
         /// A built-in teacher name (fetched if needed) or a llama-architecture .gguf.
@@ -42,6 +70,25 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
 
 pub fn run(cmd: TeacherCommand) -> Result<()> {
     match cmd {
+        TeacherCommand::Score { recipe, out, quiet } => score(&recipe, out, quiet),
+        TeacherCommand::Serve {
+            teacher,
+            host,
+            port,
+            threads,
+        } => {
+            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &Device::default())?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let on_ctrl_c = stop.clone();
+            ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
+            let name = t.name().to_string();
+            serve(Arc::new(t), &format!("{host}:{port}"), threads, stop, |addr| {
+                // The first line says where (scripts and tests read the port from it).
+                println!("listening on http://{addr} (model {name})");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            })?;
+            Ok(())
+        }
         TeacherCommand::Fetch { name } => {
             println!("{}", resolve(&name)?.display());
             Ok(())
@@ -81,4 +128,92 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
+    let recipe = k3mini::recipe::load(recipe_path)?;
+    let Some(tc) = &recipe.recipe.teacher else {
+        anyhow::bail!("{}: no [teacher] table to score with", recipe_path.display());
+    };
+    anyhow::ensure!(
+        tc.temperature == 1.0,
+        "teacher.temperature {}: the local teacher scores at temperature 1 (tempering from stored \
+         logprobs happens in the distillation loss)",
+        tc.temperature
+    );
+    let model = if fetch::known(&tc.model).is_some() {
+        resolve(&tc.model)?
+    } else {
+        resolve(&recipe.resolve_path(Path::new(&tc.model)).display().to_string())?
+    };
+    let teacher = LocalTeacher::from_gguf(&model, &Device::default())?;
+    let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
+        None
+    } else {
+        Some(recipe.tokenizer()?)
+    };
+    if let Some(student) = &tokenizer {
+        // The agreement probe: the shards' ids must mean the same strings to the student.
+        anyhow::ensure!(
+            student.fingerprint() == teacher.tokenizer.fingerprint(),
+            "{}: data.tokenizer ({}) and the teacher's tokenizer ({}) differ: the teacher's top-k ids \
+             would mean other tokens to the student. Use data.tokenizer = \"teacher\" \
+             (cross-tokenizer distillation is not supported yet).",
+            recipe_path.display(),
+            student.name(),
+            teacher.tokenizer.name()
+        );
+    }
+    let docs: Vec<Vec<u32>> =
+        tokenized_documents(&recipe, tokenizer.as_ref().unwrap_or(&teacher.tokenizer))?
+            .into_iter()
+            .map(|d| d.ids)
+            .collect();
+    let job = ScoreJob {
+        out_dir: out.or_else(|| recipe.shards_dir()).expect("a [teacher] recipe has a shard dir"),
+        meta: ShardMeta {
+            teacher: teacher.name().to_string(),
+            tokenizer_sha256: teacher.tokenizer.fingerprint(),
+            k: tc.k,
+            temperature: tc.temperature,
+        },
+        seq_len: recipe.recipe.data.seq_len,
+        segments_per_shard: tc.segments_per_shard,
+    };
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(0)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} segments  {msg}  [{elapsed} < {eta}]",
+        )
+        .expect("valid template"),
+    );
+    let started = std::time::Instant::now();
+    let manifest = score_corpus(&teacher, &docs, &job, &mut |p| {
+        bar.set_length(p.segments_total as u64);
+        bar.set_position(p.segments_done as u64);
+        bar.set_message(format!(
+            "shard {}/{}  {:.0} tokens/s  ({} shards skipped)",
+            p.shards_done,
+            p.shards_total,
+            p.positions as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            p.skipped
+        ));
+    })?;
+    bar.finish();
+    let positions: usize = manifest.shards.iter().map(|s| s.positions).sum();
+    let bytes: u64 = manifest.shards.iter().map(|s| s.bytes).sum();
+    println!(
+        "{} shards, {} documents, {positions} positions at k = {}: {:.1} MB, {:.1} bytes/token -> {}",
+        manifest.shards.len(),
+        manifest.documents,
+        manifest.k,
+        bytes as f64 / 1e6,
+        bytes as f64 / positions.max(1) as f64,
+        job.out_dir.display()
+    );
+    Ok(())
 }

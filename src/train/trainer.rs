@@ -271,16 +271,17 @@ fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
 /// Runs (or resumes) a recipe.
 pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary> {
     let r = &recipe.recipe;
+    if r.teacher.is_some() {
+        bail!(
+            "{}: this recipe names a [teacher]: `k3mini teacher score` writes its shards; training \
+             from them (distillation) arrives with the distillation issue. Plain training takes a \
+             recipe without [teacher].",
+            recipe.path.display()
+        );
+    }
     let out = opts.out_dir.clone().unwrap_or_else(|| recipe.out_dir());
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let tokenizer_spec = match Tokenizer::builtin(&r.data.tokenizer) {
-        Some(_) => r.data.tokenizer.clone(),
-        None => recipe
-            .resolve_path(Path::new(&r.data.tokenizer))
-            .display()
-            .to_string(),
-    };
-    let tokenizer = Tokenizer::load(&tokenizer_spec)?;
+    let tokenizer = recipe.tokenizer()?;
     if tokenizer.vocab_size() > recipe.model.vocab_size {
         bail!(
             "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",

@@ -3,11 +3,13 @@
 //! with per-token logprobs. [`local::LocalTeacher`] runs a llama-architecture GGUF in burn (the
 //! SmolLM2-135M-Instruct teacher CI and the quickstart use, fetched by [`fetch`]).
 
+pub mod client;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
 pub mod local;
 pub mod score;
+pub mod server;
 
 use std::path::PathBuf;
 
@@ -22,6 +24,9 @@ pub enum TeacherError {
     /// A request the teacher cannot serve (bad ids, too long, k too large).
     #[error("{0}")]
     Request(String),
+    /// A teacher server that failed, gave up, or answered something malformed.
+    #[error("teacher server: {0}")]
+    Server(String),
     #[error("fetch {name}: {message}")]
     Fetch { name: String, message: String },
 }

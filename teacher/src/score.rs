@@ -1,7 +1,8 @@
 //! Scoring a corpus into teacher-signal shards, resumably.
 //!
-//! Documents are cut into segments of at most `seq_len` ids; shard `i` holds the segments of
-//! documents `[i·D, (i+1)·D)` (D = `docs_per_shard`), so a shard's contents depend only on its index.
+//! Documents are cut into segments of at most `seq_len` ids, numbered in document order; shard `i`
+//! holds segments `[i·S, (i+1)·S)` (S = `segments_per_shard`), so a shard's contents depend only on
+//! its index and a kill loses at most S segments of work however long the documents are.
 //! Each finished shard is written atomically and then recorded, with its SHA-256, in
 //! `manifest.json` (itself replaced atomically). A rerun checks the manifest against the job (same
 //! teacher, tokenizer, k, layout) and skips every shard whose file still has its recorded checksum:
@@ -21,7 +22,7 @@ pub struct ScoreJob {
     pub out_dir: PathBuf,
     pub meta: ShardMeta,
     pub seq_len: usize,
-    pub docs_per_shard: usize,
+    pub segments_per_shard: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -29,7 +30,8 @@ pub struct ShardEntry {
     pub index: usize,
     pub file: String,
     pub sha256: String,
-    pub docs: [usize; 2],
+    /// The segment range `[start, end)` it holds.
+    pub segments: [usize; 2],
     pub rows: usize,
     /// Positions scored (ids − 1 per segment).
     pub positions: usize,
@@ -44,16 +46,20 @@ pub struct Manifest {
     pub k: usize,
     pub temperature: f32,
     pub seq_len: usize,
-    pub docs_per_shard: usize,
+    pub segments_per_shard: usize,
     pub documents: usize,
+    pub segments: usize,
     pub shards: Vec<ShardEntry>,
 }
 
-/// Progress after each shard (for a progress bar).
+/// Progress after each segment (for a progress bar).
 #[derive(Clone, Copy, Debug)]
 pub struct ScoreProgress {
     pub shards_done: usize,
     pub shards_total: usize,
+    /// Segments finished, skipped ones included.
+    pub segments_done: usize,
+    pub segments_total: usize,
     /// Positions scored by this run (not counting skipped shards).
     pub positions: usize,
     pub skipped: usize,
@@ -94,6 +100,11 @@ pub fn score_corpus(
 ) -> Result<Manifest, TeacherError> {
     let dir = &job.out_dir;
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let all: Vec<(usize, usize, &[u32])> = docs
+        .iter()
+        .enumerate()
+        .flat_map(|(d, doc)| segments(doc, job.seq_len).enumerate().map(move |(s, ids)| (d, s, ids)))
+        .collect();
     let fresh = Manifest {
         schema_version: SCHEMA_VERSION,
         teacher: job.meta.teacher.clone(),
@@ -101,8 +112,9 @@ pub fn score_corpus(
         k: job.meta.k,
         temperature: job.meta.temperature,
         seq_len: job.seq_len,
-        docs_per_shard: job.docs_per_shard,
+        segments_per_shard: job.segments_per_shard,
         documents: docs.len(),
+        segments: all.len(),
         shards: Vec::new(),
     };
     let manifest_path = dir.join(MANIFEST);
@@ -118,21 +130,24 @@ pub fn score_corpus(
                 return Err(io(
                     &manifest_path,
                     "holds shards of a different job (teacher, tokenizer, k, temperature, seq_len, \
-                     docs_per_shard or corpus differ): choose another output directory",
+                     segments_per_shard or corpus differ): choose another output directory",
                 ));
             }
             old
         }
         Err(_) => fresh,
     };
-    let total = docs.len().div_ceil(job.docs_per_shard);
+    let per = job.segments_per_shard;
+    let total = all.len().div_ceil(per);
     let mut progress = ScoreProgress {
         shards_done: 0,
         shards_total: total,
+        segments_done: 0,
+        segments_total: all.len(),
         positions: 0,
         skipped: 0,
     };
-    for index in 0..total {
+    for (index, chunk) in all.chunks(per).enumerate() {
         let file = format!("shard-{index:05}.parquet");
         let path = dir.join(&file);
         let finished = manifest.shards.iter().any(|e| {
@@ -140,28 +155,26 @@ pub fn score_corpus(
         });
         if finished {
             progress.shards_done += 1;
+            progress.segments_done += chunk.len();
             progress.skipped += 1;
             on_progress(progress);
             continue;
         }
         manifest.shards.retain(|e| e.index != index);
-        let range = [
-            index * job.docs_per_shard,
-            ((index + 1) * job.docs_per_shard).min(docs.len()),
-        ];
-        let mut rows = Vec::new();
-        for (doc_id, doc) in docs.iter().enumerate().take(range[1]).skip(range[0]) {
-            for (segment, ids) in segments(doc, job.seq_len).enumerate() {
-                let s = teacher.score(ids, job.meta.k)?;
-                rows.push(ShardRow {
-                    doc_id: doc_id as u64,
-                    segment: segment as u32,
-                    input_ids: s.ids,
-                    target_logprobs: s.target_logprobs,
-                    top_ids: s.top_ids,
-                    top_logprobs: s.top_logprobs,
-                });
-            }
+        let mut rows = Vec::with_capacity(chunk.len());
+        for &(doc_id, segment, ids) in chunk {
+            let s = teacher.score(ids, job.meta.k)?;
+            progress.segments_done += 1;
+            progress.positions += s.positions();
+            rows.push(ShardRow {
+                doc_id: doc_id as u64,
+                segment: segment as u32,
+                input_ids: s.ids,
+                target_logprobs: s.target_logprobs,
+                top_ids: s.top_ids,
+                top_logprobs: s.top_logprobs,
+            });
+            on_progress(progress);
         }
         let positions: usize = rows.iter().map(ShardRow::positions).sum();
         let bytes = write_shard(&path, &job.meta, &rows)?;
@@ -169,7 +182,7 @@ pub fn score_corpus(
             index,
             file,
             sha256: sha256_file(&path).map_err(|e| io(&path, e))?,
-            docs: range,
+            segments: [index * per, index * per + chunk.len()],
             rows: rows.len(),
             positions,
             bytes,
@@ -177,7 +190,6 @@ pub fn score_corpus(
         manifest.shards.sort_by_key(|e| e.index);
         write_manifest(dir, &manifest)?;
         progress.shards_done += 1;
-        progress.positions += positions;
         on_progress(progress);
     }
     write_manifest(dir, &manifest)?;

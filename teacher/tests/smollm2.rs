@@ -153,12 +153,11 @@ mod scoring {
                 temperature: 1.0,
             },
             seq_len: 6, // several segments per line
-            docs_per_shard: 2,
+            segments_per_shard: 4,
         };
         let segs: usize = docs.iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
-        let first_shard: usize = docs[..2].iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
         // Dies inside the second shard: the first is finished and recorded.
-        let dying = Dying { calls: AtomicUsize::new(0), fail_at: first_shard + 1 };
+        let dying = Dying { calls: AtomicUsize::new(0), fail_at: 5 };
         let e = score_corpus(&dying, &docs, &job, &mut |_| {}).unwrap_err().to_string();
         assert!(e.contains("connection reset"), "{e}");
         let manifest: serde_json::Value =
@@ -168,7 +167,7 @@ mod scoring {
         let mut last = None;
         let m = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
         let p = last.unwrap();
-        assert_eq!((p.shards_total, p.skipped), (3, 1));
+        assert_eq!((p.shards_total, p.skipped), (segs.div_ceil(4), 1));
         assert_eq!(m.shards.iter().map(|s| s.rows).sum::<usize>(), segs);
         // Shards hold exactly what the teacher says.
         let (meta, rows) = read_shard(&dir.join("shard-00002.parquet")).unwrap();
@@ -180,7 +179,7 @@ mod scoring {
         let bytes = std::fs::read(dir.join("shard-00001.parquet")).unwrap();
         std::fs::write(dir.join("shard-00001.parquet"), &bytes[..bytes.len() / 2]).unwrap();
         let m2 = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
-        assert_eq!(last.unwrap().skipped, 2);
+        assert_eq!(last.unwrap().skipped, segs.div_ceil(4) - 1);
         assert_eq!(m2, m, "rescoring reproduces the shard byte for byte");
         let other = ScoreJob { meta: ShardMeta { k: 4, ..job.meta.clone() }, ..job.clone() };
         let e = score_corpus(t, &docs, &other, &mut |_| {}).unwrap_err().to_string();

@@ -1,0 +1,290 @@
+//! A teacher behind an HTTP server with vLLM's OpenAI-compatible surface (vLLM itself, or
+//! `k3mini teacher serve`).
+//!
+//! Scoring a fixed sequence: `POST /v1/completions {"prompt": ids, "max_tokens": 1,
+//! "prompt_logprobs": k, "temperature": 0}`; `choices[0].prompt_logprobs` is `[null, {"<id>":
+//! {"logprob", "rank"}}, …]` with the actual token always present (so up to k + 1 entries).
+//! Generation: `logprobs: k` with `return_token_ids` and `return_tokens_as_token_ids`.
+//!
+//! Requests go round-robin over the endpoints; a connection error, a timeout, 429 or a 5xx is
+//! retried on the next endpoint after an exponential backoff with jitter; a malformed response (a
+//! missing position, an id outside the vocabulary, the actual token absent) is an error naming
+//! what is wrong, never a silently wrong shard.
+
+use crate::{FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, top_k};
+use k3mini_data::pack::splitmix64;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub timeout: Duration,
+    /// Attempts after the first.
+    pub retries: usize,
+    /// First backoff; doubles per retry (with up to 50% jitter).
+    pub backoff: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(600),
+            retries: 5,
+            backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+pub struct HttpTeacher {
+    endpoints: Vec<String>,
+    model: String,
+    vocab_size: usize,
+    agent: ureq::Agent,
+    opts: ClientOptions,
+    next: AtomicUsize,
+    jitter: AtomicU64,
+}
+
+fn server_err(message: impl Into<String>) -> TeacherError {
+    TeacherError::Server(message.into())
+}
+
+impl HttpTeacher {
+    /// Connects to `endpoints` (`http://host:port`), asking the first that answers for its model.
+    /// `vocab_size` is the student's (the ids the server returns must fall inside it).
+    pub fn connect(
+        endpoints: &[String],
+        vocab_size: usize,
+        opts: ClientOptions,
+    ) -> Result<Self, TeacherError> {
+        if endpoints.is_empty() {
+            return Err(server_err("no teacher endpoints given"));
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(opts.timeout))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut t = Self {
+            endpoints: endpoints.iter().map(|e| e.trim_end_matches('/').to_string()).collect(),
+            model: String::new(),
+            vocab_size,
+            agent,
+            opts,
+            next: AtomicUsize::new(0),
+            jitter: AtomicU64::new(0x9E37_79B9),
+        };
+        let models = t.request("GET", "/v1/models", None)?;
+        t.model = models["data"][0]["id"]
+            .as_str()
+            .ok_or_else(|| server_err(format!("/v1/models lists no model: {models}")))?
+            .to_string();
+        Ok(t)
+    }
+
+    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, TeacherError> {
+        let mut last = String::new();
+        let mut delay = self.opts.backoff;
+        for attempt in 0..=self.opts.retries {
+            if attempt > 0 {
+                let mut s = self.jitter.fetch_add(1, Ordering::Relaxed);
+                let jitter = 1.0 + (splitmix64(&mut s) % 1000) as f64 / 2000.0;
+                std::thread::sleep(delay.mul_f64(jitter));
+                delay *= 2;
+            }
+            let endpoint = &self.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()];
+            let url = format!("{endpoint}{path}");
+            let sent = match body {
+                Some(b) => self
+                    .agent
+                    .post(&url)
+                    .header("Content-Type", "application/json")
+                    .send(b.to_string()),
+                None if method == "GET" => self.agent.get(&url).call(),
+                None => self.agent.post(&url).send_empty(),
+            };
+            let mut response = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    last = format!("{url}: {e}");
+                    continue;
+                }
+            };
+            let status = response.status().as_u16();
+            let text = response
+                .body_mut()
+                .with_config()
+                .limit(1 << 30)
+                .read_to_string()
+                .map_err(|e| server_err(format!("{url}: reading the response: {e}")));
+            let text = match text {
+                Ok(t) => t,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            if status == 429 || status >= 500 {
+                last = format!("{url}: HTTP {status}: {}", text.chars().take(300).collect::<String>());
+                continue;
+            }
+            if status != 200 {
+                return Err(server_err(format!("{url}: HTTP {status}: {}", text.chars().take(500).collect::<String>())));
+            }
+            return serde_json::from_str(&text)
+                .map_err(|e| server_err(format!("{url}: the response is not JSON: {e}")));
+        }
+        Err(server_err(format!(
+            "giving up after {} attempts; last: {last}",
+            self.opts.retries + 1
+        )))
+    }
+
+    fn check_id(&self, id: u64, what: &str) -> Result<u32, TeacherError> {
+        if id as usize >= self.vocab_size {
+            return Err(server_err(format!(
+                "{what}: id {id} is outside the vocabulary of {} (teacher and student vocabularies differ?)",
+                self.vocab_size
+            )));
+        }
+        Ok(id as u32)
+    }
+}
+
+impl Teacher for HttpTeacher {
+    fn name(&self) -> &str {
+        &self.model
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+        if ids.len() < 2 {
+            return Err(TeacherError::Request("scoring needs 2 or more tokens".into()));
+        }
+        let body = json!({"model": self.model, "prompt": ids, "max_tokens": 1,
+                          "prompt_logprobs": k, "temperature": 0});
+        let v = self.request("POST", "/v1/completions", Some(&body))?;
+        let entries = v["choices"][0]["prompt_logprobs"]
+            .as_array()
+            .ok_or_else(|| server_err("the response has no choices[0].prompt_logprobs"))?;
+        if entries.len() != ids.len() {
+            return Err(server_err(format!(
+                "prompt_logprobs has {} entries for {} tokens",
+                entries.len(),
+                ids.len()
+            )));
+        }
+        let n = ids.len() - 1;
+        let mut out = Scored {
+            ids: ids.to_vec(),
+            k,
+            target_logprobs: Vec::with_capacity(n),
+            top_ids: Vec::with_capacity(n * k),
+            top_logprobs: Vec::with_capacity(n * k),
+        };
+        for (pos, entry) in entries[1..].iter().enumerate() {
+            let what = format!("prompt_logprobs[{}]", pos + 1);
+            let map = entry
+                .as_object()
+                .ok_or_else(|| server_err(format!("{what} is not an object")))?;
+            let mut row = Vec::with_capacity(map.len());
+            for (key, val) in map {
+                let id = key
+                    .parse::<u64>()
+                    .map_err(|_| server_err(format!("{what}: key {key:?} is not a token id")))?;
+                let lp = val["logprob"]
+                    .as_f64()
+                    .ok_or_else(|| server_err(format!("{what}[{key}] has no logprob")))?;
+                row.push((self.check_id(id, &what)?, lp as f32));
+            }
+            if row.len() < k {
+                return Err(server_err(format!("{what} holds {} entries, fewer than k = {k}", row.len())));
+            }
+            let target = ids[pos + 1];
+            let target_lp = row
+                .iter()
+                .find(|(id, _)| *id == target)
+                .map(|(_, lp)| *lp)
+                .ok_or_else(|| server_err(format!("{what} lacks the actual token {target}")))?;
+            // The top k of the (k or k + 1) entries, by logprob then id.
+            row.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            out.target_logprobs.push(target_lp);
+            for &(id, lp) in &row[..k] {
+                out.top_ids.push(id);
+                out.top_logprobs.push(lp);
+            }
+        }
+        Ok(out)
+    }
+
+    fn generate(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+        let mut body = json!({"model": self.model, "prompt": prompt, "max_tokens": params.max_tokens,
+            "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+            "stop_token_ids": params.stop, "ignore_eos": true,
+            "return_token_ids": true, "return_tokens_as_token_ids": true});
+        // Every generated token's logprob is wanted, even without a top-k.
+        body["logprobs"] = json!(params.logprobs.max(1));
+        let v = self.request("POST", "/v1/completions", Some(&body))?;
+        let choice = &v["choices"][0];
+        let ids = choice["token_ids"]
+            .as_array()
+            .ok_or_else(|| server_err("the response has no choices[0].token_ids (return_token_ids)"))?
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .ok_or_else(|| server_err("token_ids holds a non-integer"))
+                    .and_then(|id| self.check_id(id, "token_ids"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let k = params.logprobs;
+        let mut g = Generation {
+            logprobs: Vec::with_capacity(ids.len()),
+            k,
+            top_ids: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish: match choice["finish_reason"].as_str() {
+                Some("stop") => FinishReason::Stop,
+                _ => FinishReason::Length,
+            },
+            ids,
+        };
+        let lp = &choice["logprobs"];
+        let (Some(lps), Some(tops)) = (lp["token_logprobs"].as_array(), lp["top_logprobs"].as_array())
+        else {
+            return Err(server_err("the response has no logprobs.token_logprobs/top_logprobs"));
+        };
+        if lps.len() != g.ids.len() || tops.len() != g.ids.len() {
+            return Err(server_err("logprobs do not cover every generated token"));
+        }
+        for (i, top) in tops.iter().enumerate() {
+            g.logprobs.push(lps[i].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+            if k == 0 {
+                continue;
+            }
+            let map = top
+                .as_object()
+                .ok_or_else(|| server_err("a top_logprobs entry is not an object"))?;
+            let (mut ids, mut row) = (Vec::new(), Vec::new());
+            for (key, val) in map {
+                let id = key
+                    .strip_prefix("token_id:")
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| server_err(format!("top_logprobs key {key:?} is not token_id:N")))?;
+                ids.push(self.check_id(id, "top_logprobs")?);
+                row.push(val.as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+            }
+            if ids.len() < k {
+                return Err(server_err(format!("top_logprobs[{i}] holds fewer than k = {k} entries")));
+            }
+            for (r, v) in top_k(&row, k) {
+                g.top_ids.push(ids[r as usize]);
+                g.top_logprobs.push(v);
+            }
+        }
+        Ok(g)
+    }
+}

@@ -1,0 +1,415 @@
+//! `k3mini teacher serve`: a local teacher behind the vLLM-compatible OpenAI surface, so every
+//! client k3mini has (and any OpenAI-style tool) can talk to it.
+//!
+//! - `GET /health`, `GET /v1/models`
+//! - `POST /v1/completions`: `prompt` (text or token ids), `max_tokens` (default 16, 0 allowed with
+//!   `echo`), `temperature`, `top_p`, `seed`, `stop_token_ids`, `ignore_eos`; `logprobs: K` (top-K
+//!   per generated token, OpenAI legacy shape), `echo` (with `logprobs`: the prompt's tokens and
+//!   logprobs first, the first one `null`), `prompt_logprobs: K` (vLLM shape: `[null, {"<id>":
+//!   {"logprob", "rank", "decoded_token"}}, …]`, the actual token always included),
+//!   `return_token_ids`, `return_tokens_as_token_ids` (`"token_id:123"` keys).
+//! - `POST /v1/chat/completions`: `messages` (ChatML), `max_tokens`, `temperature`, `logprobs`,
+//!   `top_logprobs`.
+//!
+//! Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) with
+//! status 400/404/405; a failure inside the model is a 500 with the reason. Requests are served by
+//! a pool of threads; the model runs one request at a time (it uses every core already).
+
+use crate::local::LocalTeacher;
+use crate::{FinishReason, GenerateParams, Teacher, TeacherError};
+use k3mini_data::ChatFormat;
+use k3mini_data::chat::{Message, render};
+use serde_json::{Value, json};
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Largest `logprobs` / `prompt_logprobs` / `top_logprobs` accepted (vLLM's `--max-logprobs`).
+pub const MAX_LOGPROBS: usize = 1000;
+const MAX_BODY: u64 = 64 << 20;
+
+/// An OpenAI-style error.
+struct ApiError {
+    status: u16,
+    message: String,
+    param: Option<&'static str>,
+}
+
+fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status: 400,
+        message: message.into(),
+        param: Some(param),
+    }
+}
+
+impl From<TeacherError> for ApiError {
+    fn from(e: TeacherError) -> Self {
+        let status = if matches!(e, TeacherError::Request(_)) { 400 } else { 500 };
+        ApiError {
+            status,
+            message: e.to_string(),
+            param: None,
+        }
+    }
+}
+
+impl ApiError {
+    fn body(&self) -> Value {
+        let kind = if self.status >= 500 { "internal_server_error" } else { "invalid_request_error" };
+        json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}})
+    }
+}
+
+struct State {
+    teacher: Arc<LocalTeacher>,
+    /// One forward pass at a time.
+    compute: Mutex<()>,
+    created: u64,
+}
+
+/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one).
+pub fn serve(
+    teacher: Arc<LocalTeacher>,
+    addr: &str,
+    threads: usize,
+    stop: Arc<AtomicBool>,
+    ready: impl FnOnce(std::net::SocketAddr),
+) -> Result<(), TeacherError> {
+    let server = tiny_http::Server::http(addr)
+        .map_err(|e| TeacherError::Request(format!("cannot listen on {addr}: {e}")))?;
+    let local = server
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| TeacherError::Request(format!("{addr} is not an IP address")))?;
+    let server = Arc::new(server);
+    let state = Arc::new(State {
+        teacher,
+        compute: Mutex::new(()),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    ready(local);
+    let workers: Vec<_> = (0..threads.max(1))
+        .map(|_| {
+            let (server, state, stop) = (server.clone(), state.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    match server.recv_timeout(Duration::from_millis(200)) {
+                        Ok(Some(request)) => handle(&state, request),
+                        Ok(None) => {}
+                        Err(_) => break,
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
+    }
+    Ok(())
+}
+
+fn handle(state: &State, mut request: tiny_http::Request) {
+    let method = request.method().clone();
+    let url = request.url().split('?').next().unwrap_or("").to_string();
+    let mut body = String::new();
+    let read = request
+        .as_reader()
+        .take(MAX_BODY)
+        .read_to_string(&mut body)
+        .map_err(|e| bad("body", format!("unreadable request body: {e}")));
+    let result = read.and_then(|_| route(state, &method, &url, &body));
+    let (status, value) = match result {
+        Ok(v) => (200, v),
+        Err(e) => (e.status, e.body()),
+    };
+    let response = tiny_http::Response::from_string(value.to_string())
+        .with_status_code(status)
+        .with_header(
+            tiny_http::Header::from_bytes("Content-Type", "application/json").expect("valid header"),
+        );
+    let _ = request.respond(response);
+}
+
+fn route(state: &State, method: &tiny_http::Method, url: &str, body: &str) -> Result<Value, ApiError> {
+    use tiny_http::Method::{Get, Post};
+    let name = state.teacher.name();
+    match (method, url) {
+        (Get, "/health") => Ok(json!({"status": "ok"})),
+        (Get, "/v1/models") => Ok(json!({"object": "list", "data": [{
+            "id": name, "object": "model", "created": state.created, "owned_by": "k3mini",
+            "max_model_len": state.teacher.model.config.context_length}]})),
+        (Post, "/v1/completions") => completions(state, &parse(body)?),
+        (Post, "/v1/chat/completions") => chat(state, &parse(body)?),
+        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => Err(ApiError {
+            status: 405,
+            message: format!("{method} is not allowed on {url}"),
+            param: None,
+        }),
+        _ => Err(ApiError {
+            status: 404,
+            message: format!("no route {url}"),
+            param: None,
+        }),
+    }
+}
+
+fn parse(body: &str) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_str(body).map_err(|e| bad("body", format!("invalid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(bad("body", "the request must be a JSON object"));
+    }
+    Ok(v)
+}
+
+fn uint(req: &Value, key: &'static str, default: usize) -> Result<usize, ApiError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .map(|x| x as usize)
+            .ok_or_else(|| bad(key, format!("`{key}` must be a non-negative integer"))),
+    }
+}
+
+fn float(req: &Value, key: &'static str, default: f32) -> Result<f32, ApiError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .map(|x| x as f32)
+            .ok_or_else(|| bad(key, format!("`{key}` must be a number"))),
+    }
+}
+
+fn flag(req: &Value, key: &'static str) -> Result<bool, ApiError> {
+    match req.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(bad(key, format!("`{key}` must be a boolean"))),
+    }
+}
+
+/// `logprobs`-style counts: absent or null = none; capped at [`MAX_LOGPROBS`].
+fn count(req: &Value, key: &'static str) -> Result<Option<usize>, ApiError> {
+    if req.get(key).is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    let k = uint(req, key, 0)?;
+    if k > MAX_LOGPROBS {
+        return Err(bad(key, format!("`{key}` = {k} exceeds the maximum {MAX_LOGPROBS}")));
+    }
+    Ok(Some(k))
+}
+
+/// The prompt as ids: a string (tokenized, special tokens recognised) or a list of ids.
+fn prompt_ids(state: &State, req: &Value) -> Result<Vec<u32>, ApiError> {
+    let ids = match req.get("prompt") {
+        Some(Value::String(s)) => state
+            .teacher
+            .tokenizer
+            .encode(s)
+            .map_err(|e| bad("prompt", e.to_string()))?,
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
+            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
+        }
+        Some(Value::Array(_)) => {
+            return Err(bad("prompt", "a prompt list must hold token ids (one prompt per request)"));
+        }
+        _ => return Err(bad("prompt", "`prompt` must be a string or a list of token ids")),
+    };
+    if ids.is_empty() {
+        return Err(bad("prompt", "the prompt is empty"));
+    }
+    Ok(ids)
+}
+
+/// A token as the response names it: its text, or `token_id:N`.
+fn token_key(state: &State, id: u32, as_ids: bool) -> String {
+    if as_ids {
+        format!("token_id:{id}")
+    } else {
+        state.teacher.tokenizer.decode(&[id]).unwrap_or_default()
+    }
+}
+
+fn params(state: &State, req: &Value, default_max: usize) -> Result<GenerateParams, ApiError> {
+    let mut stop: Vec<u32> = match req.get("stop_token_ids") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
+            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
+        }
+        Some(_) => return Err(bad("stop_token_ids", "`stop_token_ids` must be a list of ids")),
+    };
+    if !flag(req, "ignore_eos")? {
+        stop.extend(state.teacher.meta.eos);
+    }
+    let temperature = float(req, "temperature", 1.0)?;
+    let top_p = float(req, "top_p", 1.0)?;
+    if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(bad("temperature", "temperature must be ≥ 0 and top_p in (0, 1]"));
+    }
+    Ok(GenerateParams {
+        max_tokens: uint(req, "max_tokens", default_max)?,
+        temperature,
+        top_p,
+        seed: uint(req, "seed", 0)? as u64,
+        logprobs: 0,
+        stop,
+    })
+}
+
+fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let ids = prompt_ids(state, req)?;
+    let mut p = params(state, req, 16)?;
+    let logprobs = count(req, "logprobs")?;
+    let prompt_logprobs = count(req, "prompt_logprobs")?;
+    let echo = flag(req, "echo")?;
+    let as_ids = flag(req, "return_tokens_as_token_ids")?;
+    p.logprobs = logprobs.unwrap_or(0);
+    let t = &state.teacher;
+    let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+    // Prompt scoring (for echo + logprobs and for prompt_logprobs) over the whole prompt.
+    let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
+    let scored = match want_prompt {
+        Some(k) if ids.len() >= 2 => Some(t.score(&ids, k.max(1))?),
+        _ => None,
+    };
+    let generated = if p.max_tokens > 0 {
+        Some(t.generate(&ids, &p)?)
+    } else {
+        None
+    };
+    drop(_guard);
+    let tok = |id: u32| token_key(state, id, as_ids);
+    let text = |ids: &[u32]| t.tokenizer.decode(ids).unwrap_or_default();
+    let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
+    let mut choice = json!({
+        "index": 0,
+        "text": if echo { text(&ids) + &text(&out_ids) } else { text(&out_ids) },
+        "finish_reason": match generated.as_ref().map(|g| g.finish) {
+            Some(FinishReason::Stop) => "stop",
+            _ => "length",
+        },
+        "logprobs": Value::Null,
+    });
+    if let (Some(k), Some(s)) = (prompt_logprobs, &scored) {
+        // vLLM: position 0 has no distribution; each entry holds the top-k and the actual token.
+        let mut entries = vec![Value::Null];
+        for pos in 0..s.positions() {
+            let mut m = serde_json::Map::new();
+            let actual = s.ids[pos + 1];
+            for r in 0..k.max(1).min(s.k) {
+                let (id, lp) = (s.top_ids[pos * s.k + r], s.top_logprobs[pos * s.k + r]);
+                m.insert(id.to_string(), json!({"logprob": lp, "rank": r + 1, "decoded_token": tok(id)}));
+            }
+            if !m.contains_key(&actual.to_string()) {
+                let lp = s.target_logprobs[pos];
+                let rank = 1 + s.top_logprobs[pos * s.k..(pos + 1) * s.k].iter().filter(|&&x| x > lp).count();
+                m.insert(actual.to_string(), json!({"logprob": lp, "rank": rank, "decoded_token": tok(actual)}));
+            }
+            entries.push(Value::Object(m));
+        }
+        choice["prompt_logprobs"] = Value::Array(entries);
+    }
+    if let Some(k) = logprobs {
+        let top_map = |ids: &[u32], lps: &[f32]| -> Value {
+            let mut m = serde_json::Map::new();
+            for (id, lp) in ids.iter().zip(lps).take(k) {
+                m.insert(tok(*id), json!(lp));
+            }
+            Value::Object(m)
+        };
+        let (mut tokens, mut token_logprobs, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+        if echo {
+            tokens.push(json!(tok(ids[0])));
+            token_logprobs.push(Value::Null);
+            tops.push(Value::Null);
+            if let Some(s) = &scored {
+                for pos in 0..s.positions() {
+                    tokens.push(json!(tok(s.ids[pos + 1])));
+                    token_logprobs.push(json!(s.target_logprobs[pos]));
+                    let r = pos * s.k..(pos + 1) * s.k;
+                    tops.push(top_map(&s.top_ids[r.clone()], &s.top_logprobs[r]));
+                }
+            }
+        }
+        if let Some(g) = &generated {
+            for (i, id) in g.ids.iter().enumerate() {
+                tokens.push(json!(tok(*id)));
+                token_logprobs.push(json!(g.logprobs[i]));
+                let r = i * g.k..(i + 1) * g.k;
+                tops.push(top_map(&g.top_ids[r.clone()], &g.top_logprobs[r]));
+            }
+        }
+        choice["logprobs"] = json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops});
+    }
+    if flag(req, "return_token_ids")? {
+        choice["prompt_token_ids"] = json!(ids);
+        choice["token_ids"] = json!(out_ids);
+    }
+    Ok(json!({
+        "id": format!("cmpl-{}", state.created),
+        "object": "text_completion",
+        "created": state.created,
+        "model": t.name(),
+        "choices": [choice],
+        "usage": {"prompt_tokens": ids.len(), "completion_tokens": out_ids.len(),
+                  "total_tokens": ids.len() + out_ids.len()},
+    }))
+}
+
+fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let messages: Vec<Message> = serde_json::from_value(req.get("messages").cloned().unwrap_or(Value::Null))
+        .map_err(|e| bad("messages", format!("`messages` must be a list of {{role, content}}: {e}")))?;
+    let rendered = render(&messages, ChatFormat::Chatml, true).map_err(|e| bad("messages", e))?;
+    let t = &state.teacher;
+    let (ids, _) = rendered.encode(&t.tokenizer).map_err(|e| bad("messages", e.to_string()))?;
+    let mut p = params(state, req, 256)?;
+    let want = flag(req, "logprobs")?;
+    let top = count(req, "top_logprobs")?.unwrap_or(0);
+    if top > 0 && !want {
+        return Err(bad("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    p.logprobs = top;
+    let g = {
+        let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+        t.generate(&ids, &p)?
+    };
+    let content_ids: Vec<u32> = g.ids.iter().copied().filter(|id| !p.stop.contains(id)).collect();
+    let mut choice = json!({
+        "index": 0,
+        "message": {"role": "assistant", "content": t.tokenizer.decode(&content_ids).unwrap_or_default()},
+        "finish_reason": if g.finish == FinishReason::Stop { "stop" } else { "length" },
+        "logprobs": Value::Null,
+    });
+    if want {
+        let content: Vec<Value> = g
+            .ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let tops: Vec<Value> = (0..g.k)
+                    .map(|r| {
+                        let tid = g.top_ids[i * g.k + r];
+                        json!({"token": token_key(state, tid, false), "logprob": g.top_logprobs[i * g.k + r]})
+                    })
+                    .collect();
+                json!({"token": token_key(state, id, false), "logprob": g.logprobs[i], "top_logprobs": tops})
+            })
+            .collect();
+        choice["logprobs"] = json!({"content": content});
+    }
+    Ok(json!({
+        "id": format!("chatcmpl-{}", state.created),
+        "object": "chat.completion",
+        "created": state.created,
+        "model": t.name(),
+        "choices": [choice],
+        "usage": {"prompt_tokens": ids.len(), "completion_tokens": g.ids.len(),
+                  "total_tokens": ids.len() + g.ids.len()},
+    }))
+}
