@@ -2,7 +2,7 @@
 //! generations equal the in-process teacher's to the bit; bad requests get OpenAI-style errors and
 //! the server keeps serving; a dead endpoint in the list is retried past.
 use burn::tensor::Device;
-use k3mini_teacher::client::{ClientOptions, HttpTeacher};
+use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::{GenerateParams, Teacher, fetch};
 use serde_json::{Value, json};
@@ -63,16 +63,20 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     // A dead endpoint first: round-robin moves past it after a short backoff.
     let endpoints = ["http://127.0.0.1:9".to_string(), server.url.clone()];
     let opts = ClientOptions {
+        api: Api::Vllm,
         timeout: Duration::from_secs(120),
         retries: 3,
         backoff: Duration::from_millis(10),
     };
-    let remote = HttpTeacher::connect(&endpoints, 49152, opts).unwrap();
+    let remote = HttpTeacher::connect(&endpoints, 49152, opts.clone()).unwrap();
+    let sglang = HttpTeacher::connect(&[server.url.clone()], 49152, ClientOptions { api: Api::Sglang, ..opts })
+        .unwrap();
     assert_eq!(remote.name(), "SmolLM2-135M-Instruct.Q4_1.gguf");
 
     let ids = local.tokenizer.encode("The capital of France is Paris. It is known for").unwrap();
     let (a, b) = (local.score(&ids, 20).unwrap(), remote.score(&ids, 20).unwrap());
     assert_eq!(a, b, "prompt_logprobs through HTTP are the teacher's, to the bit");
+    assert_eq!(a, sglang.score(&ids, 20).unwrap(), "and SGLang's input_top_logprobs");
 
     let params = GenerateParams {
         max_tokens: 8,
@@ -82,7 +86,9 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         stop: vec![2],
         ..Default::default()
     };
-    assert_eq!(local.generate(&ids, &params).unwrap(), remote.generate(&ids, &params).unwrap());
+    let want = local.generate(&ids, &params).unwrap();
+    assert_eq!(want, remote.generate(&ids, &params).unwrap());
+    assert_eq!(want, sglang.generate(&ids, &params).unwrap());
 
     // OpenAI legacy echo: the prompt's logprobs come back with the first one null.
     let body = json!({"prompt": "Hello world, hello", "echo": true, "logprobs": 3, "max_tokens": 0});

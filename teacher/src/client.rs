@@ -1,10 +1,15 @@
-//! A teacher behind an HTTP server with vLLM's OpenAI-compatible surface (vLLM itself, or
-//! `k3mini teacher serve`).
+//! A teacher behind an HTTP server: vLLM's OpenAI-compatible surface or SGLang's native API (both
+//! served by `k3mini teacher serve` too).
 //!
-//! Scoring a fixed sequence: `POST /v1/completions {"prompt": ids, "max_tokens": 1,
+//! vLLM. Scoring a fixed sequence: `POST /v1/completions {"prompt": ids, "max_tokens": 1,
 //! "prompt_logprobs": k, "temperature": 0}`; `choices[0].prompt_logprobs` is `[null, {"<id>":
 //! {"logprob", "rank"}}, …]` with the actual token always present (so up to k + 1 entries).
 //! Generation: `logprobs: k` with `return_token_ids` and `return_tokens_as_token_ids`.
+//!
+//! SGLang. `POST /generate {"input_ids", "sampling_params": {"max_new_tokens"}, "return_logprob":
+//! true, "logprob_start_len": 0, "top_logprobs_num": k}`; `meta_info.input_token_logprobs` and
+//! `input_top_logprobs` hold `[logprob, id, text|null]` per position (none for position 0),
+//! `output_token_logprobs` / `output_top_logprobs` likewise for generated tokens.
 //!
 //! Requests go round-robin over the endpoints; a connection error, a timeout, 429 or a 5xx is
 //! retried on the next endpoint after an exponential backoff with jitter; a malformed response (a
@@ -17,8 +22,17 @@ use serde_json::{Value, json};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Which server API to speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    Vllm,
+    Sglang,
+}
+
 #[derive(Clone, Debug)]
 pub struct ClientOptions {
+    pub api: Api,
     pub timeout: Duration,
     /// Attempts after the first.
     pub retries: usize,
@@ -29,6 +43,7 @@ pub struct ClientOptions {
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
+            api: Api::Vllm,
             timeout: Duration::from_secs(600),
             retries: 5,
             backoff: Duration::from_millis(500),
@@ -44,6 +59,15 @@ pub struct HttpTeacher {
     opts: ClientOptions,
     next: AtomicUsize,
     jitter: AtomicU64,
+}
+
+/// Appends the `k` best of `entries` (by logprob, ties by id) to `ids` / `logprobs`.
+fn push_top(mut entries: Vec<(u32, f32)>, k: usize, ids: &mut Vec<u32>, logprobs: &mut Vec<f32>) {
+    entries.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (id, lp) in entries.into_iter().take(k) {
+        ids.push(id);
+        logprobs.push(lp);
+    }
 }
 
 fn server_err(message: impl Into<String>) -> TeacherError {
@@ -165,6 +189,22 @@ impl Teacher for HttpTeacher {
         if ids.len() < 2 {
             return Err(TeacherError::Request("scoring needs 2 or more tokens".into()));
         }
+        match self.opts.api {
+            Api::Vllm => self.score_vllm(ids, k),
+            Api::Sglang => self.score_sglang(ids, k),
+        }
+    }
+
+    fn generate(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+        match self.opts.api {
+            Api::Vllm => self.generate_vllm(prompt, params),
+            Api::Sglang => self.generate_sglang(prompt, params),
+        }
+    }
+}
+
+impl HttpTeacher {
+    fn score_vllm(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
         let body = json!({"model": self.model, "prompt": ids, "max_tokens": 1,
                           "prompt_logprobs": k, "temperature": 0});
         let v = self.request("POST", "/v1/completions", Some(&body))?;
@@ -210,18 +250,14 @@ impl Teacher for HttpTeacher {
                 .find(|(id, _)| *id == target)
                 .map(|(_, lp)| *lp)
                 .ok_or_else(|| server_err(format!("{what} lacks the actual token {target}")))?;
-            // The top k of the (k or k + 1) entries, by logprob then id.
-            row.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             out.target_logprobs.push(target_lp);
-            for &(id, lp) in &row[..k] {
-                out.top_ids.push(id);
-                out.top_logprobs.push(lp);
-            }
+            // The top k of the (k or k + 1) entries.
+            push_top(row, k, &mut out.top_ids, &mut out.top_logprobs);
         }
         Ok(out)
     }
 
-    fn generate(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+    fn generate_vllm(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
         let mut body = json!({"model": self.model, "prompt": prompt, "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
             "stop_token_ids": params.stop, "ignore_eos": true,
@@ -283,6 +319,111 @@ impl Teacher for HttpTeacher {
             for (r, v) in top_k(&row, k) {
                 g.top_ids.push(ids[r as usize]);
                 g.top_logprobs.push(v);
+            }
+        }
+        Ok(g)
+    }
+}
+
+/// `[logprob, id, text]` → `(id, logprob)`; a null logprob is an error naming `what`.
+fn sglang_entry(v: &Value, what: &str) -> Result<(u64, f32), TeacherError> {
+    let (lp, id) = (v[0].as_f64(), v[1].as_u64());
+    match (lp, id) {
+        (Some(lp), Some(id)) => Ok((id, lp as f32)),
+        _ => Err(server_err(format!("{what}: {v} is not [logprob, id, text]"))),
+    }
+}
+
+impl HttpTeacher {
+    /// A list of `[logprob, id, text]` as checked `(id, logprob)` pairs.
+    fn sglang_row(&self, row: &[Value], what: &str) -> Result<Vec<(u32, f32)>, TeacherError> {
+        row.iter()
+            .map(|e| {
+                let (id, lp) = sglang_entry(e, what)?;
+                Ok((self.check_id(id, what)?, lp))
+            })
+            .collect()
+    }
+
+    fn score_sglang(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+        let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
+                          "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": k});
+        let v = self.request("POST", "/generate", Some(&body))?;
+        let meta = &v["meta_info"];
+        let (Some(input), Some(tops)) =
+            (meta["input_token_logprobs"].as_array(), meta["input_top_logprobs"].as_array())
+        else {
+            return Err(server_err("the response has no meta_info.input_token_logprobs/input_top_logprobs"));
+        };
+        if input.len() != ids.len() || tops.len() != ids.len() {
+            return Err(server_err(format!(
+                "input logprobs cover {} and {} positions for {} tokens",
+                input.len(),
+                tops.len(),
+                ids.len()
+            )));
+        }
+        let n = ids.len() - 1;
+        let mut out = Scored {
+            ids: ids.to_vec(),
+            k,
+            target_logprobs: Vec::with_capacity(n),
+            top_ids: Vec::with_capacity(n * k),
+            top_logprobs: Vec::with_capacity(n * k),
+        };
+        for t in 1..ids.len() {
+            let what = format!("input_token_logprobs[{t}]");
+            let (id, lp) = sglang_entry(&input[t], &what)?;
+            if id != ids[t] as u64 {
+                return Err(server_err(format!("{what} is for token {id}, not the actual {}", ids[t])));
+            }
+            out.target_logprobs.push(lp);
+            let row = tops[t]
+                .as_array()
+                .ok_or_else(|| server_err(format!("input_top_logprobs[{t}] is not a list")))?;
+            if row.len() < k {
+                return Err(server_err(format!("input_top_logprobs[{t}] holds fewer than k = {k} entries")));
+            }
+            let entries = self.sglang_row(row, "input_top_logprobs")?;
+            push_top(entries, k, &mut out.top_ids, &mut out.top_logprobs);
+        }
+        Ok(out)
+    }
+
+    fn generate_sglang(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+        let body = json!({"input_ids": prompt,
+            "sampling_params": {"max_new_tokens": params.max_tokens, "temperature": params.temperature,
+                                "top_p": params.top_p, "stop_token_ids": params.stop, "ignore_eos": true,
+                                "seed": params.seed},
+            "return_logprob": true, "logprob_start_len": prompt.len(), "top_logprobs_num": params.logprobs});
+        let v = self.request("POST", "/generate", Some(&body))?;
+        let meta = &v["meta_info"];
+        let out = meta["output_token_logprobs"]
+            .as_array()
+            .ok_or_else(|| server_err("the response has no meta_info.output_token_logprobs"))?;
+        let k = params.logprobs;
+        let mut g = Generation {
+            ids: Vec::with_capacity(out.len()),
+            logprobs: Vec::with_capacity(out.len()),
+            k,
+            top_ids: Vec::new(),
+            top_logprobs: Vec::new(),
+            finish: match meta["finish_reason"]["type"].as_str() {
+                Some("stop") => FinishReason::Stop,
+                _ => FinishReason::Length,
+            },
+        };
+        for (i, e) in out.iter().enumerate() {
+            let (id, lp) = sglang_entry(e, &format!("output_token_logprobs[{i}]"))?;
+            g.ids.push(self.check_id(id, "output_token_logprobs")?);
+            g.logprobs.push(lp);
+            if k > 0 {
+                let row = meta["output_top_logprobs"][i]
+                    .as_array()
+                    .filter(|r| r.len() >= k)
+                    .ok_or_else(|| server_err(format!("output_top_logprobs[{i}] holds fewer than k = {k} entries")))?;
+                let entries = self.sglang_row(row, "output_top_logprobs")?;
+                push_top(entries, k, &mut g.top_ids, &mut g.top_logprobs);
             }
         }
         Ok(g)

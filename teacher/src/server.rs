@@ -10,6 +10,10 @@
 //!   `return_token_ids`, `return_tokens_as_token_ids` (`"token_id:123"` keys).
 //! - `POST /v1/chat/completions`: `messages` (ChatML), `max_tokens`, `temperature`, `logprobs`,
 //!   `top_logprobs`.
+//! - `POST /generate` (SGLang's native API): `input_ids` or `text`, `sampling_params`
+//!   (`max_new_tokens`, `temperature`, `top_p`, `stop_token_ids`), `return_logprob`,
+//!   `logprob_start_len`, `top_logprobs_num`; `meta_info.input_token_logprobs` /
+//!   `input_top_logprobs` / `output_token_logprobs` / `output_top_logprobs` as `[logprob, id, null]`.
 //!
 //! Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) with
 //! status 400/404/405; a failure inside the model is a 500 with the reason. Requests are served by
@@ -144,7 +148,8 @@ fn route(state: &State, method: &tiny_http::Method, url: &str, body: &str) -> Re
             "max_model_len": state.teacher.model.config.context_length}]})),
         (Post, "/v1/completions") => completions(state, &parse(body)?),
         (Post, "/v1/chat/completions") => chat(state, &parse(body)?),
-        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => Err(ApiError {
+        (Post, "/generate") => sglang_generate(state, &parse(body)?),
+        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate") => Err(ApiError {
             status: 405,
             message: format!("{method} is not allowed on {url}"),
             param: None,
@@ -411,5 +416,83 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
         "choices": [choice],
         "usage": {"prompt_tokens": ids.len(), "completion_tokens": g.ids.len(),
                   "total_tokens": ids.len() + g.ids.len()},
+    }))
+}
+
+/// SGLang's `/generate`.
+fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let t = &state.teacher;
+    let ids: Vec<u32> = match (req.get("input_ids"), req.get("text")) {
+        (Some(Value::Array(a)), _) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
+        }
+        (None, Some(Value::String(text))) if !text.is_empty() => {
+            t.tokenizer.encode(text).map_err(|e| bad("text", e.to_string()))?
+        }
+        _ => return Err(bad("input_ids", "give `input_ids` (a non-empty list of ids) or `text`")),
+    };
+    let sampling = req.get("sampling_params").cloned().unwrap_or(json!({}));
+    if !sampling.is_object() {
+        return Err(bad("sampling_params", "`sampling_params` must be an object"));
+    }
+    let mut p = params(state, &sampling, 128)?;
+    if let Some(n) = sampling.get("max_new_tokens") {
+        p.max_tokens = n.as_u64().ok_or_else(|| bad("sampling_params", "`max_new_tokens` must be an integer"))? as usize;
+    }
+    let want = flag(req, "return_logprob")?;
+    let top = count(req, "top_logprobs_num")?.unwrap_or(0);
+    let start = uint(req, "logprob_start_len", 0)?;
+    p.logprobs = top;
+    let (scored, generated) = {
+        let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+        let scored = if want && ids.len() >= 2 { Some(t.score(&ids, top.max(1))?) } else { None };
+        let generated = if p.max_tokens > 0 { Some(t.generate(&ids, &p)?) } else { None };
+        (scored, generated)
+    };
+    let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
+    let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);
+    let tops = |ids: &[u32], lps: &[f32]| -> Value {
+        Value::Array(ids.iter().zip(lps).map(|(&i, &l)| entry(Some(l), i)).collect())
+    };
+    let mut meta = json!({
+        "prompt_tokens": ids.len(),
+        "completion_tokens": out_ids.len(),
+        "finish_reason": {"type": match generated.as_ref().map(|g| g.finish) {
+            Some(FinishReason::Stop) => "stop",
+            _ => "length",
+        }},
+    });
+    if want {
+        // Position i's logprob is that of token i given the tokens before it: none for token 0.
+        let (mut input, mut input_top) = (Vec::new(), Vec::new());
+        for (i, &id) in ids.iter().enumerate().skip(start) {
+            match (&scored, i) {
+                (Some(s), i) if i >= 1 => {
+                    let r = (i - 1) * s.k..i * s.k;
+                    input.push(entry(Some(s.target_logprobs[i - 1]), id));
+                    input_top.push(if top > 0 { tops(&s.top_ids[r.clone()], &s.top_logprobs[r]) } else { Value::Null });
+                }
+                _ => {
+                    input.push(entry(None, id));
+                    input_top.push(Value::Null);
+                }
+            }
+        }
+        meta["input_token_logprobs"] = Value::Array(input);
+        meta["input_top_logprobs"] = Value::Array(input_top);
+        if let Some(g) = &generated {
+            meta["output_token_logprobs"] =
+                Value::Array(g.ids.iter().zip(&g.logprobs).map(|(&i, &l)| entry(Some(l), i)).collect());
+            meta["output_top_logprobs"] = Value::Array(
+                (0..g.ids.len())
+                    .map(|i| tops(&g.top_ids[i * g.k..(i + 1) * g.k], &g.top_logprobs[i * g.k..(i + 1) * g.k]))
+                    .collect(),
+            );
+        }
+    }
+    Ok(json!({
+        "text": t.tokenizer.decode(&out_ids).unwrap_or_default(),
+        "output_ids": out_ids,
+        "meta_info": meta,
     }))
 }
