@@ -109,30 +109,17 @@ impl Tokenizer {
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(|e| err(format!("BPE: {e}")))?;
-        let byte_level = ByteLevel::new(false, true, true);
+        let split = ByteLevel::new(false, true, true);
         let pre_tokenizer: PreTokenizerWrapper = match pre {
-            "smollm" => Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into(),
-            "gpt2" | "default" => byte_level.into(),
+            "smollm" => Sequence::new(vec![Digits::new(true).into(), split.into()]).into(),
+            "gpt2" | "default" => split.into(),
             other => {
                 return Err(err(format!(
                     "pre-tokenizer {other:?} is not supported (smollm, gpt2, default)"
                 )));
             }
         };
-        let mut tokenizer = TokenizerBuilder::<
-            BPE,
-            NormalizerWrapper,
-            PreTokenizerWrapper,
-            PostProcessorWrapper,
-            DecoderWrapper,
-        >::new()
-        .with_model(model)
-        .with_normalizer(None)
-        .with_pre_tokenizer(Some(pre_tokenizer))
-        .with_post_processor(Some(ByteLevel::default().into()))
-        .with_decoder(Some(ByteLevel::default().into()))
-        .build()
-        .map_err(|e| err(e.to_string()))?;
+        let mut tokenizer = byte_level(model, pre_tokenizer).map_err(err)?;
         let special: Vec<AddedToken> = specials
             .iter()
             .filter_map(|&id| tokens.get(id as usize))
@@ -255,6 +242,30 @@ impl Tokenizer {
     }
 }
 
+/// A byte-level BPE tokenizer (GPT-2 style: no normaliser, byte-level post-processing and decoding).
+fn byte_level(
+    model: BPE,
+    pre_tokenizer: PreTokenizerWrapper,
+) -> Result<
+    tokenizers::TokenizerImpl<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+    String,
+> {
+    TokenizerBuilder::new()
+        .with_model(model)
+        .with_normalizer(None)
+        .with_pre_tokenizer(Some(pre_tokenizer))
+        .with_post_processor(Some(ByteLevel::default().into()))
+        .with_decoder(Some(ByteLevel::default().into()))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
 /// Trains a byte-level BPE (GPT-2 style, no normaliser) with `vocab_size` ids on text files and
 /// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`]; `specials` (chat markers such as
 /// `<|im_start|>`) follow it as whole tokens.
@@ -280,20 +291,8 @@ pub fn train_byte_level_bpe(
                 .collect(),
         )
         .build();
-    let mut tokenizer = TokenizerBuilder::<
-        BPE,
-        NormalizerWrapper,
-        PreTokenizerWrapper,
-        PostProcessorWrapper,
-        DecoderWrapper,
-    >::new()
-    .with_model(BPE::default())
-    .with_normalizer(None)
-    .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
-    .with_post_processor(Some(ByteLevel::default().into()))
-    .with_decoder(Some(ByteLevel::default().into()))
-    .build()
-    .map_err(|e| err(e.to_string()))?;
+    let mut tokenizer =
+        byte_level(BPE::default(), ByteLevel::new(false, true, true).into()).map_err(err)?;
     tokenizer
         .train_from_files(&mut trainer, files.to_vec())
         .map_err(|e| err(format!("training failed: {e}")))?;

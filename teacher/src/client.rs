@@ -218,14 +218,7 @@ impl HttpTeacher {
                 ids.len()
             )));
         }
-        let n = ids.len() - 1;
-        let mut out = Scored {
-            ids: ids.to_vec(),
-            k,
-            target_logprobs: Vec::with_capacity(n),
-            top_ids: Vec::with_capacity(n * k),
-            top_logprobs: Vec::with_capacity(n * k),
-        };
+        let mut out = Scored::empty(ids, k);
         for (pos, entry) in entries[1..].iter().enumerate() {
             let what = format!("prompt_logprobs[{}]", pos + 1);
             let map = entry
@@ -363,14 +356,7 @@ impl HttpTeacher {
                 ids.len()
             )));
         }
-        let n = ids.len() - 1;
-        let mut out = Scored {
-            ids: ids.to_vec(),
-            k,
-            target_logprobs: Vec::with_capacity(n),
-            top_ids: Vec::with_capacity(n * k),
-            top_logprobs: Vec::with_capacity(n * k),
-        };
+        let mut out = Scored::empty(ids, k);
         for t in 1..ids.len() {
             let what = format!("input_token_logprobs[{t}]");
             let (id, lp) = sglang_entry(&input[t], &what)?;

@@ -45,6 +45,18 @@ pub struct Scored {
 }
 
 impl Scored {
+    /// An empty result for `ids`, to be filled position by position.
+    pub fn empty(ids: &[u32], k: usize) -> Self {
+        let n = ids.len().saturating_sub(1);
+        Self {
+            ids: ids.to_vec(),
+            k,
+            target_logprobs: Vec::with_capacity(n),
+            top_ids: Vec::with_capacity(n * k),
+            top_logprobs: Vec::with_capacity(n * k),
+        }
+    }
+
     pub fn positions(&self) -> usize {
         self.target_logprobs.len()
     }

@@ -83,17 +83,10 @@ impl Teacher for LocalTeacher {
         if k == 0 || k > vocab {
             return Err(TeacherError::Request(format!("k = {k} must be in 1..={vocab}")));
         }
-        let n = ids.len() - 1;
-        let mut out = Scored {
-            ids: ids.to_vec(),
-            k,
-            target_logprobs: Vec::with_capacity(n),
-            top_ids: Vec::with_capacity(n * k),
-            top_logprobs: Vec::with_capacity(n * k),
-        };
+        let mut out = Scored::empty(ids, k);
         let mut cache = KvCache::default();
         // The last id is only a target: positions 0..n are fed.
-        for chunk in ids[..n].chunks(CHUNK) {
+        for chunk in ids[..ids.len() - 1].chunks(CHUNK) {
             let logits = self.logits(chunk, &mut cache);
             for row in logits.chunks_exact(vocab) {
                 let t = out.target_logprobs.len();
