@@ -12,6 +12,7 @@
 //! ```
 
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
+use k3mini_teacher::client::Api;
 use k3mini_student::ModelConfig;
 use k3mini_student::presets::{PRESETS, resolve};
 use serde::{Deserialize, Serialize};
@@ -36,9 +37,19 @@ pub struct Recipe {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherConfig {
-    /// A built-in teacher (`smollm2`, fetched when missing) or a llama-architecture `.gguf`,
-    /// relative to the recipe.
-    pub model: String,
+    /// A local teacher: a built-in name (`smollm2`, fetched when missing) or a llama-architecture
+    /// `.gguf`, relative to the recipe. Give this or `endpoints`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A served teacher: `http://host:port` of one or more vLLM / SGLang servers (round-robin).
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// The served teacher's API.
+    #[serde(default = "default_api")]
+    pub api: Api,
+    /// Requests in flight (served teachers).
+    #[serde(default = "one")]
+    pub concurrency: usize,
     /// Top-k logprobs kept per position.
     #[serde(default = "default_k")]
     pub k: usize,
@@ -218,6 +229,9 @@ fn default_checkpoint_every() -> usize {
 }
 fn default_keep() -> usize {
     3
+}
+fn default_api() -> Api {
+    Api::Vllm
 }
 fn default_k() -> usize {
     20
@@ -405,6 +419,23 @@ pub const TEACHER_TOKENIZER: &str = "teacher";
 fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> {
     let bad = |key: &str, message: String| Err((key.to_string(), message));
     if let Some(t) = &r.teacher {
+        if t.model.is_some() == !t.endpoints.is_empty() {
+            return bad(
+                "teacher",
+                "give either `model` (a local teacher) or `endpoints` (served ones)".into(),
+            );
+        }
+        if t.concurrency == 0 {
+            return bad("teacher.concurrency", "must be positive".into());
+        }
+        if !t.endpoints.is_empty() && r.data.tokenizer == TEACHER_TOKENIZER {
+            return bad(
+                "data.tokenizer",
+                "a served teacher's tokenizer is not available here: name the tokenizer.json (or \
+                 built-in vocabulary) the teacher uses; k3mini checks the server agrees"
+                    .into(),
+            );
+        }
         if t.k == 0 {
             return bad("teacher.k", "must be positive".into());
         }

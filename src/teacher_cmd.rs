@@ -8,6 +8,7 @@ use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::shards::ShardMeta;
+use k3mini_teacher::client::{ClientOptions, HttpTeacher};
 use k3mini_teacher::score::{ScoreJob, score_corpus};
 use k3mini_teacher::server::serve;
 use std::sync::Arc;
@@ -41,6 +42,12 @@ pub enum TeacherCommand {
         #[arg(long, default_value_t = 4)]
         threads: usize,
     },
+    /// Write a local teacher's tokenizer as tokenizer.json (for recipes that use a served teacher).
+    Tokenizer {
+        teacher: String,
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Ask a local teacher one chat question (greedy unless --temperature is set).
     Chat {
         /// A built-in teacher name (fetched if needed) or a llama-architecture .gguf.
@@ -71,6 +78,13 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
 pub fn run(cmd: TeacherCommand) -> Result<()> {
     match cmd {
         TeacherCommand::Score { recipe, out, quiet } => score(&recipe, out, quiet),
+        TeacherCommand::Tokenizer { teacher, out } => {
+            let file = k3mini_checkpoints::gguf::GgufFile::open(&resolve(&teacher)?)?;
+            let (tokenizer, _) = k3mini_teacher::gguf::load_tokenizer(&file)?;
+            tokenizer.save(&out)?;
+            println!("{} ({} ids, fingerprint {})", out.display(), tokenizer.vocab_size(), tokenizer.fingerprint());
+            Ok(())
+        }
         TeacherCommand::Serve {
             teacher,
             host,
@@ -130,6 +144,10 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
     }
 }
 
+/// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
+/// the probe that a served teacher tokenizes as the student does.
+const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
+
 fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
     let recipe = k3mini::recipe::load(recipe_path)?;
     let Some(tc) = &recipe.recipe.teacher else {
@@ -137,48 +155,65 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
     };
     anyhow::ensure!(
         tc.temperature == 1.0,
-        "teacher.temperature {}: the local teacher scores at temperature 1 (tempering from stored \
+        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
          logprobs happens in the distillation loss)",
         tc.temperature
     );
-    let model = if fetch::known(&tc.model).is_some() {
-        resolve(&tc.model)?
-    } else {
-        resolve(&recipe.resolve_path(Path::new(&tc.model)).display().to_string())?
+    let mismatch = |what: &str| {
+        anyhow::anyhow!(
+            "{}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's top-k ids \
+             would mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
+             distillation is not supported yet).",
+            recipe_path.display()
+        )
     };
-    let teacher = LocalTeacher::from_gguf(&model, &Device::default())?;
-    let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
-        None
-    } else {
-        Some(recipe.tokenizer()?)
+    let (teacher, tokenizer): (Box<dyn Teacher>, k3mini_data::Tokenizer) = match &tc.model {
+        Some(model) => {
+            let path = if fetch::known(model).is_some() {
+                resolve(model)?
+            } else {
+                resolve(&recipe.resolve_path(Path::new(model)).display().to_string())?
+            };
+            let local = LocalTeacher::from_gguf(&path, &Device::default())?;
+            let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
+                local.tokenizer.clone()
+            } else {
+                let student = recipe.tokenizer()?;
+                if student.fingerprint() != local.tokenizer.fingerprint() {
+                    return Err(mismatch("their id → token tables have different fingerprints"));
+                }
+                student
+            };
+            (Box::new(local), tokenizer)
+        }
+        None => {
+            let tokenizer = recipe.tokenizer()?;
+            let opts = ClientOptions {
+                api: tc.api,
+                ..Default::default()
+            };
+            let remote = HttpTeacher::connect(&tc.endpoints, tokenizer.vocab_size(), opts)?;
+            if remote.token_ids(PROBE)? != tokenizer.encode(PROBE)? {
+                return Err(mismatch("the server tokenizes a probe text differently"));
+            }
+            (Box::new(remote), tokenizer)
+        }
     };
-    if let Some(student) = &tokenizer {
-        // The agreement probe: the shards' ids must mean the same strings to the student.
-        anyhow::ensure!(
-            student.fingerprint() == teacher.tokenizer.fingerprint(),
-            "{}: data.tokenizer ({}) and the teacher's tokenizer ({}) differ: the teacher's top-k ids \
-             would mean other tokens to the student. Use data.tokenizer = \"teacher\" \
-             (cross-tokenizer distillation is not supported yet).",
-            recipe_path.display(),
-            student.name(),
-            teacher.tokenizer.name()
-        );
-    }
-    let docs: Vec<Vec<u32>> =
-        tokenized_documents(&recipe, tokenizer.as_ref().unwrap_or(&teacher.tokenizer))?
-            .into_iter()
-            .map(|d| d.ids)
-            .collect();
+    let docs: Vec<Vec<u32>> = tokenized_documents(&recipe, &tokenizer)?
+        .into_iter()
+        .map(|d| d.ids)
+        .collect();
     let job = ScoreJob {
         out_dir: out.or_else(|| recipe.shards_dir()).expect("a [teacher] recipe has a shard dir"),
         meta: ShardMeta {
             teacher: teacher.name().to_string(),
-            tokenizer_sha256: teacher.tokenizer.fingerprint(),
+            tokenizer_sha256: tokenizer.fingerprint(),
             k: tc.k,
             temperature: tc.temperature,
         },
         seq_len: recipe.recipe.data.seq_len,
         segments_per_shard: tc.segments_per_shard,
+        concurrency: tc.concurrency,
     };
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
@@ -192,7 +227,7 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         .expect("valid template"),
     );
     let started = std::time::Instant::now();
-    let manifest = score_corpus(&teacher, &docs, &job, &mut |p| {
+    let manifest = score_corpus(teacher.as_ref(), &docs, &job, &mut |p| {
         bar.set_length(p.segments_total as u64);
         bar.set_position(p.segments_done as u64);
         bar.set_message(format!(

@@ -124,4 +124,43 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         assert_eq!(v["error"]["code"], want);
     }
     assert_eq!(raw(&server.url, "GET", "/health", "").0, 200);
+
+    // `teacher score` with a served teacher: the teacher's tokenizer as a file, two requests in
+    // flight; the shards hold what the in-process teacher says.
+    let dir = std::env::temp_dir().join(format!("k3mini-served-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k3mini = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_k3mini")).args(args).output().unwrap()
+    };
+    let tok = dir.join("tokenizer.json");
+    assert!(k3mini(&["teacher", "tokenizer", "smollm2", "--out", tok.to_str().unwrap()]).status.success());
+    std::fs::write(dir.join("a.txt"), "To be, or not to be, that is the question.").unwrap();
+    std::fs::write(dir.join("b.txt"), "Whether 'tis nobler in the mind to suffer the slings.").unwrap();
+    let recipe = |tokenizer: &str| {
+        format!(
+            "[run]\nname = \"served\"\n[model]\npreset = \"tiny\"\nvocab_size = 49152\n\
+             [data]\ntokenizer = \"{tokenizer}\"\nseq_len = 8\nheld_out_fraction = 0.0\n\
+             [[data.sources]]\npath = \"a.txt\"\n[[data.sources]]\npath = \"b.txt\"\n\
+             [teacher]\nendpoints = [\"{}\"]\nconcurrency = 2\nk = 5\nsegments_per_shard = 2\n\
+             [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
+             [train]\nsteps = 1\nbatch_tokens = 8\nmicro_batch = 1\n",
+            server.url
+        )
+    };
+    std::fs::write(dir.join("served.toml"), recipe("tokenizer.json")).unwrap();
+    let shards = dir.join("shards");
+    let out = k3mini(&["teacher", "score", dir.join("served.toml").to_str().unwrap(), "--quiet",
+                       "--out", shards.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (_, rows) = k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet")).unwrap();
+    let direct = local.score(&rows[1].input_ids, 5).unwrap();
+    assert_eq!((rows[1].top_ids.clone(), rows[1].top_logprobs.clone()), (direct.top_ids, direct.top_logprobs));
+    // A student tokenizer that is not the teacher's is refused before anything is scored.
+    let other = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/corpus/shakespeare-bpe4k.json");
+    std::fs::write(dir.join("other.toml"), recipe(other)).unwrap();
+    let out = k3mini(&["teacher", "score", dir.join("other.toml").to_str().unwrap(), "--quiet",
+                       "--out", dir.join("other").to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("differ"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -22,6 +22,7 @@ pub const KIMI_THINK_TAGS: [(&str, u32); 2] = [("<think>", 163_606), ("</think>"
 pub const BPE_EOS: &str = "<|endoftext|>";
 
 /// A loaded tokenizer.
+#[derive(Clone)]
 pub enum Tokenizer {
     Hf {
         tokenizer: Box<tokenizers::Tokenizer>,
@@ -130,6 +131,21 @@ impl Tokenizer {
             tokenizer: Box::new(tokenizer.into()),
             source: name.into(),
         })
+    }
+
+    /// Writes a `tokenizer.json` (atomically). Built-in vocabularies are named, not saved.
+    pub fn save(&self, path: &Path) -> Result<(), DataError> {
+        let Self::Hf { tokenizer, .. } = self else {
+            return Err(DataError::Tokenizer {
+                source_name: self.name().into(),
+                message: "a built-in vocabulary: name it in recipes instead of saving it".into(),
+            });
+        };
+        let tmp = path.with_extension("json.tmp");
+        tokenizer
+            .save(&tmp, false)
+            .map_err(|e| DataError::io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))
     }
 
     /// Where the tokenizer came from.

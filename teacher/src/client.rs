@@ -165,6 +165,36 @@ impl HttpTeacher {
         )))
     }
 
+    /// The server's tokenization of `text` (for the tokenizer-agreement probe).
+    pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, TeacherError> {
+        let ids = match self.opts.api {
+            Api::Vllm => {
+                let body = json!({"model": self.model, "prompt": text, "max_tokens": 1, "return_token_ids": true});
+                let v = self.request("POST", "/v1/completions", Some(&body))?;
+                v["choices"][0]["prompt_token_ids"]
+                    .as_array()
+                    .ok_or_else(|| server_err("no choices[0].prompt_token_ids (return_token_ids)"))?
+                    .iter()
+                    .map(Value::as_u64)
+                    .collect::<Option<Vec<_>>>()
+            }
+            Api::Sglang => {
+                let body = json!({"text": text, "sampling_params": {"max_new_tokens": 0}, "return_logprob": true});
+                let v = self.request("POST", "/generate", Some(&body))?;
+                v["meta_info"]["input_token_logprobs"]
+                    .as_array()
+                    .ok_or_else(|| server_err("no meta_info.input_token_logprobs"))?
+                    .iter()
+                    .map(|e| e[1].as_u64())
+                    .collect::<Option<Vec<_>>>()
+            }
+        };
+        ids.ok_or_else(|| server_err("the server's token ids are not integers"))?
+            .into_iter()
+            .map(|id| self.check_id(id, "token ids"))
+            .collect()
+    }
+
     fn check_id(&self, id: u64, what: &str) -> Result<u32, TeacherError> {
         if id as usize >= self.vocab_size {
             return Err(server_err(format!(

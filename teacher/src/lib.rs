@@ -120,8 +120,8 @@ pub struct Generation {
     pub finish: FinishReason,
 }
 
-/// A source of teacher signals.
-pub trait Teacher {
+/// A source of teacher signals. `Sync`: a scorer keeps several requests in flight.
+pub trait Teacher: Sync {
     /// Identifies the teacher in shard metadata (model name or file, and quantisation).
     fn name(&self) -> &str;
     fn vocab_size(&self) -> usize;

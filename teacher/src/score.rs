@@ -8,7 +8,8 @@
 //! teacher, tokenizer, k, layout) and skips every shard whose file still has its recorded checksum:
 //! killing the scorer loses at most the shard in flight, never a finished one.
 
-use crate::{Teacher, TeacherError};
+use crate::{Scored, Teacher, TeacherError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -23,6 +24,8 @@ pub struct ScoreJob {
     pub meta: ShardMeta,
     pub seq_len: usize,
     pub segments_per_shard: usize,
+    /// Segments in flight at once (for HTTP teachers; a local teacher already uses every core).
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,6 +84,57 @@ fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
 /// The segments of one document: consecutive windows of at most `seq_len` ids (≥ 2 each).
 pub fn segments(doc: &[u32], seq_len: usize) -> impl Iterator<Item = &[u32]> {
     doc.chunks(seq_len).filter(|s| s.len() >= 2)
+}
+
+/// Scores every sequence with up to `concurrency` requests in flight, results in input order.
+/// `done` is called (on this thread) with each finished sequence's positions. The first error
+/// stops new requests and is returned.
+pub fn score_many(
+    teacher: &dyn Teacher,
+    inputs: &[&[u32]],
+    k: usize,
+    concurrency: usize,
+    done: &mut dyn FnMut(usize),
+) -> Result<Vec<Scored>, TeacherError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let mut slots: Vec<Option<Scored>> = vec![None; inputs.len()];
+    let mut first_error = None;
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..concurrency.clamp(1, inputs.len().max(1)) {
+            let (tx, next, failed) = (tx.clone(), &next, &failed);
+            scope.spawn(move || {
+                while !failed.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(ids) = inputs.get(i) else { break };
+                    let result = teacher.score(ids, k);
+                    if result.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    if tx.send((i, result)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (i, result) in rx {
+            match result {
+                Ok(s) => {
+                    done(s.positions());
+                    slots[i] = Some(s);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+    });
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    Ok(slots.into_iter().map(|s| s.expect("every input scored")).collect())
 }
 
 fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), TeacherError> {
@@ -161,21 +215,24 @@ pub fn score_corpus(
             continue;
         }
         manifest.shards.retain(|e| e.index != index);
-        let mut rows = Vec::with_capacity(chunk.len());
-        for &(doc_id, segment, ids) in chunk {
-            let s = teacher.score(ids, job.meta.k)?;
+        let inputs: Vec<&[u32]> = chunk.iter().map(|c| c.2).collect();
+        let scored = score_many(teacher, &inputs, job.meta.k, job.concurrency, &mut |positions| {
             progress.segments_done += 1;
-            progress.positions += s.positions();
-            rows.push(ShardRow {
+            progress.positions += positions;
+            on_progress(progress);
+        })?;
+        let rows: Vec<ShardRow> = chunk
+            .iter()
+            .zip(scored)
+            .map(|(&(doc_id, segment, _), s)| ShardRow {
                 doc_id: doc_id as u64,
                 segment: segment as u32,
                 input_ids: s.ids,
                 target_logprobs: s.target_logprobs,
                 top_ids: s.top_ids,
                 top_logprobs: s.top_logprobs,
-            });
-            on_progress(progress);
-        }
+            })
+            .collect();
         let positions: usize = rows.iter().map(ShardRow::positions).sum();
         let bytes = write_shard(&path, &job.meta, &rows)?;
         manifest.shards.push(ShardEntry {

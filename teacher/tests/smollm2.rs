@@ -154,6 +154,7 @@ mod scoring {
             },
             seq_len: 6, // several segments per line
             segments_per_shard: 4,
+            concurrency: 1,
         };
         let segs: usize = docs.iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
         // Dies inside the second shard: the first is finished and recorded.
@@ -181,6 +182,10 @@ mod scoring {
         let m2 = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
         assert_eq!(last.unwrap().skipped, segs.div_ceil(4) - 1);
         assert_eq!(m2, m, "rescoring reproduces the shard byte for byte");
+        // Several requests in flight give the same shards.
+        let parallel = ScoreJob { out_dir: dir.join("parallel"), concurrency: 3, ..job.clone() };
+        let m3 = score_corpus(t, &docs, &parallel, &mut |_| {}).unwrap();
+        assert_eq!(m3.shards, m.shards);
         let other = ScoreJob { meta: ShardMeta { k: 4, ..job.meta.clone() }, ..job.clone() };
         let e = score_corpus(t, &docs, &other, &mut |_| {}).unwrap_err().to_string();
         assert!(e.contains("different job"), "{e}");
