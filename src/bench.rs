@@ -24,6 +24,18 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
+    Teacher {
+        #[arg(long, default_value = "smollm2")]
+        teacher: String,
+        /// Text to score.
+        #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
+        corpus: std::path::PathBuf,
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 8)]
+        segments: usize,
+    },
     /// The README's table: tiny and ~50M, chunked and naive, each in its own process.
     All {
         #[arg(long, default_value_t = 3)]
@@ -120,6 +132,46 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     r.median_step_s,
                     r.peak_rss_bytes.map_or("n/a".into(), bytes)
                 );
+            }
+            Ok(())
+        }
+        BenchCommand::Teacher {
+            teacher,
+            corpus,
+            seq_len,
+            segments,
+        } => {
+            let local = k3mini_teacher::local::LocalTeacher::from_gguf(
+                &crate::teacher_cmd::resolve(&teacher)?,
+                &Device::default(),
+            )?;
+            let text = k3mini_data::read_source(&corpus, k3mini_data::SourceFormat::Text, "text")?;
+            let ids = local.tokenizer.encode(&text[0].text)?;
+            let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
+            let r = k3mini_teacher::bench::bench_teacher(
+                std::sync::Arc::new(local),
+                &ids,
+                seq_len,
+                segments,
+                &[20, 64],
+                &dir,
+            );
+            std::fs::remove_dir_all(&dir).ok();
+            let r = r?;
+            println!("| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |");
+            println!("|---|---|---|---|---|");
+            println!(
+                "| {} x {} | {} | {:.0} | {:.0} | {:.1}% |",
+                r.segments,
+                r.seq_len,
+                r.k,
+                r.in_process_tokens_per_s,
+                r.http_tokens_per_s,
+                100.0 * (r.in_process_tokens_per_s / r.http_tokens_per_s - 1.0)
+            );
+            println!("\n| k | shard bytes per token (lossless) |\n|---|---|");
+            for (k, b) in r.shard_bytes_per_token {
+                println!("| {k} | {b:.1} |");
             }
             Ok(())
         }

@@ -3,6 +3,7 @@
 //! with per-token logprobs. [`local::LocalTeacher`] runs a llama-architecture GGUF in burn (the
 //! SmolLM2-135M-Instruct teacher CI and the quickstart use, fetched by [`fetch`]).
 
+pub mod bench;
 pub mod client;
 pub mod fetch;
 pub mod gguf;
