@@ -72,33 +72,7 @@ impl Teacher for LocalTeacher {
     }
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
-        self.check_ids(ids)?;
-        let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
-        if ids.len() < 2 || ids.len() > context {
-            return Err(TeacherError::Request(format!(
-                "scoring needs 2 to {context} tokens, got {}",
-                ids.len()
-            )));
-        }
-        if k == 0 || k > vocab {
-            return Err(TeacherError::Request(format!("k = {k} must be in 1..={vocab}")));
-        }
-        let mut out = Scored::empty(ids, k);
-        let mut cache = KvCache::default();
-        // The last id is only a target: positions 0..n are fed.
-        for chunk in ids[..ids.len() - 1].chunks(CHUNK) {
-            let logits = self.logits(chunk, &mut cache);
-            for row in logits.chunks_exact(vocab) {
-                let t = out.target_logprobs.len();
-                let logprobs = log_softmax(row);
-                out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
-                for (id, lp) in top_k(&logprobs, k) {
-                    out.top_ids.push(id);
-                    out.top_logprobs.push(lp);
-                }
-            }
-        }
-        Ok(out)
+        Ok(self.run(ids, Some(k), None)?.0.expect("scoring was asked for"))
     }
 
     fn generate(
@@ -106,21 +80,62 @@ impl Teacher for LocalTeacher {
         prompt: &[u32],
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
-        self.check_ids(prompt)?;
-        let context = self.model.config.context_length;
-        if prompt.is_empty() || prompt.len() >= context {
+        Ok(self.run(prompt, None, Some(params))?.1.expect("generation was asked for"))
+    }
+}
+
+impl LocalTeacher {
+    /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
+    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both).
+    pub fn run(
+        &self,
+        ids: &[u32],
+        k: Option<usize>,
+        params: Option<&GenerateParams>,
+    ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
+        self.check_ids(ids)?;
+        let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
+        if let Some(k) = k {
+            if ids.len() < 2 || ids.len() > context {
+                return Err(TeacherError::Request(format!(
+                    "scoring needs 2 to {context} tokens, got {}",
+                    ids.len()
+                )));
+            }
+            if k == 0 || k > vocab {
+                return Err(TeacherError::Request(format!("k = {k} must be in 1..={vocab}")));
+            }
+        }
+        if params.is_some() && (ids.is_empty() || ids.len() >= context) {
             return Err(TeacherError::Request(format!(
                 "the prompt needs 1 to {} tokens, got {}",
                 context - 1,
-                prompt.len()
+                ids.len()
             )));
         }
-        let vocab = self.vocab_size();
+        let mut scored = k.map(|k| Scored::empty(ids, k));
         let mut cache = KvCache::default();
+        // Scoring alone never needs the last id's distribution (it is only a target).
+        let fed = if params.is_some() { ids } else { &ids[..ids.len() - 1] };
         let mut last = Vec::new();
-        for chunk in prompt.chunks(CHUNK) {
+        let mut t = 0;
+        for chunk in fed.chunks(CHUNK) {
             last = self.logits(chunk, &mut cache);
+            for row in last.chunks_exact(vocab) {
+                if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
+                    let logprobs = log_softmax(row);
+                    out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
+                    for (id, lp) in top_k(&logprobs, out.k) {
+                        out.top_ids.push(id);
+                        out.top_logprobs.push(lp);
+                    }
+                }
+                t += 1;
+            }
         }
+        let Some(params) = params else {
+            return Ok((scored, None));
+        };
         let mut rng = params.seed;
         let k = params.logprobs;
         let mut g = Generation {
@@ -131,7 +146,7 @@ impl Teacher for LocalTeacher {
             top_logprobs: Vec::new(),
             finish: FinishReason::Length,
         };
-        let budget = params.max_tokens.min(context - prompt.len());
+        let budget = params.max_tokens.min(context - ids.len());
         for _ in 0..budget {
             let row = &last[last.len() - vocab..];
             let logprobs = log_softmax(row);
@@ -152,7 +167,7 @@ impl Teacher for LocalTeacher {
             }
             last = self.logits(&[id], &mut cache);
         }
-        Ok(g)
+        Ok((scored, Some(g)))
     }
 }
 

@@ -68,6 +68,8 @@ impl ApiError {
 
 struct State {
     teacher: Arc<LocalTeacher>,
+    /// Each id's text, decoded once (responses name thousands of tokens per request).
+    pieces: Vec<String>,
     /// One forward pass at a time.
     compute: Mutex<()>,
     created: u64,
@@ -88,7 +90,11 @@ pub fn serve(
         .to_ip()
         .ok_or_else(|| TeacherError::Request(format!("{addr} is not an IP address")))?;
     let server = Arc::new(server);
+    let pieces = (0..teacher.vocab_size() as u32)
+        .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
+        .collect();
     let state = Arc::new(State {
+        pieces,
         teacher,
         compute: Mutex::new(()),
         created: std::time::SystemTime::now()
@@ -237,7 +243,7 @@ fn token_key(state: &State, id: u32, as_ids: bool) -> String {
     if as_ids {
         format!("token_id:{id}")
     } else {
-        state.teacher.tokenizer.decode(&[id]).unwrap_or_default()
+        state.pieces[id as usize].clone()
     }
 }
 
@@ -279,15 +285,9 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
     let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
     // Prompt scoring (for echo + logprobs and for prompt_logprobs) over the whole prompt.
     let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
-    let scored = match want_prompt {
-        Some(k) if ids.len() >= 2 => Some(t.score(&ids, k.max(1))?),
-        _ => None,
-    };
-    let generated = if p.max_tokens > 0 {
-        Some(t.generate(&ids, &p)?)
-    } else {
-        None
-    };
+    let score_k = want_prompt.filter(|_| ids.len() >= 2).map(|k| k.max(1));
+    // One prefill serves both the prompt's logprobs and the generation.
+    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p))?;
     drop(_guard);
     let tok = |id: u32| token_key(state, id, as_ids);
     let text = |ids: &[u32]| t.tokenizer.decode(ids).unwrap_or_default();
@@ -445,9 +445,8 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     p.logprobs = top;
     let (scored, generated) = {
         let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
-        let scored = if want && ids.len() >= 2 { Some(t.score(&ids, top.max(1))?) } else { None };
-        let generated = if p.max_tokens > 0 { Some(t.generate(&ids, &p)?) } else { None };
-        (scored, generated)
+        let score_k = (want && ids.len() >= 2).then_some(top.max(1));
+        t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p))?
     };
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
     let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);
