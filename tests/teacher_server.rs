@@ -68,6 +68,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         timeout: Duration::from_secs(120),
         retries: 3,
         backoff: Duration::from_millis(10),
+        ..Default::default()
     };
     let remote = HttpTeacher::connect(&endpoints, 49152, opts.clone()).unwrap();
     let sglang = HttpTeacher::connect(&[server.url.clone()], 49152, ClientOptions { api: Api::Sglang, ..opts })
@@ -78,6 +79,21 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     let (a, b) = (local.score(&ids, 20).unwrap(), remote.score(&ids, 20).unwrap());
     assert_eq!(a, b, "prompt_logprobs through HTTP are the teacher's, to the bit");
     assert_eq!(a, sglang.score(&ids, 20).unwrap(), "and SGLang's input_top_logprobs");
+    // Long sequences are scored in windows of 8 re-reading 3 tokens of context: the first window's
+    // positions are the full scoring's; position 7 comes from the window [4, 12).
+    let windowed = HttpTeacher::connect(
+        &[server.url.clone()],
+        49152,
+        ClientOptions { max_request_tokens: 8, window_overlap: 3, ..opts.clone() },
+    )
+    .unwrap();
+    let w = windowed.score(&ids, 20).unwrap();
+    assert!(ids.len() > 9);
+    assert_eq!(w.positions(), ids.len() - 1);
+    assert_eq!(w.top_ids[..7 * 20], a.top_ids[..7 * 20]);
+    let second = local.score(&ids[4..12.min(ids.len())], 20).unwrap();
+    assert_eq!(w.top_logprobs[7 * 20..8 * 20], second.top_logprobs[3 * 20..4 * 20]);
+    assert_eq!(w.target_logprobs[7], second.target_logprobs[3]);
 
     let params = GenerateParams {
         max_tokens: 8,

@@ -38,6 +38,12 @@ pub struct ClientOptions {
     pub retries: usize,
     /// First backoff; doubles per retry (with up to 50% jitter).
     pub backoff: Duration,
+    /// Most tokens per scoring request: a server builds a `[tokens × vocab]` logprob tensor for
+    /// the prompt (~7.5 GiB at 8192 × 152k), so longer sequences are scored in windows.
+    pub max_request_tokens: usize,
+    /// Tokens of left context each window after the first re-reads (their positions are not
+    /// kept again): positions past the first window see at least this much context.
+    pub window_overlap: usize,
 }
 
 impl Default for ClientOptions {
@@ -47,6 +53,8 @@ impl Default for ClientOptions {
             timeout: Duration::from_secs(600),
             retries: 5,
             backoff: Duration::from_millis(500),
+            max_request_tokens: 4096,
+            window_overlap: 1024,
         }
     }
 }
@@ -219,9 +227,31 @@ impl Teacher for HttpTeacher {
         if ids.len() < 2 {
             return Err(TeacherError::Request("scoring needs 2 or more tokens".into()));
         }
-        match self.opts.api {
-            Api::Vllm => self.score_vllm(ids, k),
-            Api::Sglang => self.score_sglang(ids, k),
+        let (m, overlap) = (self.opts.max_request_tokens, self.opts.window_overlap);
+        if m <= overlap + 1 {
+            return Err(TeacherError::Request(format!(
+                "max_request_tokens {m} must exceed window_overlap {overlap} + 1"
+            )));
+        }
+        let mut out = Scored::empty(ids, k);
+        let mut start = 0;
+        // Windows [start, start + m) stepping by m − overlap; each contributes the positions it
+        // is the first to reach.
+        loop {
+            let end = (start + m).min(ids.len());
+            let window = &ids[start..end];
+            let s = match self.opts.api {
+                Api::Vllm => self.score_vllm(window, k)?,
+                Api::Sglang => self.score_sglang(window, k)?,
+            };
+            let skip = out.positions() - start; // positions this window repeats
+            out.target_logprobs.extend_from_slice(&s.target_logprobs[skip..]);
+            out.top_ids.extend_from_slice(&s.top_ids[skip * k..]);
+            out.top_logprobs.extend_from_slice(&s.top_logprobs[skip * k..]);
+            if end == ids.len() {
+                return Ok(out);
+            }
+            start = end - overlap - 1;
         }
     }
 
