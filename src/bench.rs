@@ -147,7 +147,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             )?;
             let text = k3mini_data::read_source(&corpus, k3mini_data::SourceFormat::Text, "text")?;
             let ids = local.tokenizer.encode(&text[0].text)?;
-            let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
             let r = k3mini_teacher::bench::bench_teacher(
                 std::sync::Arc::new(local),
                 &ids,
@@ -158,7 +159,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             );
             std::fs::remove_dir_all(&dir).ok();
             let r = r?;
-            println!("| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |");
+            println!(
+                "| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |"
+            );
             println!("|---|---|---|---|---|");
             println!(
                 "| {} x {} | {} | {:.0} | {:.0} | {:.1}% |",

@@ -3,8 +3,8 @@
 use anyhow::{Result, bail};
 use clap::Subcommand;
 use k3mini_data::chat::{check_markers, render};
-use k3mini_data::{ChatFormat, LossParts, Tokenizer, read_chats};
 use k3mini_data::tokenizer::train_byte_level_bpe;
+use k3mini_data::{ChatFormat, LossParts, Tokenizer, read_chats};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -101,13 +101,21 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                 let rendered = render(&chat.messages, format, false)
                     .map_err(|e| anyhow::anyhow!("{}:{}: {e}", file.display(), chat.index + 1))?;
                 let (ids, parts) = rendered.encode(&t)?;
-                println!("# {}:{} — {} tokens", file.display(), chat.index + 1, ids.len());
+                println!(
+                    "# {}:{} — {} tokens",
+                    file.display(),
+                    chat.index + 1,
+                    ids.len()
+                );
                 for s in &rendered.segments {
                     let mark = if loss.trains(s.part) { "loss" } else { "    " };
                     println!("[{:<8} {mark}] {:?}", format!("{:?}", s.part), s.text);
                 }
                 let trained = parts.iter().filter(|&&p| loss.trains(p)).count();
-                println!("{trained} of {} tokens are targets (thinking + answer)\n", ids.len());
+                println!(
+                    "{trained} of {} tokens are targets (thinking + answer)\n",
+                    ids.len()
+                );
             }
             Ok(())
         }

@@ -12,9 +12,9 @@
 //! ```
 
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
-use k3mini_teacher::client::Api;
 use k3mini_student::ModelConfig;
 use k3mini_student::presets::{PRESETS, resolve};
+use k3mini_teacher::client::Api;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -296,7 +296,11 @@ impl LoadedRecipe {
     /// Where `k3mini teacher score` writes this recipe's shards.
     pub fn shards_dir(&self) -> Option<PathBuf> {
         let t = self.recipe.teacher.as_ref()?;
-        Some(t.shards_dir.clone().unwrap_or_else(|| self.out_dir().join("shards")))
+        Some(
+            t.shards_dir
+                .clone()
+                .unwrap_or_else(|| self.out_dir().join("shards")),
+        )
     }
 
     /// Output directory of the run.
@@ -440,7 +444,10 @@ fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> 
             return bad("teacher.k", "must be positive".into());
         }
         if !(t.temperature > 0.0 && t.temperature.is_finite()) {
-            return bad("teacher.temperature", format!("must be positive, got {}", t.temperature));
+            return bad(
+                "teacher.temperature",
+                format!("must be positive, got {}", t.temperature),
+            );
         }
         if t.segments_per_shard == 0 {
             return bad("teacher.segments_per_shard", "must be positive".into());

@@ -3,18 +3,18 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
+use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
-use k3mini_teacher::local::LocalTeacher;
-use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::shards::ShardMeta;
 use k3mini_teacher::client::{ClientOptions, HttpTeacher};
+use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::score::{ScoreJob, score_corpus};
 use k3mini_teacher::server::serve;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use k3mini_teacher::{GenerateParams, Teacher, fetch};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Subcommand)]
 pub enum TeacherCommand {
@@ -65,7 +65,9 @@ pub enum TeacherCommand {
 /// A built-in teacher's GGUF (fetched when missing) or a path.
 pub fn resolve(teacher: &str) -> Result<PathBuf> {
     if fetch::known(teacher).is_some() {
-        return Ok(fetch::fetch(teacher, &fetch::cache_dir(), &mut |l| eprintln!("{l}"))?);
+        return Ok(fetch::fetch(teacher, &fetch::cache_dir(), &mut |l| {
+            eprintln!("{l}")
+        })?);
     }
     let path = Path::new(teacher);
     anyhow::ensure!(
@@ -82,7 +84,12 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             let file = k3mini_checkpoints::gguf::GgufFile::open(&resolve(&teacher)?)?;
             let (tokenizer, _) = k3mini_teacher::gguf::load_tokenizer(&file)?;
             tokenizer.save(&out)?;
-            println!("{} ({} ids, fingerprint {})", out.display(), tokenizer.vocab_size(), tokenizer.fingerprint());
+            println!(
+                "{} ({} ids, fingerprint {})",
+                out.display(),
+                tokenizer.vocab_size(),
+                tokenizer.fingerprint()
+            );
             Ok(())
         }
         TeacherCommand::Serve {
@@ -96,11 +103,17 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             let on_ctrl_c = stop.clone();
             ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
             let name = t.name().to_string();
-            serve(Arc::new(t), &format!("{host}:{port}"), threads, stop, |addr| {
-                // The first line says where (scripts and tests read the port from it).
-                println!("listening on http://{addr} (model {name})");
-                let _ = std::io::Write::flush(&mut std::io::stdout());
-            })?;
+            serve(
+                Arc::new(t),
+                &format!("{host}:{port}"),
+                threads,
+                stop,
+                |addr| {
+                    // The first line says where (scripts and tests read the port from it).
+                    println!("listening on http://{addr} (model {name})");
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                },
+            )?;
             Ok(())
         }
         TeacherCommand::Fetch { name } => {
@@ -132,7 +145,10 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             let started = std::time::Instant::now();
             let out = t.generate(&ids, &params)?;
             let secs = started.elapsed().as_secs_f64();
-            println!("{}", t.tokenizer.decode(&out.ids)?.trim_end_matches("<|im_end|>"));
+            println!(
+                "{}",
+                t.tokenizer.decode(&out.ids)?.trim_end_matches("<|im_end|>")
+            );
             eprintln!(
                 "{} prompt + {} generated tokens in {secs:.1}s ({:?})",
                 ids.len(),
@@ -151,7 +167,10 @@ const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\
 fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
     let recipe = k3mini::recipe::load(recipe_path)?;
     let Some(tc) = &recipe.recipe.teacher else {
-        anyhow::bail!("{}: no [teacher] table to score with", recipe_path.display());
+        anyhow::bail!(
+            "{}: no [teacher] table to score with",
+            recipe_path.display()
+        );
     };
     anyhow::ensure!(
         tc.temperature == 1.0,
@@ -180,7 +199,9 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
             } else {
                 let student = recipe.tokenizer()?;
                 if student.fingerprint() != local.tokenizer.fingerprint() {
-                    return Err(mismatch("their id → token tables have different fingerprints"));
+                    return Err(mismatch(
+                        "their id → token tables have different fingerprints",
+                    ));
                 }
                 student
             };
@@ -204,7 +225,9 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         .map(|d| d.ids)
         .collect();
     let job = ScoreJob {
-        out_dir: out.or_else(|| recipe.shards_dir()).expect("a [teacher] recipe has a shard dir"),
+        out_dir: out
+            .or_else(|| recipe.shards_dir())
+            .expect("a [teacher] recipe has a shard dir"),
         meta: ShardMeta {
             teacher: teacher.name().to_string(),
             tokenizer_sha256: tokenizer.fingerprint(),

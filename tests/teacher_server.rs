@@ -29,7 +29,9 @@ fn start() -> Server {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     // The address is the first line on stdout (anything a fetch prints goes to stderr).
     let url = line
         .strip_prefix("listening on ")
@@ -71,20 +73,44 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         ..Default::default()
     };
     let remote = HttpTeacher::connect(&endpoints, 49152, opts.clone()).unwrap();
-    let sglang = HttpTeacher::connect(&[server.url.clone()], 49152, ClientOptions { api: Api::Sglang, ..opts })
-        .unwrap();
+    let sglang = HttpTeacher::connect(
+        &[server.url.clone()],
+        49152,
+        ClientOptions {
+            api: Api::Sglang,
+            ..opts
+        },
+    )
+    .unwrap();
     assert_eq!(remote.name(), "SmolLM2-135M-Instruct.Q4_1.gguf");
 
-    let ids = local.tokenizer.encode("The capital of France is Paris. It is known for").unwrap();
-    let (a, b) = (local.score(&ids, 20).unwrap(), remote.score(&ids, 20).unwrap());
-    assert_eq!(a, b, "prompt_logprobs through HTTP are the teacher's, to the bit");
-    assert_eq!(a, sglang.score(&ids, 20).unwrap(), "and SGLang's input_top_logprobs");
+    let ids = local
+        .tokenizer
+        .encode("The capital of France is Paris. It is known for")
+        .unwrap();
+    let (a, b) = (
+        local.score(&ids, 20).unwrap(),
+        remote.score(&ids, 20).unwrap(),
+    );
+    assert_eq!(
+        a, b,
+        "prompt_logprobs through HTTP are the teacher's, to the bit"
+    );
+    assert_eq!(
+        a,
+        sglang.score(&ids, 20).unwrap(),
+        "and SGLang's input_top_logprobs"
+    );
     // Long sequences are scored in windows of 8 re-reading 3 tokens of context: the first window's
     // positions are the full scoring's; position 7 comes from the window [4, 12).
     let windowed = HttpTeacher::connect(
         &[server.url.clone()],
         49152,
-        ClientOptions { max_request_tokens: 8, window_overlap: 3, ..opts.clone() },
+        ClientOptions {
+            max_request_tokens: 8,
+            window_overlap: 3,
+            ..opts.clone()
+        },
     )
     .unwrap();
     let w = windowed.score(&ids, 20).unwrap();
@@ -92,7 +118,10 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     assert_eq!(w.positions(), ids.len() - 1);
     assert_eq!(w.top_ids[..7 * 20], a.top_ids[..7 * 20]);
     let second = local.score(&ids[4..12.min(ids.len())], 20).unwrap();
-    assert_eq!(w.top_logprobs[7 * 20..8 * 20], second.top_logprobs[3 * 20..4 * 20]);
+    assert_eq!(
+        w.top_logprobs[7 * 20..8 * 20],
+        second.top_logprobs[3 * 20..4 * 20]
+    );
     assert_eq!(w.target_logprobs[7], second.target_logprobs[3]);
 
     let params = GenerateParams {
@@ -108,28 +137,72 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     assert_eq!(want, sglang.generate(&ids, &params).unwrap());
 
     // OpenAI legacy echo: the prompt's logprobs come back with the first one null.
-    let body = json!({"prompt": "Hello world, hello", "echo": true, "logprobs": 3, "max_tokens": 0});
+    let body =
+        json!({"prompt": "Hello world, hello", "echo": true, "logprobs": 3, "max_tokens": 0});
     let (status, v) = raw(&server.url, "POST", "/v1/completions", &body.to_string());
     assert_eq!(status, 200, "{v}");
-    let lps = v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap();
+    let lps = v["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
     assert!(lps[0].is_null() && lps[1..].iter().all(Value::is_f64));
     assert_eq!(v["choices"][0]["text"], "Hello world, hello");
 
     // Chat with logprobs.
     let body = json!({"messages": [{"role": "user", "content": "What is the capital of France?"}],
                       "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
-    let (status, v) = raw(&server.url, "POST", "/v1/chat/completions", &body.to_string());
+    let (status, v) = raw(
+        &server.url,
+        "POST",
+        "/v1/chat/completions",
+        &body.to_string(),
+    );
     assert_eq!(status, 200, "{v}");
-    assert!(v["choices"][0]["message"]["content"].as_str().unwrap().contains("Paris"), "{v}");
-    assert_eq!(v["choices"][0]["logprobs"]["content"][0]["top_logprobs"].as_array().unwrap().len(), 2);
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Paris"),
+        "{v}"
+    );
+    assert_eq!(
+        v["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 
     // Bad requests: OpenAI-style errors, and the server is still there afterwards.
     let cases = [
         ("POST", "/v1/completions", "{not json", 400, "invalid JSON"),
-        ("POST", "/v1/completions", r#"{"prompt": [1, 99999999], "max_tokens": 1}"#, 400, "outside the teacher's vocabulary"),
-        ("POST", "/v1/completions", r#"{"prompt": "x", "logprobs": 5000}"#, 400, "exceeds the maximum"),
-        ("POST", "/v1/completions", r#"{"prompt": 7}"#, 400, "must be a string or a list of token ids"),
-        ("POST", "/v1/chat/completions", r#"{"messages": [{"role": "robot", "content": "x"}]}"#, 400, "messages"),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": [1, 99999999], "max_tokens": 1}"#,
+            400,
+            "outside the teacher's vocabulary",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "x", "logprobs": 5000}"#,
+            400,
+            "exceeds the maximum",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": 7}"#,
+            400,
+            "must be a string or a list of token ids",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "robot", "content": "x"}]}"#,
+            400,
+            "messages",
+        ),
         ("GET", "/v1/completions", "", 405, "not allowed"),
         ("GET", "/nope", "", 404, "no route"),
     ];
@@ -147,12 +220,33 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     let dir = std::env::temp_dir().join(format!("k3mini-served-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let k3mini = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_k3mini")).args(args).output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_k3mini"))
+            .args(args)
+            .output()
+            .unwrap()
     };
     let tok = dir.join("tokenizer.json");
-    assert!(k3mini(&["teacher", "tokenizer", "smollm2", "--out", tok.to_str().unwrap()]).status.success());
-    std::fs::write(dir.join("a.txt"), "To be, or not to be, that is the question.").unwrap();
-    std::fs::write(dir.join("b.txt"), "Whether 'tis nobler in the mind to suffer the slings.").unwrap();
+    assert!(
+        k3mini(&[
+            "teacher",
+            "tokenizer",
+            "smollm2",
+            "--out",
+            tok.to_str().unwrap()
+        ])
+        .status
+        .success()
+    );
+    std::fs::write(
+        dir.join("a.txt"),
+        "To be, or not to be, that is the question.",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("b.txt"),
+        "Whether 'tis nobler in the mind to suffer the slings.",
+    )
+    .unwrap();
     let recipe = |tokenizer: &str| {
         format!(
             "[run]\nname = \"served\"\n[model]\npreset = \"tiny\"\nvocab_size = 49152\n\
@@ -166,17 +260,39 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     };
     std::fs::write(dir.join("served.toml"), recipe("tokenizer.json")).unwrap();
     let shards = dir.join("shards");
-    let out = k3mini(&["teacher", "score", dir.join("served.toml").to_str().unwrap(), "--quiet",
-                       "--out", shards.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = k3mini(&[
+        "teacher",
+        "score",
+        dir.join("served.toml").to_str().unwrap(),
+        "--quiet",
+        "--out",
+        shards.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (_, rows) = k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet")).unwrap();
     let direct = local.score(&rows[1].input_ids, 5).unwrap();
-    assert_eq!((rows[1].top_ids.clone(), rows[1].top_logprobs.clone()), (direct.top_ids, direct.top_logprobs));
+    assert_eq!(
+        (rows[1].top_ids.clone(), rows[1].top_logprobs.clone()),
+        (direct.top_ids, direct.top_logprobs)
+    );
     // A student tokenizer that is not the teacher's is refused before anything is scored.
-    let other = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/corpus/shakespeare-bpe4k.json");
+    let other = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/recipes/corpus/shakespeare-bpe4k.json"
+    );
     std::fs::write(dir.join("other.toml"), recipe(other)).unwrap();
-    let out = k3mini(&["teacher", "score", dir.join("other.toml").to_str().unwrap(), "--quiet",
-                       "--out", dir.join("other").to_str().unwrap()]);
+    let out = k3mini(&[
+        "teacher",
+        "score",
+        dir.join("other.toml").to_str().unwrap(),
+        "--quiet",
+        "--out",
+        dir.join("other").to_str().unwrap(),
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("differ"), "{err}");
     std::fs::remove_dir_all(&dir).ok();

@@ -33,7 +33,13 @@ fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
         std::fs::copy(root.join(f), &p).unwrap();
         corpus.push(p.display().to_string());
     }
-    train_byte_level_bpe(&corpus, 512, &["<|im_start|>", "<|im_end|>"], &dir.join("tok.json")).unwrap();
+    train_byte_level_bpe(
+        &corpus,
+        512,
+        &["<|im_start|>", "<|im_end|>"],
+        &dir.join("tok.json"),
+    )
+    .unwrap();
     let sources: String = (0..4)
         .map(|i| format!("[[data.sources]]\npath = \"doc{i}.txt\"\n"))
         .collect();
@@ -281,7 +287,11 @@ fn ctrl_c_checkpoints_then_resume_is_bit_identical() {
         .status()
         .unwrap();
     assert!(sent.success());
-    assert_eq!(child.wait().unwrap().code(), Some(130), "exits as interrupted");
+    assert_eq!(
+        child.wait().unwrap().code(),
+        Some(130),
+        "exits as interrupted"
+    );
     // The interrupted step was checkpointed: the newest checkpoint is the last step logged.
     let (step, _) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
     assert!(step >= 3 && step < 30, "stopped early, at step {step}");
@@ -311,7 +321,10 @@ fn chat_sources_train_on_the_answer_and_thinking_only() {
         let first = targets.iter().position(|&t| t).unwrap();
         // The prompt is never a target; the conversation ends on a target (the closing marker).
         let prompt_text = tok.decode(&d.ids[..first]).unwrap();
-        assert!(prompt_text.ends_with("<|im_start|>assistant\n"), "{prompt_text:?}");
+        assert!(
+            prompt_text.ends_with("<|im_start|>assistant\n"),
+            "{prompt_text:?}"
+        );
         assert!(!targets[..first].iter().any(|&t| t));
         let answer = tok.decode(&d.ids[first..]).unwrap();
         assert!(

@@ -124,8 +124,15 @@ pub fn remove_stale_temps(run_dir: &Path) -> Result<(), CheckpointError> {
     if !run_dir.exists() {
         return Ok(());
     }
-    for entry in std::fs::read_dir(run_dir).map_err(|e| io(run_dir, e))?.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(&format!(".tmp-{PREFIX}")) {
+    for entry in std::fs::read_dir(run_dir)
+        .map_err(|e| io(run_dir, e))?
+        .flatten()
+    {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!(".tmp-{PREFIX}"))
+        {
             std::fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
         }
     }

@@ -50,7 +50,10 @@ fn dequantise_refuses_a_wrong_length() {
 fn reads_metadata_and_tensors_written_by_gguf_py() {
     let f = GgufFile::open(&golden("tiny.gguf")).unwrap();
     assert_eq!(f.version, 3);
-    assert_eq!(f.get("general.architecture").and_then(Value::as_str), Some("llama"));
+    assert_eq!(
+        f.get("general.architecture").and_then(Value::as_str),
+        Some("llama")
+    );
     assert_eq!(f.get("test.u32"), Some(&Value::U32(7)));
     assert_eq!(f.get("test.i32"), Some(&Value::I32(-3)));
     assert_eq!(f.get("test.f32"), Some(&Value::F32(0.5)));
@@ -80,7 +83,10 @@ fn reads_metadata_and_tensors_written_by_gguf_py() {
     // Quantised tensors dequantise exactly as the loose blocks do.
     let bytes = std::fs::read(golden("gguf_quants.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    for (tensor, key, ty) in [("q8_0", "Q8_0", GgmlType::Q8_0), ("q4_k", "Q4_K", GgmlType::Q4K)] {
+    for (tensor, key, ty) in [
+        ("q8_0", "Q8_0", GgmlType::Q8_0),
+        ("q4_k", "Q4_K", GgmlType::Q4K),
+    ] {
         let info = f.tensor(tensor).unwrap();
         assert_eq!((info.ty, info.dims.as_slice()), (ty, &[256u64, 4][..]));
         let raw = st.tensor(&format!("{key}.bytes")).unwrap();

@@ -167,7 +167,11 @@ pub fn render(
         if m.role == Role::Assistant {
             if let Some(thinking) = &m.thinking {
                 // ChatML models (Qwen3 style) put the tags on their own lines.
-                let nl = if format == ChatFormat::Chatml { "\n" } else { "" };
+                let nl = if format == ChatFormat::Chatml {
+                    "\n"
+                } else {
+                    ""
+                };
                 out.push(Part::Thinking, true, THINK_OPEN);
                 out.push(Part::Thinking, false, &format!("{nl}{thinking}{nl}"));
                 out.push(Part::Thinking, true, THINK_CLOSE);

@@ -63,7 +63,10 @@ pub fn read_source(
                 .collect();
             files.sort();
             if files.is_empty() {
-                return Err(DataError::io(path, format!("directory holds no .{ext} files")));
+                return Err(DataError::io(
+                    path,
+                    format!("directory holds no .{ext} files"),
+                ));
             }
             let mut docs = Vec::new();
             for (i, f) in files.iter().enumerate() {
@@ -186,7 +189,9 @@ fn read_parquet(path: &Path, field: &str) -> Result<Vec<Document>, DataError> {
     use parquet::arrow::ProjectionMask;
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
-    let bad = |e: &dyn std::fmt::Display| DataError::io(path, format!("not a readable Parquet file: {e}"));
+    let bad = |e: &dyn std::fmt::Display| {
+        DataError::io(path, format!("not a readable Parquet file: {e}"))
+    };
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| bad(&e))?;
     let schema = builder.schema().clone();
     let Some((column, _)) = schema.column_with_name(field) else {

@@ -96,7 +96,8 @@ fn shard_err(path: &Path, message: impl std::fmt::Display) -> DataError {
 fn int_lists(rows: &[ShardRow], f: impl Fn(&ShardRow) -> &[u32]) -> ArrayRef {
     let mut b = ListBuilder::new(Int32Builder::new());
     for r in rows {
-        b.values().append_slice(&f(r).iter().map(|&x| x as i32).collect::<Vec<_>>());
+        b.values()
+            .append_slice(&f(r).iter().map(|&x| x as i32).collect::<Vec<_>>());
         b.append(true);
     }
     Arc::new(b.finish())
@@ -149,14 +150,21 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
     let batch = RecordBatch::try_from_iter([
         (
             "doc_id",
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.doc_id as i64))) as ArrayRef,
+            Arc::new(Int64Array::from_iter_values(
+                rows.iter().map(|r| r.doc_id as i64),
+            )) as ArrayRef,
         ),
         (
             "segment",
-            Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.segment as i32))),
+            Arc::new(Int32Array::from_iter_values(
+                rows.iter().map(|r| r.segment as i32),
+            )),
         ),
         ("input_ids", int_lists(rows, |r| &r.input_ids)),
-        ("target_logprobs", float_lists(rows, |r| r.target_logprobs.clone())),
+        (
+            "target_logprobs",
+            float_lists(rows, |r| r.target_logprobs.clone()),
+        ),
         ("top_ids", topk_ids(rows, k)),
         ("top_logprobs", topk_logprobs(rows, k)),
         ("tail_mass", float_lists(rows, |r| r.tail_mass(k))),
@@ -169,7 +177,9 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
         ColumnPath::new(parts)
     };
     let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid level")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
         .set_key_value_metadata(Some(vec![
             kv("schema_version", SCHEMA_VERSION.to_string()),
             kv("teacher", meta.teacher.clone()),
@@ -177,7 +187,10 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
             kv("k", k.to_string()),
             kv("temperature", meta.temperature.to_string()),
         ]))
-        .set_column_dictionary_enabled(float_column("top_logprobs", &["list", "element", "item"]), false)
+        .set_column_dictionary_enabled(
+            float_column("top_logprobs", &["list", "element", "item"]),
+            false,
+        )
         .set_column_encoding(
             float_column("top_logprobs", &["list", "element", "item"]),
             Encoding::BYTE_STREAM_SPLIT,
@@ -196,7 +209,9 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
     let file = writer.into_inner().map_err(|e| shard_err(path, e))?;
     file.sync_all().map_err(|e| DataError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))?;
-    Ok(std::fs::metadata(path).map_err(|e| DataError::io(path, e))?.len())
+    Ok(std::fs::metadata(path)
+        .map_err(|e| DataError::io(path, e))?
+        .len())
 }
 
 /// Reads and validates a shard: schema version, metadata, and every row's lengths.
@@ -215,10 +230,16 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
         })
         .unwrap_or_default();
     let get = |key: &str| {
-        kv.get(&format!("k3mini.{key}"))
-            .ok_or_else(|| shard_err(path, format!("no k3mini.{key} metadata (not a k3mini shard?)")))
+        kv.get(&format!("k3mini.{key}")).ok_or_else(|| {
+            shard_err(
+                path,
+                format!("no k3mini.{key} metadata (not a k3mini shard?)"),
+            )
+        })
     };
-    let version: u32 = get("schema_version")?.parse().map_err(|e| shard_err(path, e))?;
+    let version: u32 = get("schema_version")?
+        .parse()
+        .map_err(|e| shard_err(path, e))?;
     if version != SCHEMA_VERSION {
         return Err(shard_err(
             path,
@@ -229,7 +250,9 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
         teacher: get("teacher")?.clone(),
         tokenizer_sha256: get("tokenizer_sha256")?.clone(),
         k: get("k")?.parse().map_err(|e| shard_err(path, e))?,
-        temperature: get("temperature")?.parse().map_err(|e| shard_err(path, e))?,
+        temperature: get("temperature")?
+            .parse()
+            .map_err(|e| shard_err(path, e))?,
     };
     let reader = builder.build().map_err(|e| shard_err(path, e))?;
     let mut rows = Vec::new();
@@ -248,7 +271,11 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
         let top_lp = column("top_logprobs")?.as_list::<i32>().clone();
         for i in 0..batch.num_rows() {
             let ints = |a: ArrayRef| -> Vec<u32> {
-                a.as_primitive::<Int32Type>().values().iter().map(|&x| x as u32).collect()
+                a.as_primitive::<Int32Type>()
+                    .values()
+                    .iter()
+                    .map(|&x| x as u32)
+                    .collect()
             };
             let floats =
                 |a: ArrayRef| -> Vec<f32> { a.as_primitive::<Float32Type>().values().to_vec() };

@@ -217,7 +217,9 @@ impl Tokenizer {
             Self::Tiktoken { bpe, .. } => {
                 let mut bytes = Vec::new();
                 for run in ids.split_inclusive(|id| KIMI_THINK_TAGS.iter().any(|t| t.1 == *id)) {
-                    let (last, head) = run.split_last().expect("split_inclusive runs are non-empty");
+                    let (last, head) = run
+                        .split_last()
+                        .expect("split_inclusive runs are non-empty");
                     bytes.extend(bpe.decode(head));
                     match KIMI_THINK_TAGS.iter().find(|t| t.1 == *last) {
                         Some((tag, _)) => bytes.extend(tag.as_bytes()),

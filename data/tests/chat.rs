@@ -25,7 +25,11 @@ fn chatml_renders_like_qwen3_and_smollm2() {
          <|im_start|>assistant\n<think>\n2 plus 3 is 5.\n</think>\n\n5<|im_end|>\n"
     );
     let prompt = render(&conversation()[..2], ChatFormat::Chatml, true).unwrap();
-    assert!(prompt.text().ends_with("<|im_end|>\n<|im_start|>assistant\n"));
+    assert!(
+        prompt
+            .text()
+            .ends_with("<|im_end|>\n<|im_start|>assistant\n")
+    );
 }
 
 #[test]
@@ -54,7 +58,11 @@ fn kimi_tokens_carry_their_part() {
     assert_eq!(ids.iter().filter(|&&i| i == im_end).count(), 3);
     let think = ids.iter().position(|&i| i == 163_606).expect("<think>");
     let end_think = ids.iter().position(|&i| i == 163_607).expect("</think>");
-    assert!(parts[think..=end_think].iter().all(|&p| p == Part::Thinking));
+    assert!(
+        parts[think..=end_think]
+            .iter()
+            .all(|&p| p == Part::Thinking)
+    );
     // The answer is "5" and the <|im_end|> that closes it.
     let tail: Vec<Part> = parts[end_think + 1..].to_vec();
     assert_eq!(tail, [Part::Answer, Part::Answer]);
@@ -62,18 +70,33 @@ fn kimi_tokens_carry_their_part() {
     // Decoding the ids gives the rendered text back.
     assert_eq!(tok.decode(&ids).unwrap(), r.text());
     // Default loss parts: thinking and answer, not the prompt or markup.
-    let trained: Vec<bool> = parts.iter().map(|&p| LossParts::default().trains(p)).collect();
-    assert_eq!(trained.iter().filter(|&&t| t).count(), end_think - think + 1 + 2);
-    let answer_only = LossParts { thinking: false, ..Default::default() };
+    let trained: Vec<bool> = parts
+        .iter()
+        .map(|&p| LossParts::default().trains(p))
+        .collect();
+    assert_eq!(
+        trained.iter().filter(|&&t| t).count(),
+        end_think - think + 1 + 2
+    );
+    let answer_only = LossParts {
+        thinking: false,
+        ..Default::default()
+    };
     assert_eq!(parts.iter().filter(|&&p| answer_only.trains(p)).count(), 2);
 }
 
 #[test]
 fn bad_conversations_are_refused() {
-    assert!(render(&[], ChatFormat::Kimi, false).unwrap_err().contains("no messages"));
+    assert!(
+        render(&[], ChatFormat::Kimi, false)
+            .unwrap_err()
+            .contains("no messages")
+    );
     let mut c = conversation();
     c[1].thinking = Some("x".into());
-    assert!(render(&c, ChatFormat::Chatml, false)
-        .unwrap_err()
-        .contains("message 1: only assistant turns carry thinking"));
+    assert!(
+        render(&c, ChatFormat::Chatml, false)
+            .unwrap_err()
+            .contains("message 1: only assistant turns carry thinking")
+    );
 }

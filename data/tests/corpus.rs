@@ -87,7 +87,12 @@ fn parquet_written_by_pyarrow_reads_back_every_row() {
     let snappy = fixture("sonnet_snappy.parquet");
     assert_eq!(SourceFormat::infer(&snappy), SourceFormat::Parquet);
     let a = read_source(&snappy, SourceFormat::Parquet, "text").unwrap();
-    let b = read_source(&fixture("sonnet_large_zstd.parquet"), SourceFormat::Parquet, "content").unwrap();
+    let b = read_source(
+        &fixture("sonnet_large_zstd.parquet"),
+        SourceFormat::Parquet,
+        "content",
+    )
+    .unwrap();
     let texts = |d: &[k3mini_data::Document]| d.iter().map(|d| d.text.clone()).collect::<Vec<_>>();
     assert_eq!(texts(&a), texts(&b));
     assert_eq!(a.len(), 3);
@@ -99,20 +104,32 @@ fn parquet_written_by_pyarrow_reads_back_every_row() {
 #[test]
 fn bad_parquet_is_named() {
     let snappy = fixture("sonnet_snappy.parquet");
-    let e = read_source(&snappy, SourceFormat::Parquet, "body").unwrap_err().to_string();
+    let e = read_source(&snappy, SourceFormat::Parquet, "body")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no column `body` (columns: id, text)"), "{e}");
-    let e = read_source(&snappy, SourceFormat::Parquet, "id").unwrap_err().to_string();
+    let e = read_source(&snappy, SourceFormat::Parquet, "id")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("column `id` is Int64, not a string"), "{e}");
     let e = read_source(&fixture("with_null.parquet"), SourceFormat::Parquet, "text")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("with_null.parquet: row 1: `text` is null"), "{e}");
+    assert!(
+        e.contains("with_null.parquet: row 1: `text` is null"),
+        "{e}"
+    );
     // Truncated: the footer is gone.
     let d = Dir::new("parquet");
     let bytes = std::fs::read(&snappy).unwrap();
     let cut = d.file("cut.parquet", &bytes[..bytes.len() / 2]);
-    let e = read_source(&cut, SourceFormat::Parquet, "text").unwrap_err().to_string();
-    assert!(e.contains("cut.parquet: not a readable Parquet file"), "{e}");
+    let e = read_source(&cut, SourceFormat::Parquet, "text")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("cut.parquet: not a readable Parquet file"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -128,9 +145,20 @@ fn chat_jsonl_reads_conversations_with_thinking() {
     assert_eq!(chats.len(), 2);
     assert_eq!(chats[0].messages[1].role, Role::Assistant);
     assert_eq!(chats[0].messages[1].thinking.as_deref(), Some("add"));
-    let bad = d.file("bad.jsonl", br#"{"messages": [{"role": "robot", "content": "x"}]}"#);
+    let bad = d.file(
+        "bad.jsonl",
+        br#"{"messages": [{"role": "robot", "content": "x"}]}"#,
+    );
     let e = read_chats(&bad, "messages").unwrap_err().to_string();
-    assert!(e.contains("bad.jsonl:1: `messages` is not a list of messages"), "{e}");
+    assert!(
+        e.contains("bad.jsonl:1: `messages` is not a list of messages"),
+        "{e}"
+    );
     let empty = d.file("none.jsonl", br#"{"messages": []}"#);
-    assert!(read_chats(&empty, "messages").unwrap_err().to_string().contains("holds no messages"));
+    assert!(
+        read_chats(&empty, "messages")
+            .unwrap_err()
+            .to_string()
+            .contains("holds no messages")
+    );
 }

@@ -45,17 +45,27 @@ fn shards_round_trip_losslessly_with_metadata() {
     // A row whose lengths disagree with k is refused before anything is written.
     let mut bad = rows(8);
     bad[1].top_ids.pop();
-    let e = write_shard(&dir.join("bad.parquet"), &meta, &bad).unwrap_err().to_string();
+    let e = write_shard(&dir.join("bad.parquet"), &meta, &bad)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("document 10 segment 1"), "{e}");
     assert!(!dir.join("bad.parquet").exists());
     // A Parquet file that is not a shard, and a truncated shard, are named.
-    let corpus = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/sonnet_snappy.parquet");
-    let e = read_shard(std::path::Path::new(corpus)).unwrap_err().to_string();
+    let corpus = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/sonnet_snappy.parquet"
+    );
+    let e = read_shard(std::path::Path::new(corpus))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("no k3mini.schema_version metadata"), "{e}");
     let bytes = std::fs::read(&path).unwrap();
     let cut = dir.join("cut.parquet");
     std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
     let e = read_shard(&cut).unwrap_err().to_string();
-    assert!(e.contains("cut.parquet") && e.contains("not a readable Parquet file"), "{e}");
+    assert!(
+        e.contains("cut.parquet") && e.contains("not a readable Parquet file"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

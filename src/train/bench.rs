@@ -41,7 +41,10 @@ pub fn bench_recipe(recipe: &LoadedRecipe, steps: usize) -> Result<RecipeBench> 
         .map(serde_json::from_str)
         .collect::<Result<_, _>>()?;
     if lines.len() < steps {
-        bail!("the recipe logs every {} steps: bench needs log_every = 1", recipe.recipe.train.log_every);
+        bail!(
+            "the recipe logs every {} steps: bench needs log_every = 1",
+            recipe.recipe.train.log_every
+        );
     }
     let mut rates: Vec<f64> = lines[1..].iter().map(|m| m.tokens_per_s).collect();
     rates.sort_by(f64::total_cmp);

@@ -13,9 +13,9 @@ use anyhow::{Context, Result, bail};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer, OptimizerRecord};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
+use k3mini_data::chat::{check_markers, render};
 use k3mini_data::pack::split_held_out;
 use k3mini_data::tokenizer::BPE_EOS;
-use k3mini_data::chat::{check_markers, render};
 use k3mini_data::{Cursor, Packer, SourceFormat, TokenDoc, Tokenizer, read_chats, read_source};
 use k3mini_student::K3Mini;
 use k3mini_student::hf::{load_hf_bytes, to_hf_bytes};
@@ -118,9 +118,8 @@ pub fn tokenized_documents(recipe: &LoadedRecipe, tokenizer: &Tokenizer) -> Resu
             check_markers(template, tokenizer)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", recipe.path.display()))?;
             for chat in read_chats(&path, source.field())? {
-                let rendered = render(&chat.messages, template, false).map_err(|e| {
-                    anyhow::anyhow!("{}:{}: {e}", path.display(), chat.index + 1)
-                })?;
+                let rendered = render(&chat.messages, template, false)
+                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), chat.index + 1))?;
                 let (ids, parts) = rendered.encode(tokenizer)?;
                 let targets = parts.iter().map(|&p| data.train_on.trains(p)).collect();
                 if ids.len() >= 2 {

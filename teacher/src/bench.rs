@@ -23,7 +23,11 @@ pub struct TeacherBench {
     pub shard_bytes_per_token: Vec<(usize, f64)>,
 }
 
-fn timed(teacher: &dyn Teacher, inputs: &[&[u32]], k: usize) -> Result<(Vec<Scored>, f64), TeacherError> {
+fn timed(
+    teacher: &dyn Teacher,
+    inputs: &[&[u32]],
+    k: usize,
+) -> Result<(Vec<Scored>, f64), TeacherError> {
     let started = Instant::now();
     let scored = score_many(teacher, inputs, k, 1, &mut |_| {})?;
     let positions: usize = scored.iter().map(Scored::positions).sum();
@@ -40,7 +44,11 @@ pub fn bench_teacher(
     ks: &[usize],
     dir: &std::path::Path,
 ) -> Result<TeacherBench, TeacherError> {
-    let inputs: Vec<&[u32]> = ids.chunks(seq_len).filter(|c| c.len() == seq_len).take(segments).collect();
+    let inputs: Vec<&[u32]> = ids
+        .chunks(seq_len)
+        .filter(|c| c.len() == seq_len)
+        .take(segments)
+        .collect();
     let k = ks.iter().copied().max().unwrap_or(20);
     let (scored, in_process) = timed(teacher.as_ref(), &inputs, k)?;
 
@@ -48,33 +56,46 @@ pub fn bench_teacher(
     let (tx, rx) = std::sync::mpsc::channel();
     let server = {
         let (teacher, stop) = (teacher.clone(), stop.clone());
-        std::thread::spawn(move || serve(teacher, "127.0.0.1:0", 2, stop, |addr| tx.send(addr).expect("bench waits")))
+        std::thread::spawn(move || {
+            serve(teacher, "127.0.0.1:0", 2, stop, |addr| {
+                tx.send(addr).expect("bench waits")
+            })
+        })
     };
-    let addr = rx.recv().map_err(|_| TeacherError::Server("the bench server did not start".into()))?;
-    let client = HttpTeacher::connect(&[format!("http://{addr}")], teacher.vocab_size(), ClientOptions::default());
+    let addr = rx
+        .recv()
+        .map_err(|_| TeacherError::Server("the bench server did not start".into()))?;
+    let client = HttpTeacher::connect(
+        &[format!("http://{addr}")],
+        teacher.vocab_size(),
+        ClientOptions::default(),
+    );
     let remote = client.and_then(|c| timed(&c, &inputs, k));
     stop.store(true, Ordering::SeqCst);
     let _ = server.join();
     let (remote_scored, http) = remote?;
     if remote_scored != scored {
-        return Err(TeacherError::Server("HTTP and in-process scores differ".into()));
+        return Err(TeacherError::Server(
+            "HTTP and in-process scores differ".into(),
+        ));
     }
 
-    std::fs::create_dir_all(dir).map_err(|e| TeacherError::Load { path: dir.into(), message: e.to_string() })?;
+    std::fs::create_dir_all(dir).map_err(|e| TeacherError::Load {
+        path: dir.into(),
+        message: e.to_string(),
+    })?;
     let mut sizes = Vec::new();
     for &kk in ks {
         let rows: Vec<ShardRow> = scored
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                ShardRow {
-                    doc_id: 0,
-                    segment: i as u32,
-                    input_ids: s.ids.clone(),
-                    target_logprobs: s.target_logprobs.clone(),
-                    top_ids: first_of_each(&s.top_ids, k, kk),
-                    top_logprobs: first_of_each(&s.top_logprobs, k, kk),
-                }
+            .map(|(i, s)| ShardRow {
+                doc_id: 0,
+                segment: i as u32,
+                input_ids: s.ids.clone(),
+                target_logprobs: s.target_logprobs.clone(),
+                top_ids: first_of_each(&s.top_ids, k, kk),
+                top_logprobs: first_of_each(&s.top_logprobs, k, kk),
             })
             .collect();
         let meta = ShardMeta {
@@ -99,5 +120,7 @@ pub fn bench_teacher(
 
 /// The first `kk` of every row of `k` (the top-kk of a top-k list).
 fn first_of_each<T: Copy>(v: &[T], k: usize, kk: usize) -> Vec<T> {
-    v.chunks(k).flat_map(|row| row[..kk].iter().copied()).collect()
+    v.chunks(k)
+        .flat_map(|row| row[..kk].iter().copied())
+        .collect()
 }

@@ -99,7 +99,10 @@ impl HttpTeacher {
             .build()
             .into();
         let mut t = Self {
-            endpoints: endpoints.iter().map(|e| e.trim_end_matches('/').to_string()).collect(),
+            endpoints: endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_string())
+                .collect(),
             model: String::new(),
             vocab_size,
             agent,
@@ -115,7 +118,12 @@ impl HttpTeacher {
         Ok(t)
     }
 
-    fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, TeacherError> {
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Value, TeacherError> {
         let mut last = String::new();
         let mut delay = self.opts.backoff;
         for attempt in 0..=self.opts.retries {
@@ -125,7 +133,8 @@ impl HttpTeacher {
                 std::thread::sleep(delay.mul_f64(jitter));
                 delay *= 2;
             }
-            let endpoint = &self.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()];
+            let endpoint =
+                &self.endpoints[self.next.fetch_add(1, Ordering::Relaxed) % self.endpoints.len()];
             let url = format!("{endpoint}{path}");
             let sent = match body {
                 Some(b) => self
@@ -158,11 +167,17 @@ impl HttpTeacher {
                 }
             };
             if status == 429 || status >= 500 {
-                last = format!("{url}: HTTP {status}: {}", text.chars().take(300).collect::<String>());
+                last = format!(
+                    "{url}: HTTP {status}: {}",
+                    text.chars().take(300).collect::<String>()
+                );
                 continue;
             }
             if status != 200 {
-                return Err(server_err(format!("{url}: HTTP {status}: {}", text.chars().take(500).collect::<String>())));
+                return Err(server_err(format!(
+                    "{url}: HTTP {status}: {}",
+                    text.chars().take(500).collect::<String>()
+                )));
             }
             return serde_json::from_str(&text)
                 .map_err(|e| server_err(format!("{url}: the response is not JSON: {e}")));
@@ -225,7 +240,9 @@ impl Teacher for HttpTeacher {
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
         if ids.len() < 2 {
-            return Err(TeacherError::Request("scoring needs 2 or more tokens".into()));
+            return Err(TeacherError::Request(
+                "scoring needs 2 or more tokens".into(),
+            ));
         }
         let (m, overlap) = (self.opts.max_request_tokens, self.opts.window_overlap);
         if m <= overlap + 1 {
@@ -245,9 +262,11 @@ impl Teacher for HttpTeacher {
                 Api::Sglang => self.score_sglang(window, k)?,
             };
             let skip = out.positions() - start; // positions this window repeats
-            out.target_logprobs.extend_from_slice(&s.target_logprobs[skip..]);
+            out.target_logprobs
+                .extend_from_slice(&s.target_logprobs[skip..]);
             out.top_ids.extend_from_slice(&s.top_ids[skip * k..]);
-            out.top_logprobs.extend_from_slice(&s.top_logprobs[skip * k..]);
+            out.top_logprobs
+                .extend_from_slice(&s.top_logprobs[skip * k..]);
             if end == ids.len() {
                 return Ok(out);
             }
@@ -255,7 +274,11 @@ impl Teacher for HttpTeacher {
         }
     }
 
-    fn generate(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+    fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError> {
         match self.opts.api {
             Api::Vllm => self.generate_vllm(prompt, params),
             Api::Sglang => self.generate_sglang(prompt, params),
@@ -295,7 +318,10 @@ impl HttpTeacher {
                 row.push((self.check_id(id, &what)?, lp as f32));
             }
             if row.len() < k {
-                return Err(server_err(format!("{what} holds {} entries, fewer than k = {k}", row.len())));
+                return Err(server_err(format!(
+                    "{what} holds {} entries, fewer than k = {k}",
+                    row.len()
+                )));
             }
             let target = ids[pos + 1];
             let target_lp = row
@@ -310,7 +336,11 @@ impl HttpTeacher {
         Ok(out)
     }
 
-    fn generate_vllm(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+    fn generate_vllm(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError> {
         let mut body = json!({"model": self.model, "prompt": prompt, "max_tokens": params.max_tokens,
             "temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
             "stop_token_ids": params.stop, "ignore_eos": true,
@@ -321,7 +351,9 @@ impl HttpTeacher {
         let choice = &v["choices"][0];
         let ids = choice["token_ids"]
             .as_array()
-            .ok_or_else(|| server_err("the response has no choices[0].token_ids (return_token_ids)"))?
+            .ok_or_else(|| {
+                server_err("the response has no choices[0].token_ids (return_token_ids)")
+            })?
             .iter()
             .map(|x| {
                 x.as_u64()
@@ -342,15 +374,20 @@ impl HttpTeacher {
             ids,
         };
         let lp = &choice["logprobs"];
-        let (Some(lps), Some(tops)) = (lp["token_logprobs"].as_array(), lp["top_logprobs"].as_array())
-        else {
-            return Err(server_err("the response has no logprobs.token_logprobs/top_logprobs"));
+        let (Some(lps), Some(tops)) = (
+            lp["token_logprobs"].as_array(),
+            lp["top_logprobs"].as_array(),
+        ) else {
+            return Err(server_err(
+                "the response has no logprobs.token_logprobs/top_logprobs",
+            ));
         };
         if lps.len() != g.ids.len() || tops.len() != g.ids.len() {
             return Err(server_err("logprobs do not cover every generated token"));
         }
         for (i, top) in tops.iter().enumerate() {
-            g.logprobs.push(lps[i].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
+            g.logprobs
+                .push(lps[i].as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
             if k == 0 {
                 continue;
             }
@@ -362,12 +399,16 @@ impl HttpTeacher {
                 let id = key
                     .strip_prefix("token_id:")
                     .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| server_err(format!("top_logprobs key {key:?} is not token_id:N")))?;
+                    .ok_or_else(|| {
+                        server_err(format!("top_logprobs key {key:?} is not token_id:N"))
+                    })?;
                 ids.push(self.check_id(id, "top_logprobs")?);
                 row.push(val.as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
             }
             if ids.len() < k {
-                return Err(server_err(format!("top_logprobs[{i}] holds fewer than k = {k} entries")));
+                return Err(server_err(format!(
+                    "top_logprobs[{i}] holds fewer than k = {k} entries"
+                )));
             }
             for (r, v) in top_k(&row, k) {
                 g.top_ids.push(ids[r as usize]);
@@ -383,7 +424,9 @@ fn sglang_entry(v: &Value, what: &str) -> Result<(u64, f32), TeacherError> {
     let (lp, id) = (v[0].as_f64(), v[1].as_u64());
     match (lp, id) {
         (Some(lp), Some(id)) => Ok((id, lp as f32)),
-        _ => Err(server_err(format!("{what}: {v} is not [logprob, id, text]"))),
+        _ => Err(server_err(format!(
+            "{what}: {v} is not [logprob, id, text]"
+        ))),
     }
 }
 
@@ -403,10 +446,13 @@ impl HttpTeacher {
                           "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": k});
         let v = self.request("POST", "/generate", Some(&body))?;
         let meta = &v["meta_info"];
-        let (Some(input), Some(tops)) =
-            (meta["input_token_logprobs"].as_array(), meta["input_top_logprobs"].as_array())
-        else {
-            return Err(server_err("the response has no meta_info.input_token_logprobs/input_top_logprobs"));
+        let (Some(input), Some(tops)) = (
+            meta["input_token_logprobs"].as_array(),
+            meta["input_top_logprobs"].as_array(),
+        ) else {
+            return Err(server_err(
+                "the response has no meta_info.input_token_logprobs/input_top_logprobs",
+            ));
         };
         if input.len() != ids.len() || tops.len() != ids.len() {
             return Err(server_err(format!(
@@ -421,14 +467,19 @@ impl HttpTeacher {
             let what = format!("input_token_logprobs[{t}]");
             let (id, lp) = sglang_entry(&input[t], &what)?;
             if id != ids[t] as u64 {
-                return Err(server_err(format!("{what} is for token {id}, not the actual {}", ids[t])));
+                return Err(server_err(format!(
+                    "{what} is for token {id}, not the actual {}",
+                    ids[t]
+                )));
             }
             out.target_logprobs.push(lp);
             let row = tops[t]
                 .as_array()
                 .ok_or_else(|| server_err(format!("input_top_logprobs[{t}] is not a list")))?;
             if row.len() < k {
-                return Err(server_err(format!("input_top_logprobs[{t}] holds fewer than k = {k} entries")));
+                return Err(server_err(format!(
+                    "input_top_logprobs[{t}] holds fewer than k = {k} entries"
+                )));
             }
             let entries = self.sglang_row(row, "input_top_logprobs")?;
             push_top(entries, k, &mut out.top_ids, &mut out.top_logprobs);
@@ -436,7 +487,11 @@ impl HttpTeacher {
         Ok(out)
     }
 
-    fn generate_sglang(&self, prompt: &[u32], params: &GenerateParams) -> Result<Generation, TeacherError> {
+    fn generate_sglang(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError> {
         let body = json!({"input_ids": prompt,
             "sampling_params": {"max_new_tokens": params.max_tokens, "temperature": params.temperature,
                                 "top_p": params.top_p, "stop_token_ids": params.stop, "ignore_eos": true,
@@ -467,7 +522,11 @@ impl HttpTeacher {
                 let row = meta["output_top_logprobs"][i]
                     .as_array()
                     .filter(|r| r.len() >= k)
-                    .ok_or_else(|| server_err(format!("output_top_logprobs[{i}] holds fewer than k = {k} entries")))?;
+                    .ok_or_else(|| {
+                        server_err(format!(
+                            "output_top_logprobs[{i}] holds fewer than k = {k} entries"
+                        ))
+                    })?;
                 let entries = self.sglang_row(row, "output_top_logprobs")?;
                 push_top(entries, k, &mut g.top_ids, &mut g.top_logprobs);
             }

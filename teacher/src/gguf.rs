@@ -49,7 +49,10 @@ pub fn llama_config(f: &GgufFile) -> Result<LlamaConfig, TeacherError> {
     if let Some(rope) = f.get("llama.rope.dimension_count").and_then(Value::as_u64)
         && rope as usize != head_dim
     {
-        return Err(err(&f.path, "partial RoPE (rope.dimension_count < head dim) is not supported"));
+        return Err(err(
+            &f.path,
+            "partial RoPE (rope.dimension_count < head dim) is not supported",
+        ));
     }
     Ok(LlamaConfig {
         vocab_size,
@@ -123,19 +126,28 @@ pub fn load_llama(f: &GgufFile, device: &Device) -> Result<Llama, TeacherError> 
     let vector = |name: &str, n: usize| {
         let (w, dims) = f.dequantize(name)?;
         if dims != [n as u64] {
-            return Err(err(&f.path, format!("tensor {name} has shape {dims:?}, expected [{n}]")));
+            return Err(err(
+                &f.path,
+                format!("tensor {name} has shape {dims:?}, expected [{n}]"),
+            ));
         }
         Ok::<_, TeacherError>(Tensor::<1>::from_data(TensorData::new(w, [n]), device))
     };
     let (embed, dims) = f.dequantize("token_embd.weight")?;
     if dims != [c.hidden as u64, c.vocab_size as u64] {
-        return Err(err(&f.path, format!("token_embd.weight has shape {dims:?}")));
+        return Err(err(
+            &f.path,
+            format!("token_embd.weight has shape {dims:?}"),
+        ));
     }
     let lm_head = if f.tensor("output.weight").is_some() {
         matrix("output.weight", c.vocab_size, c.hidden, None)?
     } else {
         Tensor::from_data(
-            TensorData::new(transpose(&embed, c.vocab_size, c.hidden), [c.hidden, c.vocab_size]),
+            TensorData::new(
+                transpose(&embed, c.vocab_size, c.hidden),
+                [c.hidden, c.vocab_size],
+            ),
             device,
         )
     };
@@ -206,7 +218,10 @@ pub fn load_tokenizer(f: &GgufFile) -> Result<(Tokenizer, TokenizerMeta), Teache
         TokenizerMeta {
             bos: id("tokenizer.ggml.bos_token_id"),
             eos: id("tokenizer.ggml.eos_token_id"),
-            add_bos: matches!(f.get("tokenizer.ggml.add_bos_token"), Some(Value::Bool(true))),
+            add_bos: matches!(
+                f.get("tokenizer.ggml.add_bos_token"),
+                Some(Value::Bool(true))
+            ),
             chat_template: f
                 .get("tokenizer.chat_template")
                 .and_then(Value::as_str)

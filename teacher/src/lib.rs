@@ -127,20 +127,13 @@ pub trait Teacher: Sync {
     fn name(&self) -> &str;
     fn vocab_size(&self) -> usize;
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError>;
-    fn generate(
-        &self,
-        prompt: &[u32],
-        params: &GenerateParams,
-    ) -> Result<Generation, TeacherError>;
+    fn generate(&self, prompt: &[u32], params: &GenerateParams)
+    -> Result<Generation, TeacherError>;
 }
 
 /// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id.
 pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let order = |a: &u32, b: &u32| {
-        row[*b as usize]
-            .total_cmp(&row[*a as usize])
-            .then(a.cmp(b))
-    };
+    let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let k = k.min(row.len());
     if k == 0 {
@@ -157,6 +150,11 @@ pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// `log softmax(row)` in f64 accumulation.
 pub fn log_softmax(row: &[f32]) -> Vec<f32> {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    let lse = max
+        + row
+            .iter()
+            .map(|&x| (x as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
     row.iter().map(|&x| (x as f64 - lse) as f32).collect()
 }

@@ -28,9 +28,10 @@ impl LocalTeacher {
         let file = GgufFile::open(path)?;
         let model = load_llama(&file, device)?;
         let (tokenizer, meta) = load_tokenizer(&file)?;
-        let name = path
-            .file_name()
-            .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
         Ok(Self {
             name,
             model,
@@ -41,7 +42,11 @@ impl LocalTeacher {
 
     fn check_ids(&self, ids: &[u32]) -> Result<(), TeacherError> {
         let vocab = self.model.config.vocab_size;
-        if let Some((i, &bad)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= vocab) {
+        if let Some((i, &bad)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
             return Err(TeacherError::Request(format!(
                 "token {bad} at position {i} is outside the teacher's vocabulary of {vocab}"
             )));
@@ -72,7 +77,10 @@ impl Teacher for LocalTeacher {
     }
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
-        Ok(self.run(ids, Some(k), None)?.0.expect("scoring was asked for"))
+        Ok(self
+            .run(ids, Some(k), None)?
+            .0
+            .expect("scoring was asked for"))
     }
 
     fn generate(
@@ -80,7 +88,10 @@ impl Teacher for LocalTeacher {
         prompt: &[u32],
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
-        Ok(self.run(prompt, None, Some(params))?.1.expect("generation was asked for"))
+        Ok(self
+            .run(prompt, None, Some(params))?
+            .1
+            .expect("generation was asked for"))
     }
 }
 
@@ -103,7 +114,9 @@ impl LocalTeacher {
                 )));
             }
             if k == 0 || k > vocab {
-                return Err(TeacherError::Request(format!("k = {k} must be in 1..={vocab}")));
+                return Err(TeacherError::Request(format!(
+                    "k = {k} must be in 1..={vocab}"
+                )));
             }
         }
         if params.is_some() && (ids.is_empty() || ids.len() >= context) {
@@ -116,7 +129,11 @@ impl LocalTeacher {
         let mut scored = k.map(|k| Scored::empty(ids, k));
         let mut cache = KvCache::default();
         // Scoring alone never needs the last id's distribution (it is only a target).
-        let fed = if params.is_some() { ids } else { &ids[..ids.len() - 1] };
+        let fed = if params.is_some() {
+            ids
+        } else {
+            &ids[..ids.len() - 1]
+        };
         let mut last = Vec::new();
         let mut t = 0;
         for chunk in fed.chunks(CHUNK) {
@@ -175,9 +192,16 @@ impl LocalTeacher {
 /// `top_p` of the mass.
 fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u32 {
     let scaled: Vec<f32> = logits.iter().map(|&l| l / temperature).collect();
-    let probs: Vec<f64> = log_softmax(&scaled).iter().map(|&l| (l as f64).exp()).collect();
+    let probs: Vec<f64> = log_softmax(&scaled)
+        .iter()
+        .map(|&l| (l as f64).exp())
+        .collect();
     let mut order: Vec<u32> = (0..probs.len() as u32).collect();
-    order.sort_unstable_by(|a, b| probs[*b as usize].total_cmp(&probs[*a as usize]).then(a.cmp(b)));
+    order.sort_unstable_by(|a, b| {
+        probs[*b as usize]
+            .total_cmp(&probs[*a as usize])
+            .then(a.cmp(b))
+    });
     let mut kept = 0.0;
     let mut n = 0;
     for &i in &order {

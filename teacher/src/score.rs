@@ -9,11 +9,11 @@
 //! killing the scorer loses at most the shard in flight, never a finished one.
 
 use crate::{Scored, Teacher, TeacherError};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 pub const MANIFEST: &str = "manifest.json";
 
@@ -134,7 +134,10 @@ pub fn score_many(
     if let Some(e) = first_error {
         return Err(e);
     }
-    Ok(slots.into_iter().map(|s| s.expect("every input scored")).collect())
+    Ok(slots
+        .into_iter()
+        .map(|s| s.expect("every input scored"))
+        .collect())
 }
 
 fn write_manifest(dir: &Path, m: &Manifest) -> Result<(), TeacherError> {
@@ -157,7 +160,11 @@ pub fn score_corpus(
     let all: Vec<(usize, usize, &[u32])> = docs
         .iter()
         .enumerate()
-        .flat_map(|(d, doc)| segments(doc, job.seq_len).enumerate().map(move |(s, ids)| (d, s, ids)))
+        .flat_map(|(d, doc)| {
+            segments(doc, job.seq_len)
+                .enumerate()
+                .map(move |(s, ids)| (d, s, ids))
+        })
         .collect();
     let fresh = Manifest {
         schema_version: SCHEMA_VERSION,
@@ -204,9 +211,10 @@ pub fn score_corpus(
     for (index, chunk) in all.chunks(per).enumerate() {
         let file = format!("shard-{index:05}.parquet");
         let path = dir.join(&file);
-        let finished = manifest.shards.iter().any(|e| {
-            e.index == index && sha256_file(&path).is_ok_and(|sum| sum == e.sha256)
-        });
+        let finished = manifest
+            .shards
+            .iter()
+            .any(|e| e.index == index && sha256_file(&path).is_ok_and(|sum| sum == e.sha256));
         if finished {
             progress.shards_done += 1;
             progress.segments_done += chunk.len();
@@ -216,11 +224,17 @@ pub fn score_corpus(
         }
         manifest.shards.retain(|e| e.index != index);
         let inputs: Vec<&[u32]> = chunk.iter().map(|c| c.2).collect();
-        let scored = score_many(teacher, &inputs, job.meta.k, job.concurrency, &mut |positions| {
-            progress.segments_done += 1;
-            progress.positions += positions;
-            on_progress(progress);
-        })?;
+        let scored = score_many(
+            teacher,
+            &inputs,
+            job.meta.k,
+            job.concurrency,
+            &mut |positions| {
+                progress.segments_done += 1;
+                progress.positions += positions;
+                on_progress(progress);
+            },
+        )?;
         let rows: Vec<ShardRow> = chunk
             .iter()
             .zip(scored)

@@ -50,7 +50,11 @@ fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
 
 impl From<TeacherError> for ApiError {
     fn from(e: TeacherError) -> Self {
-        let status = if matches!(e, TeacherError::Request(_)) { 400 } else { 500 };
+        let status = if matches!(e, TeacherError::Request(_)) {
+            400
+        } else {
+            500
+        };
         ApiError {
             status,
             message: e.to_string(),
@@ -61,7 +65,11 @@ impl From<TeacherError> for ApiError {
 
 impl ApiError {
     fn body(&self) -> Value {
-        let kind = if self.status >= 500 { "internal_server_error" } else { "invalid_request_error" };
+        let kind = if self.status >= 500 {
+            "internal_server_error"
+        } else {
+            "invalid_request_error"
+        };
         json!({"error": {"message": self.message, "type": kind, "param": self.param, "code": self.status}})
     }
 }
@@ -139,12 +147,18 @@ fn handle(state: &State, mut request: tiny_http::Request) {
     let response = tiny_http::Response::from_string(value.to_string())
         .with_status_code(status)
         .with_header(
-            tiny_http::Header::from_bytes("Content-Type", "application/json").expect("valid header"),
+            tiny_http::Header::from_bytes("Content-Type", "application/json")
+                .expect("valid header"),
         );
     let _ = request.respond(response);
 }
 
-fn route(state: &State, method: &tiny_http::Method, url: &str, body: &str) -> Result<Value, ApiError> {
+fn route(
+    state: &State,
+    method: &tiny_http::Method,
+    url: &str,
+    body: &str,
+) -> Result<Value, ApiError> {
     use tiny_http::Method::{Get, Post};
     let name = state.teacher.name();
     match (method, url) {
@@ -155,7 +169,10 @@ fn route(state: &State, method: &tiny_http::Method, url: &str, body: &str) -> Re
         (Post, "/v1/completions") => completions(state, &parse(body)?),
         (Post, "/v1/chat/completions") => chat(state, &parse(body)?),
         (Post, "/generate") => sglang_generate(state, &parse(body)?),
-        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate") => Err(ApiError {
+        (
+            _,
+            "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate",
+        ) => Err(ApiError {
             status: 405,
             message: format!("{method} is not allowed on {url}"),
             param: None,
@@ -169,7 +186,8 @@ fn route(state: &State, method: &tiny_http::Method, url: &str, body: &str) -> Re
 }
 
 fn parse(body: &str) -> Result<Value, ApiError> {
-    let v: Value = serde_json::from_str(body).map_err(|e| bad("body", format!("invalid JSON: {e}")))?;
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| bad("body", format!("invalid JSON: {e}")))?;
     if !v.is_object() {
         return Err(bad("body", "the request must be a JSON object"));
     }
@@ -211,7 +229,10 @@ fn count(req: &Value, key: &'static str) -> Result<Option<usize>, ApiError> {
     }
     let k = uint(req, key, 0)?;
     if k > MAX_LOGPROBS {
-        return Err(bad(key, format!("`{key}` = {k} exceeds the maximum {MAX_LOGPROBS}")));
+        return Err(bad(
+            key,
+            format!("`{key}` = {k} exceeds the maximum {MAX_LOGPROBS}"),
+        ));
     }
     Ok(Some(k))
 }
@@ -224,13 +245,22 @@ fn prompt_ids(state: &State, req: &Value) -> Result<Vec<u32>, ApiError> {
             .tokenizer
             .encode(s)
             .map_err(|e| bad("prompt", e.to_string()))?,
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
-            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
-        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|v| v.as_u64().expect("checked") as u32)
+            .collect(),
         Some(Value::Array(_)) => {
-            return Err(bad("prompt", "a prompt list must hold token ids (one prompt per request)"));
+            return Err(bad(
+                "prompt",
+                "a prompt list must hold token ids (one prompt per request)",
+            ));
         }
-        _ => return Err(bad("prompt", "`prompt` must be a string or a list of token ids")),
+        _ => {
+            return Err(bad(
+                "prompt",
+                "`prompt` must be a string or a list of token ids",
+            ));
+        }
     };
     if ids.is_empty() {
         return Err(bad("prompt", "the prompt is empty"));
@@ -250,10 +280,16 @@ fn token_key(state: &State, id: u32, as_ids: bool) -> String {
 fn params(state: &State, req: &Value, default_max: usize) -> Result<GenerateParams, ApiError> {
     let mut stop: Vec<u32> = match req.get("stop_token_ids") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => {
-            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|v| v.as_u64().expect("checked") as u32)
+            .collect(),
+        Some(_) => {
+            return Err(bad(
+                "stop_token_ids",
+                "`stop_token_ids` must be a list of ids",
+            ));
         }
-        Some(_) => return Err(bad("stop_token_ids", "`stop_token_ids` must be a list of ids")),
     };
     if !flag(req, "ignore_eos")? {
         stop.extend(state.teacher.meta.eos);
@@ -261,7 +297,10 @@ fn params(state: &State, req: &Value, default_max: usize) -> Result<GeneratePara
     let temperature = float(req, "temperature", 1.0)?;
     let top_p = float(req, "top_p", 1.0)?;
     if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(bad("temperature", "temperature must be ≥ 0 and top_p in (0, 1]"));
+        return Err(bad(
+            "temperature",
+            "temperature must be ≥ 0 and top_p in (0, 1]",
+        ));
     }
     Ok(GenerateParams {
         max_tokens: uint(req, "max_tokens", default_max)?,
@@ -309,12 +348,21 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
             let actual = s.ids[pos + 1];
             for r in 0..k.max(1).min(s.k) {
                 let (id, lp) = (s.top_ids[pos * s.k + r], s.top_logprobs[pos * s.k + r]);
-                m.insert(id.to_string(), json!({"logprob": lp, "rank": r + 1, "decoded_token": tok(id)}));
+                m.insert(
+                    id.to_string(),
+                    json!({"logprob": lp, "rank": r + 1, "decoded_token": tok(id)}),
+                );
             }
             if !m.contains_key(&actual.to_string()) {
                 let lp = s.target_logprobs[pos];
-                let rank = 1 + s.top_logprobs[pos * s.k..(pos + 1) * s.k].iter().filter(|&&x| x > lp).count();
-                m.insert(actual.to_string(), json!({"logprob": lp, "rank": rank, "decoded_token": tok(actual)}));
+                let rank = 1 + s.top_logprobs[pos * s.k..(pos + 1) * s.k]
+                    .iter()
+                    .filter(|&&x| x > lp)
+                    .count();
+                m.insert(
+                    actual.to_string(),
+                    json!({"logprob": lp, "rank": rank, "decoded_token": tok(actual)}),
+                );
             }
             entries.push(Value::Object(m));
         }
@@ -350,7 +398,8 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
                 tops.push(top_map(&g.top_ids[r.clone()], &g.top_logprobs[r]));
             }
         }
-        choice["logprobs"] = json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops});
+        choice["logprobs"] =
+            json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops});
     }
     if flag(req, "return_token_ids")? {
         choice["prompt_token_ids"] = json!(ids);
@@ -368,11 +417,20 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
 }
 
 fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
-    let messages: Vec<Message> = serde_json::from_value(req.get("messages").cloned().unwrap_or(Value::Null))
-        .map_err(|e| bad("messages", format!("`messages` must be a list of {{role, content}}: {e}")))?;
+    let messages: Vec<Message> = serde_json::from_value(
+        req.get("messages").cloned().unwrap_or(Value::Null),
+    )
+    .map_err(|e| {
+        bad(
+            "messages",
+            format!("`messages` must be a list of {{role, content}}: {e}"),
+        )
+    })?;
     let rendered = render(&messages, ChatFormat::Chatml, true).map_err(|e| bad("messages", e))?;
     let t = &state.teacher;
-    let (ids, _) = rendered.encode(&t.tokenizer).map_err(|e| bad("messages", e.to_string()))?;
+    let (ids, _) = rendered
+        .encode(&t.tokenizer)
+        .map_err(|e| bad("messages", e.to_string()))?;
     let mut p = params(state, req, 256)?;
     let want = flag(req, "logprobs")?;
     let top = count(req, "top_logprobs")?.unwrap_or(0);
@@ -384,7 +442,12 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
         let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
         t.generate(&ids, &p)?
     };
-    let content_ids: Vec<u32> = g.ids.iter().copied().filter(|id| !p.stop.contains(id)).collect();
+    let content_ids: Vec<u32> = g
+        .ids
+        .iter()
+        .copied()
+        .filter(|id| !p.stop.contains(id))
+        .collect();
     let mut choice = json!({
         "index": 0,
         "message": {"role": "assistant", "content": t.tokenizer.decode(&content_ids).unwrap_or_default()},
@@ -423,21 +486,34 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
 fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     let t = &state.teacher;
     let ids: Vec<u32> = match (req.get("input_ids"), req.get("text")) {
-        (Some(Value::Array(a)), _) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            a.iter().map(|v| v.as_u64().expect("checked") as u32).collect()
+        (Some(Value::Array(a)), _) if !a.is_empty() && a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|v| v.as_u64().expect("checked") as u32)
+            .collect(),
+        (None, Some(Value::String(text))) if !text.is_empty() => t
+            .tokenizer
+            .encode(text)
+            .map_err(|e| bad("text", e.to_string()))?,
+        _ => {
+            return Err(bad(
+                "input_ids",
+                "give `input_ids` (a non-empty list of ids) or `text`",
+            ));
         }
-        (None, Some(Value::String(text))) if !text.is_empty() => {
-            t.tokenizer.encode(text).map_err(|e| bad("text", e.to_string()))?
-        }
-        _ => return Err(bad("input_ids", "give `input_ids` (a non-empty list of ids) or `text`")),
     };
     let sampling = req.get("sampling_params").cloned().unwrap_or(json!({}));
     if !sampling.is_object() {
-        return Err(bad("sampling_params", "`sampling_params` must be an object"));
+        return Err(bad(
+            "sampling_params",
+            "`sampling_params` must be an object",
+        ));
     }
     let mut p = params(state, &sampling, 128)?;
     if let Some(n) = sampling.get("max_new_tokens") {
-        p.max_tokens = n.as_u64().ok_or_else(|| bad("sampling_params", "`max_new_tokens` must be an integer"))? as usize;
+        p.max_tokens = n
+            .as_u64()
+            .ok_or_else(|| bad("sampling_params", "`max_new_tokens` must be an integer"))?
+            as usize;
     }
     let want = flag(req, "return_logprob")?;
     let top = count(req, "top_logprobs_num")?.unwrap_or(0);
@@ -451,7 +527,12 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
     let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);
     let tops = |ids: &[u32], lps: &[f32]| -> Value {
-        Value::Array(ids.iter().zip(lps).map(|(&i, &l)| entry(Some(l), i)).collect())
+        Value::Array(
+            ids.iter()
+                .zip(lps)
+                .map(|(&i, &l)| entry(Some(l), i))
+                .collect(),
+        )
     };
     let mut meta = json!({
         "prompt_tokens": ids.len(),
@@ -469,7 +550,11 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
                 (Some(s), i) if i >= 1 => {
                     let r = (i - 1) * s.k..i * s.k;
                     input.push(entry(Some(s.target_logprobs[i - 1]), id));
-                    input_top.push(if top > 0 { tops(&s.top_ids[r.clone()], &s.top_logprobs[r]) } else { Value::Null });
+                    input_top.push(if top > 0 {
+                        tops(&s.top_ids[r.clone()], &s.top_logprobs[r])
+                    } else {
+                        Value::Null
+                    });
                 }
                 _ => {
                     input.push(entry(None, id));
@@ -480,11 +565,21 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
         meta["input_token_logprobs"] = Value::Array(input);
         meta["input_top_logprobs"] = Value::Array(input_top);
         if let Some(g) = &generated {
-            meta["output_token_logprobs"] =
-                Value::Array(g.ids.iter().zip(&g.logprobs).map(|(&i, &l)| entry(Some(l), i)).collect());
+            meta["output_token_logprobs"] = Value::Array(
+                g.ids
+                    .iter()
+                    .zip(&g.logprobs)
+                    .map(|(&i, &l)| entry(Some(l), i))
+                    .collect(),
+            );
             meta["output_top_logprobs"] = Value::Array(
                 (0..g.ids.len())
-                    .map(|i| tops(&g.top_ids[i * g.k..(i + 1) * g.k], &g.top_logprobs[i * g.k..(i + 1) * g.k]))
+                    .map(|i| {
+                        tops(
+                            &g.top_ids[i * g.k..(i + 1) * g.k],
+                            &g.top_logprobs[i * g.k..(i + 1) * g.k],
+                        )
+                    })
                     .collect(),
             );
         }

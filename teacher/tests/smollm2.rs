@@ -22,7 +22,11 @@ fn golden() -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
@@ -30,7 +34,11 @@ fn tokenizer_from_gguf_matches_transformers() {
     let t = teacher();
     for case in golden()["tokenizer"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
-        assert_eq!(t.tokenizer.encode(text).unwrap(), ids(&case["ids"]), "{text:?}");
+        assert_eq!(
+            t.tokenizer.encode(text).unwrap(),
+            ids(&case["ids"]),
+            "{text:?}"
+        );
         assert_eq!(t.tokenizer.decode(&ids(&case["ids"])).unwrap(), text);
     }
     assert_eq!((t.meta.eos, t.meta.add_bos), (Some(2), false));
@@ -50,14 +58,23 @@ fn top_k_logprobs_match_transformers() {
         let want_lp = case["top_logprobs"].as_array().unwrap();
         for pos in 0..s.positions() {
             let (wi, wl) = (ids(&want_ids[pos]), &want_lp[pos]);
-            let wl: Vec<f64> = wl.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+            let wl: Vec<f64> = wl
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect();
             for r in 0..k {
                 let (id, lp) = (s.top_ids[pos * k + r], s.top_logprobs[pos * k + r] as f64);
                 worst = worst.max((lp - wl[r]).abs());
                 // Ids agree wherever the reference's neighbours are not near-ties.
                 let tie = (r > 0 && (wl[r - 1] - wl[r]).abs() < 1e-3)
                     || (r + 1 < k && (wl[r] - wl[r + 1]).abs() < 1e-3);
-                assert!(tie || id == wi[r], "position {pos} rank {r}: {id} vs {}", wi[r]);
+                assert!(
+                    tie || id == wi[r],
+                    "position {pos} rank {r}: {id} vs {}",
+                    wi[r]
+                );
             }
             // The target's logprob: the next token is usually in the top-k.
             if let Some(r) = wi.iter().position(|&i| i == seq[pos + 1]) {
@@ -87,7 +104,10 @@ fn greedy_chat_answer_matches_transformers() {
     assert_eq!(text, "The capital of France is Paris.<|im_end|>");
     // Greedy picks the top-1, so each step's logprob is its top logprob.
     for (i, lp) in out.logprobs.iter().enumerate() {
-        assert_eq!((out.top_ids[i * 5], out.top_logprobs[i * 5]), (out.ids[i], *lp));
+        assert_eq!(
+            (out.top_ids[i * 5], out.top_logprobs[i * 5]),
+            (out.ids[i], *lp)
+        );
     }
 }
 
@@ -95,9 +115,22 @@ fn greedy_chat_answer_matches_transformers() {
 fn bad_requests_are_refused_with_the_reason() {
     let t = teacher();
     let e = t.score(&[1, 60000], 4).unwrap_err().to_string();
-    assert!(e.contains("token 60000 at position 1 is outside the teacher's vocabulary of 49152"), "{e}");
-    assert!(t.score(&[1], 4).unwrap_err().to_string().contains("scoring needs 2"));
-    assert!(t.score(&[1, 2], 0).unwrap_err().to_string().contains("k = 0"));
+    assert!(
+        e.contains("token 60000 at position 1 is outside the teacher's vocabulary of 49152"),
+        "{e}"
+    );
+    assert!(
+        t.score(&[1], 4)
+            .unwrap_err()
+            .to_string()
+            .contains("scoring needs 2")
+    );
+    assert!(
+        t.score(&[1, 2], 0)
+            .unwrap_err()
+            .to_string()
+            .contains("k = 0")
+    );
 }
 
 mod scoring {
@@ -141,7 +174,10 @@ mod scoring {
             "Or to take arms against a sea of troubles",
             "And by opposing end them. To die—to sleep,",
         ];
-        let docs: Vec<Vec<u32>> = lines.iter().map(|l| t.tokenizer.encode(l).unwrap()).collect();
+        let docs: Vec<Vec<u32>> = lines
+            .iter()
+            .map(|l| t.tokenizer.encode(l).unwrap())
+            .collect();
         let dir = std::env::temp_dir().join(format!("k3mini-score-{}", std::process::id()));
         std::fs::remove_dir_all(&dir).ok();
         let job = ScoreJob {
@@ -156,10 +192,18 @@ mod scoring {
             segments_per_shard: 4,
             concurrency: 1,
         };
-        let segs: usize = docs.iter().map(|d| k3mini_teacher::score::segments(d, 6).count()).sum();
+        let segs: usize = docs
+            .iter()
+            .map(|d| k3mini_teacher::score::segments(d, 6).count())
+            .sum();
         // Dies inside the second shard: the first is finished and recorded.
-        let dying = Dying { calls: AtomicUsize::new(0), fail_at: 5 };
-        let e = score_corpus(&dying, &docs, &job, &mut |_| {}).unwrap_err().to_string();
+        let dying = Dying {
+            calls: AtomicUsize::new(0),
+            fail_at: 5,
+        };
+        let e = score_corpus(&dying, &docs, &job, &mut |_| {})
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("connection reset"), "{e}");
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
@@ -183,11 +227,23 @@ mod scoring {
         assert_eq!(last.unwrap().skipped, segs.div_ceil(4) - 1);
         assert_eq!(m2, m, "rescoring reproduces the shard byte for byte");
         // Several requests in flight give the same shards.
-        let parallel = ScoreJob { out_dir: dir.join("parallel"), concurrency: 3, ..job.clone() };
+        let parallel = ScoreJob {
+            out_dir: dir.join("parallel"),
+            concurrency: 3,
+            ..job.clone()
+        };
         let m3 = score_corpus(t, &docs, &parallel, &mut |_| {}).unwrap();
         assert_eq!(m3.shards, m.shards);
-        let other = ScoreJob { meta: ShardMeta { k: 4, ..job.meta.clone() }, ..job.clone() };
-        let e = score_corpus(t, &docs, &other, &mut |_| {}).unwrap_err().to_string();
+        let other = ScoreJob {
+            meta: ShardMeta {
+                k: 4,
+                ..job.meta.clone()
+            },
+            ..job.clone()
+        };
+        let e = score_corpus(t, &docs, &other, &mut |_| {})
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("different job"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }

@@ -207,7 +207,9 @@ impl GgufFile {
         }
         let version = r.u32()?;
         if !(2..=3).contains(&version) {
-            return Err(err(format!("GGUF version {version} is not supported (2 or 3)")));
+            return Err(err(format!(
+                "GGUF version {version} is not supported (2 or 3)"
+            )));
         }
         let n_tensors = r.len(file_len, "tensor count")?;
         let n_kv = r.len(file_len, "metadata count")?;
@@ -225,9 +227,10 @@ impl GgufFile {
             if n_dims == 0 || n_dims > 4 {
                 return Err(err(format!("tensor {name}: {n_dims} dimensions")));
             }
-            let dims = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>, _>>()?;
-            let ty = GgmlType::from_id(r.u32()?)
-                .map_err(|m| err(format!("tensor {name}: {m}")))?;
+            let dims = (0..n_dims)
+                .map(|_| r.u64())
+                .collect::<Result<Vec<_>, _>>()?;
+            let ty = GgmlType::from_id(r.u32()?).map_err(|m| err(format!("tensor {name}: {m}")))?;
             let offset = r.u64()?;
             tensors.push(TensorInfo {
                 name,
@@ -241,12 +244,11 @@ impl GgufFile {
             .and_then(Value::as_u64)
             .unwrap_or(DEFAULT_ALIGNMENT);
         if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(err(format!("general.alignment {alignment} is not a power of two")));
+            return Err(err(format!(
+                "general.alignment {alignment} is not a power of two"
+            )));
         }
-        let header_end = r
-            .inner
-            .stream_position()
-            .map_err(|e| err(e.to_string()))?;
+        let header_end = r.inner.stream_position().map_err(|e| err(e.to_string()))?;
         let data_start = header_end.div_ceil(alignment) * alignment;
         for t in &tensors {
             if t.dims[0] % t.ty.block_size() as u64 != 0 {

@@ -125,9 +125,13 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, Stri
     let mut out = vec![0f32; n];
     let blocks = bytes.chunks_exact(bb).zip(out.chunks_exact_mut(bs));
     match ty {
-        GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F32 => {
+            blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
         GgmlType::F16 => blocks.for_each(|(b, y)| y[0] = f16_at(b, 0)),
-        GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        GgmlType::BF16 => {
+            blocks.for_each(|(b, y)| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        }
         GgmlType::Q8_0 => blocks.for_each(|(b, y)| {
             let d = f16_at(b, 0);
             for (y, &q) in y.iter_mut().zip(&b[2..34]) {
