@@ -18,8 +18,9 @@ pub enum DataCommand {
     Chat {
         /// JSONL, one conversation (`messages`: [{role, content, thinking?}]) per line.
         file: PathBuf,
-        #[arg(long, value_enum, default_value = "kimi")]
-        template: Template,
+        /// `kimi` or `chatml`.
+        #[arg(long, default_value = "kimi", value_parser = parse_template)]
+        template: ChatFormat,
         /// `kimi_k2` (the Kimi template's markers) or a tokenizer.json.
         #[arg(long, default_value = "kimi_k2")]
         tokenizer: String,
@@ -31,10 +32,10 @@ pub enum DataCommand {
     },
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Template {
-    Chatml,
-    Kimi,
+/// A chat template by its recipe name (the same names `chat = "…"` takes).
+fn parse_template(name: &str) -> Result<ChatFormat, String> {
+    serde_json::from_value(serde_json::Value::String(name.into()))
+        .map_err(|_| format!("unknown template {name:?}: kimi or chatml"))
 }
 
 #[derive(Subcommand)]
@@ -90,10 +91,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             field,
             limit,
         } => {
-            let format = match template {
-                Template::Chatml => ChatFormat::Chatml,
-                Template::Kimi => ChatFormat::Kimi,
-            };
+            let format = template;
             let t = Tokenizer::load(&tokenizer)?;
             check_markers(format, &t).map_err(anyhow::Error::msg)?;
             let loss = LossParts::default();

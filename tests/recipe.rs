@@ -192,3 +192,38 @@ fn recipe_check_prints_the_resolved_recipe() {
         "{err}"
     );
 }
+
+#[test]
+fn teacher_and_chat_settings_are_checked() {
+    let teacher = "\n[teacher]\nmodel = \"smollm2\"\n";
+    for (text, key, says) in [
+        (
+            GOOD.replace("tokenizer = \"kimi\"", "tokenizer = \"teacher\""),
+            "data.tokenizer",
+            "needs a [teacher] table",
+        ),
+        (
+            format!("{GOOD}{teacher}endpoints = [\"http://127.0.0.1:8000\"]\n"),
+            "teacher",
+            "either `model`",
+        ),
+        (
+            format!("{GOOD}{teacher}k = 0\n"),
+            "teacher.k",
+            "must be positive",
+        ),
+        (
+            GOOD.replace(
+                "path = \"corpus.txt\"",
+                "path = \"corpus.txt\"\nchat = \"kimi\"",
+            ),
+            "data.sources.0.chat",
+            "chat sources are JSONL",
+        ),
+    ] {
+        let e = error(&key.replace('.', "-"), &text);
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains(says), "{e}");
+        assert!(e.line.is_some(), "{e}");
+    }
+}

@@ -51,7 +51,8 @@ pub fn gguf_path(t: &KnownTeacher, cache: &Path) -> PathBuf {
     cache.join("teachers").join(t.name).join(file)
 }
 
-fn sha256_file(path: &Path) -> std::io::Result<String> {
+/// SHA-256 (hex) of a file, streamed.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     let mut f = std::fs::File::open(path)?;
     std::io::copy(&mut f, &mut hasher)?;

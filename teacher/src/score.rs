@@ -8,10 +8,10 @@
 //! teacher, tokenizer, k, layout) and skips every shard whose file still has its recorded checksum:
 //! killing the scorer loses at most the shard in flight, never a finished one.
 
+use crate::fetch::sha256_file;
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -66,12 +66,6 @@ pub struct ScoreProgress {
     /// Positions scored by this run (not counting skipped shards).
     pub positions: usize,
     pub skipped: usize,
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut h = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut h)?;
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
