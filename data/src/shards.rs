@@ -214,6 +214,44 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
         .len())
 }
 
+/// Every column has the type the reader's casts assume (a file with the right metadata but other
+/// columns is refused, never a panic).
+fn check_schema(schema: &arrow_schema::Schema, k: usize) -> Result<(), String> {
+    use arrow_schema::DataType::{self, FixedSizeList, Float32, Int32, Int64, List};
+    let list_of = |dt: &DataType, inner: &DataType| matches!(dt, List(f) if f.data_type() == inner);
+    let topk_of = |dt: &DataType, inner: &DataType| {
+        matches!(dt, List(f) if matches!(f.data_type(),
+            FixedSizeList(g, n) if g.data_type() == inner && *n as usize == k))
+    };
+    for name in [
+        "doc_id",
+        "segment",
+        "input_ids",
+        "target_logprobs",
+        "top_ids",
+        "top_logprobs",
+    ] {
+        let field = schema
+            .field_with_name(name)
+            .map_err(|_| format!("no column {name}"))?;
+        let dt = field.data_type();
+        let ok = match name {
+            "doc_id" => *dt == Int64,
+            "segment" => *dt == Int32,
+            "input_ids" => list_of(dt, &Int32),
+            "target_logprobs" => list_of(dt, &Float32),
+            "top_ids" => topk_of(dt, &Int32),
+            _ => topk_of(dt, &Float32),
+        };
+        if !ok {
+            return Err(format!(
+                "column {name} has type {dt}, not what schema version {SCHEMA_VERSION} stores at k = {k}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads and validates a shard: schema version, metadata, and every row's lengths.
 pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
     let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
@@ -254,6 +292,7 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
             .parse()
             .map_err(|e| shard_err(path, e))?,
     };
+    check_schema(builder.schema(), meta.k).map_err(|m| shard_err(path, m))?;
     let reader = builder.build().map_err(|e| shard_err(path, e))?;
     let mut rows = Vec::new();
     for batch in reader {

@@ -69,3 +69,38 @@ fn shards_round_trip_losslessly_with_metadata() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_file_with_shard_metadata_but_other_columns_is_refused() {
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use parquet::file::metadata::KeyValue;
+    use std::sync::Arc;
+    let path =
+        std::env::temp_dir().join(format!("k3mini-fake-shard-{}.parquet", std::process::id()));
+    let batch = RecordBatch::try_from_iter([(
+        "doc_id",
+        Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+    )])
+    .unwrap();
+    let kv = [
+        "schema_version",
+        "teacher",
+        "tokenizer_sha256",
+        "k",
+        "temperature",
+    ]
+    .iter()
+    .zip(["1", "t", "s", "8", "1"])
+    .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
+    .collect();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let e = read_shard(&path).unwrap_err().to_string();
+    assert!(e.contains("column doc_id has type Utf8"), "{e}");
+    std::fs::remove_file(&path).ok();
+}
