@@ -9,12 +9,16 @@
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
+//! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
+//! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
+//!             temperature, top_p, prompts_per_shard, out_dir
 //! ```
 
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
+use k3mini_teacher::fetch::{self, Kind};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -62,6 +66,47 @@ pub struct TeacherConfig {
     /// Where shards go (default `<run out_dir>/shards`).
     #[serde(default)]
     pub shards_dir: Option<PathBuf>,
+    /// Reasoning trajectories `k3mini teacher generate` samples from the teacher.
+    #[serde(default)]
+    pub generate: Option<GenerateConfig>,
+}
+
+/// `[teacher.generate]`: prompts to answer and how to sample. Top-k per token is `teacher.k`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateConfig {
+    pub prompts: Vec<PromptSource>,
+    /// The chat template the prompts are rendered with.
+    #[serde(default = "default_template")]
+    pub template: ChatFormat,
+    /// A system turn put before every prompt that has none.
+    #[serde(default)]
+    pub system: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default = "default_top_p")]
+    pub top_p: f32,
+    #[serde(default = "default_prompts_per_shard")]
+    pub prompts_per_shard: usize,
+    /// Where trajectory shards go (default `<run out_dir>/trajectories`).
+    #[serde(default)]
+    pub out_dir: Option<PathBuf>,
+}
+
+/// A prompt set: a JSONL file (relative to the recipe) or a built-in one (`champ`), optionally
+/// cut to its first `limit` prompts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSource {
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub dataset: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -242,6 +287,18 @@ fn default_temperature() -> f32 {
 fn default_segments_per_shard() -> usize {
     32
 }
+fn default_template() -> ChatFormat {
+    ChatFormat::Chatml
+}
+fn default_max_tokens() -> usize {
+    256
+}
+fn default_top_p() -> f32 {
+    1.0
+}
+fn default_prompts_per_shard() -> usize {
+    8
+}
 fn default_max_bad() -> usize {
     5
 }
@@ -300,6 +357,16 @@ impl LoadedRecipe {
             t.shards_dir
                 .clone()
                 .unwrap_or_else(|| self.out_dir().join("shards")),
+        )
+    }
+
+    /// Where `k3mini teacher generate` writes this recipe's trajectories.
+    pub fn trajectories_dir(&self) -> Option<PathBuf> {
+        let g = self.recipe.teacher.as_ref()?.generate.as_ref()?;
+        Some(
+            g.out_dir
+                .clone()
+                .unwrap_or_else(|| self.out_dir().join("trajectories")),
         )
     }
 
@@ -394,6 +461,31 @@ pub fn parse(path: &Path, text: &str) -> Result<LoadedRecipe, RecipeError> {
             ));
         }
     }
+    let prompts = loaded
+        .recipe
+        .teacher
+        .iter()
+        .flat_map(|t| t.generate.iter().flat_map(|g| g.prompts.iter()));
+    for (i, p) in prompts.enumerate() {
+        let key = format!("teacher.generate.prompts.{i}");
+        if let Some(path) = &p.path
+            && !loaded.resolve_path(path).is_file()
+        {
+            let shown = loaded.resolve_path(path).display().to_string();
+            return Err(err(
+                &format!("{key}.path"),
+                format!("{shown} does not exist"),
+            ));
+        }
+        if let Some(name) = &p.dataset
+            && fetch::known(name, Kind::Dataset).is_none()
+        {
+            return Err(err(
+                &format!("{key}.dataset"),
+                format!("{name:?} is not a built-in prompt set (champ)"),
+            ));
+        }
+    }
     let tokenizer = &loaded.recipe.data.tokenizer;
     if tokenizer == TEACHER_TOKENIZER {
         if loaded.recipe.teacher.is_none() {
@@ -451,6 +543,44 @@ fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> 
         }
         if t.segments_per_shard == 0 {
             return bad("teacher.segments_per_shard", "must be positive".into());
+        }
+        if let Some(g) = &t.generate {
+            if g.prompts.is_empty() {
+                return bad("teacher.generate.prompts", "names no prompt set".into());
+            }
+            for (i, p) in g.prompts.iter().enumerate() {
+                if p.path.is_some() == p.dataset.is_some() {
+                    return bad(
+                        &format!("teacher.generate.prompts.{i}"),
+                        "give either `path` (a JSONL file) or `dataset` (a built-in set: champ)"
+                            .into(),
+                    );
+                }
+                if p.limit == Some(0) {
+                    return bad(
+                        &format!("teacher.generate.prompts.{i}.limit"),
+                        "must be positive".into(),
+                    );
+                }
+            }
+            if g.max_tokens == 0 || g.prompts_per_shard == 0 {
+                return bad(
+                    "teacher.generate",
+                    "max_tokens and prompts_per_shard must be positive".into(),
+                );
+            }
+            if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
+                return bad(
+                    "teacher.generate.temperature",
+                    format!("must be 0 (greedy) or positive, got {}", g.temperature),
+                );
+            }
+            if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+                return bad(
+                    "teacher.generate.top_p",
+                    format!("must be in (0, 1], got {}", g.top_p),
+                );
+            }
         }
     }
     let positive = [

@@ -3,11 +3,15 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
+use k3mini::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
-use k3mini_data::chat::{Message, Role, render};
+use k3mini_data::chat::{Message, Role, check_markers, render};
+use k3mini_data::prompts::{read_champ, read_prompts};
 use k3mini_data::shards::ShardMeta;
-use k3mini_teacher::client::{ClientOptions, HttpTeacher};
+use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
+use k3mini_teacher::fetch::Kind;
+use k3mini_teacher::generate::{GenerateJob, PromptIds, generate_trajectories};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::score::{ScoreJob, score_corpus};
 use k3mini_teacher::server::serve;
@@ -26,6 +30,19 @@ pub enum TeacherCommand {
         /// Shard directory (default: the recipe's teacher.shards_dir, else <run out_dir>/shards).
         #[arg(long)]
         out: Option<PathBuf>,
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Sample reasoning trajectories for the recipe's [teacher.generate] prompts into Parquet shards
+    /// (a rerun skips finished shards).
+    Generate {
+        recipe: PathBuf,
+        /// Shard directory (default: teacher.generate.out_dir, else <run out_dir>/trajectories).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Only the first N prompts (after each source's own limit).
+        #[arg(long)]
+        limit: Option<usize>,
         #[arg(long)]
         quiet: bool,
     },
@@ -64,10 +81,13 @@ pub enum TeacherCommand {
 
 /// A built-in teacher's GGUF (fetched when missing) or a path.
 pub fn resolve(teacher: &str) -> Result<PathBuf> {
-    if fetch::known(teacher).is_some() {
-        return Ok(fetch::fetch(teacher, &fetch::cache_dir(), &mut |l| {
-            eprintln!("{l}")
-        })?);
+    if fetch::known(teacher, Kind::Teacher).is_some() {
+        return Ok(fetch::fetch(
+            teacher,
+            Kind::Teacher,
+            &fetch::cache_dir(),
+            &mut |l| eprintln!("{l}"),
+        )?);
     }
     let path = Path::new(teacher);
     anyhow::ensure!(
@@ -80,6 +100,12 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
 pub fn run(cmd: TeacherCommand) -> Result<()> {
     match cmd {
         TeacherCommand::Score { recipe, out, quiet } => score(&recipe, out, quiet),
+        TeacherCommand::Generate {
+            recipe,
+            out,
+            limit,
+            quiet,
+        } => generate(&recipe, out, limit, quiet),
         TeacherCommand::Tokenizer { teacher, out } => {
             let file = k3mini_checkpoints::gguf::GgufFile::open(&resolve(&teacher)?)?;
             let (tokenizer, _) = k3mini_teacher::gguf::load_tokenizer(&file)?;
@@ -164,36 +190,29 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
 /// the probe that a served teacher tokenizes as the student does.
 const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
 
-fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
-    let recipe = k3mini::recipe::load(recipe_path)?;
+/// A recipe's teacher (local, or served and probed) and the tokenizer both sides agree on.
+fn recipe_teacher(
+    recipe: &LoadedRecipe,
+) -> Result<(&TeacherConfig, Box<dyn Teacher>, k3mini_data::Tokenizer)> {
+    let path = recipe.path.display();
     let Some(tc) = &recipe.recipe.teacher else {
-        anyhow::bail!(
-            "{}: no [teacher] table to score with",
-            recipe_path.display()
-        );
+        anyhow::bail!("{path}: no [teacher] table");
     };
-    anyhow::ensure!(
-        tc.temperature == 1.0,
-        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
-         logprobs happens in the distillation loss)",
-        tc.temperature
-    );
     let mismatch = |what: &str| {
         anyhow::anyhow!(
-            "{}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's top-k ids \
+            "{path}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids \
              would mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
-             distillation is not supported yet).",
-            recipe_path.display()
+             distillation is not supported yet)."
         )
     };
-    let (teacher, tokenizer): (Box<dyn Teacher>, k3mini_data::Tokenizer) = match &tc.model {
+    Ok(match &tc.model {
         Some(model) => {
-            let path = if fetch::known(model).is_some() {
+            let file = if fetch::known(model, Kind::Teacher).is_some() {
                 resolve(model)?
             } else {
                 resolve(&recipe.resolve_path(Path::new(model)).display().to_string())?
             };
-            let local = LocalTeacher::from_gguf(&path, &Device::default())?;
+            let local = LocalTeacher::from_gguf(&file, &Device::default())?;
             let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
                 local.tokenizer.clone()
             } else {
@@ -205,21 +224,39 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
                 }
                 student
             };
-            (Box::new(local), tokenizer)
+            (tc, Box::new(local), tokenizer)
         }
         None => {
             let tokenizer = recipe.tokenizer()?;
+            // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
+            let pieces = (tc.api == Api::Openai).then(|| {
+                Arc::new(piece_map(tokenizer.vocab_size(), |id| {
+                    tokenizer.decode(&[id]).ok()
+                }))
+            });
             let opts = ClientOptions {
                 api: tc.api,
+                pieces,
                 ..Default::default()
             };
             let remote = HttpTeacher::connect(&tc.endpoints, tokenizer.vocab_size(), opts)?;
             if remote.token_ids(PROBE)? != tokenizer.encode(PROBE)? {
                 return Err(mismatch("the server tokenizes a probe text differently"));
             }
-            (Box::new(remote), tokenizer)
+            (tc, Box::new(remote), tokenizer)
         }
-    };
+    })
+}
+
+fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
+    let recipe = k3mini::recipe::load(recipe_path)?;
+    let (tc, teacher, tokenizer) = recipe_teacher(&recipe)?;
+    anyhow::ensure!(
+        tc.temperature == 1.0,
+        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
+         logprobs happens in the distillation loss)",
+        tc.temperature
+    );
     let docs: Vec<Vec<u32>> = tokenized_documents(&recipe, &tokenizer)?
         .into_iter()
         .map(|d| d.ids)
@@ -238,17 +275,7 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         segments_per_shard: tc.segments_per_shard,
         concurrency: tc.concurrency,
     };
-    let bar = if quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(0)
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} segments  {msg}  [{elapsed} < {eta}]",
-        )
-        .expect("valid template"),
-    );
+    let bar = progress_bar(quiet, "segments");
     let started = std::time::Instant::now();
     let manifest = score_corpus(teacher.as_ref(), &docs, &job, &mut |p| {
         bar.set_length(p.segments_total as u64);
@@ -262,15 +289,146 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         ));
     })?;
     bar.finish();
-    let positions: usize = manifest.shards.iter().map(|s| s.positions).sum();
-    let bytes: u64 = manifest.shards.iter().map(|s| s.bytes).sum();
+    let (positions, bytes) = (manifest.positions(), manifest.bytes());
     println!(
         "{} shards, {} documents, {positions} positions at k = {}: {:.1} MB, {:.1} bytes/token -> {}",
         manifest.shards.len(),
-        manifest.documents,
-        manifest.k,
+        manifest.job.documents,
+        manifest.job.k,
         bytes as f64 / 1e6,
         bytes as f64 / positions.max(1) as f64,
+        job.out_dir.display()
+    );
+    Ok(())
+}
+
+fn progress_bar(quiet: bool, unit: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{bar:30}} {{pos}}/{{len}} {unit}  {{msg}}  [{{elapsed}} < {{eta}}]"
+        ))
+        .expect("valid template"),
+    )
+}
+
+/// The recipe's prompt sets, rendered and tokenized.
+fn recipe_prompts(
+    recipe: &LoadedRecipe,
+    g: &GenerateConfig,
+    tokenizer: &k3mini_data::Tokenizer,
+    limit: Option<usize>,
+) -> Result<Vec<PromptIds>> {
+    check_markers(g.template, tokenizer).map_err(anyhow::Error::msg)?;
+    let mut prompts = Vec::new();
+    for source in &g.prompts {
+        if limit.is_some_and(|l| prompts.len() >= l) {
+            break; // no need to fetch sets past the limit
+        }
+        let mut set = match (&source.path, &source.dataset) {
+            (Some(path), _) => read_prompts(&recipe.resolve_path(path))?,
+            (_, Some(name)) => {
+                let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
+                    eprintln!("{l}")
+                })?;
+                read_champ(&file)?
+            }
+            _ => unreachable!("the recipe check requires path or dataset"),
+        };
+        set.truncate(source.limit.unwrap_or(usize::MAX));
+        prompts.extend(set);
+    }
+    prompts.truncate(limit.unwrap_or(usize::MAX));
+    prompts
+        .into_iter()
+        .map(|p| {
+            let mut messages = p.messages;
+            if let Some(system) = &g.system
+                && messages[0].role != Role::System
+            {
+                messages.insert(
+                    0,
+                    Message {
+                        role: Role::System,
+                        content: system.clone(),
+                        thinking: None,
+                    },
+                );
+            }
+            let rendered = render(&messages, g.template, true)
+                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", p.id))?;
+            Ok(PromptIds {
+                id: p.id,
+                ids: rendered.encode(tokenizer)?.0,
+                reference: p.answer,
+            })
+        })
+        .collect()
+}
+
+fn generate(
+    recipe_path: &Path,
+    out: Option<PathBuf>,
+    limit: Option<usize>,
+    quiet: bool,
+) -> Result<()> {
+    let recipe = k3mini::recipe::load(recipe_path)?;
+    let Some(g) = recipe
+        .recipe
+        .teacher
+        .as_ref()
+        .and_then(|t| t.generate.as_ref())
+    else {
+        anyhow::bail!(
+            "{}: no [teacher.generate] table naming prompts",
+            recipe_path.display()
+        );
+    };
+    let (tc, teacher, tokenizer) = recipe_teacher(&recipe)?;
+    let prompts = recipe_prompts(&recipe, g, &tokenizer, limit)?;
+    // The turn ends at the template's end-of-turn marker (one id: check_markers made sure).
+    let end_of_turn = tokenizer.encode_with_specials("<|im_end|>")?;
+    let job = GenerateJob {
+        out_dir: out
+            .or_else(|| recipe.trajectories_dir())
+            .expect("a [teacher.generate] recipe has a trajectory dir"),
+        params: GenerateParams {
+            max_tokens: g.max_tokens,
+            temperature: g.temperature,
+            top_p: g.top_p,
+            seed: recipe.recipe.run.seed,
+            logprobs: tc.k,
+            stop: end_of_turn,
+        },
+        teacher: teacher.name().to_string(),
+        tokenizer_sha256: tokenizer.fingerprint(),
+        prompts_per_shard: g.prompts_per_shard,
+        concurrency: tc.concurrency,
+    };
+    let bar = progress_bar(quiet, "prompts");
+    let started = std::time::Instant::now();
+    let decode = |ids: &[u32]| Ok(tokenizer.decode(ids)?);
+    let manifest = generate_trajectories(teacher.as_ref(), &prompts, &job, &decode, &mut |p| {
+        bar.set_length(p.prompts_total as u64);
+        bar.set_position(p.prompts_done as u64);
+        bar.set_message(format!(
+            "{:.1} tokens/s  {} stopped, {} hit max_tokens  ({} shards skipped)",
+            p.tokens as f64 / started.elapsed().as_secs_f64().max(1e-9),
+            p.stopped,
+            p.truncated,
+            p.skipped_shards
+        ));
+    })?;
+    bar.finish();
+    println!(
+        "{} shards, {} prompts, {} generated tokens with top-{}: {:.2} MB -> {}",
+        manifest.shards.len(),
+        manifest.job.prompts,
+        manifest.positions(),
+        manifest.job.k,
+        manifest.bytes() as f64 / 1e6,
         job.out_dir.display()
     );
     Ok(())

@@ -220,6 +220,32 @@ fn teacher_and_chat_settings_are_checked() {
             "data.sources.0.chat",
             "chat sources are JSONL",
         ),
+        (
+            format!(
+                "{GOOD}{teacher}[teacher.generate]\nprompts = [{{path = \"p.jsonl\", dataset = \"champ\"}}]\n"
+            ),
+            "teacher.generate.prompts.0",
+            "either `path`",
+        ),
+        (
+            format!("{GOOD}{teacher}[teacher.generate]\nprompts = [{{dataset = \"gsm9k\"}}]\n"),
+            "teacher.generate.prompts.0.dataset",
+            "not a built-in prompt set",
+        ),
+        (
+            format!(
+                "{GOOD}{teacher}[teacher.generate]\nprompts = [{{path = \"missing.jsonl\"}}]\n"
+            ),
+            "teacher.generate.prompts.0.path",
+            "does not exist",
+        ),
+        (
+            format!(
+                "{GOOD}{teacher}[teacher.generate]\nprompts = [{{dataset = \"champ\"}}]\ntop_p = 0\n"
+            ),
+            "teacher.generate.top_p",
+            "(0, 1]",
+        ),
     ] {
         let e = error(&key.replace('.', "-"), &text);
         assert_eq!(e.key, key, "{e}");

@@ -2,7 +2,7 @@
 //! generations equal the in-process teacher's to the bit; bad requests get OpenAI-style errors and
 //! the server keeps serving; a dead endpoint in the list is retried past.
 use burn::tensor::Device;
-use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher};
+use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::{GenerateParams, Teacher, fetch};
 use serde_json::{Value, json};
@@ -41,6 +41,59 @@ fn start() -> Server {
     Server { child, url }
 }
 
+/// A loopback proxy in front of `upstream` that drops `return_tokens_as_token_ids` from requests,
+/// so tokens come back named by their text, as llama-cpp-python's server names them. Serves at most
+/// `max` connections.
+fn text_proxy(upstream: &str, max: usize) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let upstream = upstream.to_string();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(max) {
+            let mut s = stream.unwrap();
+            let mut reader = BufReader::new(s.try_clone().unwrap());
+            let mut first = String::new();
+            reader.read_line(&mut first).unwrap();
+            let mut parts = first.split_whitespace();
+            let (method, path) = (
+                parts.next().unwrap().to_string(),
+                parts.next().unwrap().to_string(),
+            );
+            let mut len = 0;
+            loop {
+                let mut h = String::new();
+                reader.read_line(&mut h).unwrap();
+                if h.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; len];
+            reader.read_exact(&mut body).unwrap();
+            let body = if len > 0 {
+                let mut v: Value = serde_json::from_slice(&body).unwrap();
+                v.as_object_mut()
+                    .unwrap()
+                    .remove("return_tokens_as_token_ids");
+                v.to_string()
+            } else {
+                String::new()
+            };
+            let (status, answer) = raw(&upstream, &method, &path, &body);
+            let text = answer.to_string();
+            write!(
+                s,
+                "HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{text}",
+                text.len()
+            )
+            .unwrap();
+        }
+    });
+    url
+}
+
 /// One raw HTTP/1.1 exchange: (status, JSON body).
 fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let addr = url.trim_start_matches("http://");
@@ -61,7 +114,13 @@ fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
 #[test]
 fn client_and_server_agree_with_the_in_process_teacher() {
     let server = start();
-    let path = fetch::fetch("smollm2", &fetch::cache_dir(), &mut |_| {}).unwrap();
+    let path = fetch::fetch(
+        "smollm2",
+        fetch::Kind::Teacher,
+        &fetch::cache_dir(),
+        &mut |_| {},
+    )
+    .unwrap();
     let local = LocalTeacher::from_gguf(&path, &Device::default()).unwrap();
     // A dead endpoint first: round-robin moves past it after a short backoff.
     let endpoints = ["http://127.0.0.1:9".to_string(), server.url.clone()];
@@ -78,7 +137,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         49152,
         ClientOptions {
             api: Api::Sglang,
-            ..opts
+            ..opts.clone()
         },
     )
     .unwrap();
@@ -135,6 +194,31 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     let want = local.generate(&ids, &params).unwrap();
     assert_eq!(want, remote.generate(&ids, &params).unwrap());
     assert_eq!(want, sglang.generate(&ids, &params).unwrap());
+
+    // OpenAI legacy echo: with token ids, and through a server that names tokens by their text
+    // (mapped back through the tokenizer); without a tokenizer the client says what it lacks.
+    let openai = |url: &str, pieces| {
+        HttpTeacher::connect(
+            &[url.to_string()],
+            49152,
+            ClientOptions {
+                api: Api::Openai,
+                pieces,
+                ..opts.clone()
+            },
+        )
+        .unwrap()
+    };
+    let by_id = openai(&server.url, None);
+    assert_eq!(a, by_id.score(&ids, 20).unwrap());
+    assert_eq!(want, by_id.generate(&ids, &params).unwrap());
+    let proxy = text_proxy(&server.url, 4);
+    let pieces = piece_map(49152, |id| local.tokenizer.decode(&[id]).ok());
+    let by_text = openai(&proxy, Some(std::sync::Arc::new(pieces)));
+    assert_eq!(a, by_text.score(&ids, 20).unwrap());
+    let blind = openai(&proxy, None);
+    let e = blind.score(&ids, 20).unwrap_err().to_string();
+    assert!(e.contains("names tokens by text"), "{e}");
 
     // OpenAI legacy echo: the prompt's logprobs come back with the first one null.
     let body =
@@ -238,6 +322,11 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         .success()
     );
     std::fs::write(
+        dir.join("prompts.jsonl"),
+        "{\"prompt\": \"Name a fruit.\"}\n{\"prompt\": \"What is 1 + 1?\", \"answer\": \"2\"}\n",
+    )
+    .unwrap();
+    std::fs::write(
         dir.join("a.txt"),
         "To be, or not to be, that is the question.",
     )
@@ -253,6 +342,8 @@ fn client_and_server_agree_with_the_in_process_teacher() {
              [data]\ntokenizer = \"{tokenizer}\"\nseq_len = 8\nheld_out_fraction = 0.0\n\
              [[data.sources]]\npath = \"a.txt\"\n[[data.sources]]\npath = \"b.txt\"\n\
              [teacher]\nendpoints = [\"{}\"]\nconcurrency = 2\nk = 5\nsegments_per_shard = 2\n\
+             [teacher.generate]\nprompts = [{{path = \"prompts.jsonl\"}}]\nmax_tokens = 5\n\
+             temperature = 0.7\nprompts_per_shard = 2\n\
              [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
              [train]\nsteps = 1\nbatch_tokens = 8\nmicro_batch = 1\n",
             server.url
@@ -279,6 +370,42 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         (rows[1].top_ids.clone(), rows[1].top_logprobs.clone()),
         (direct.top_ids, direct.top_logprobs)
     );
+    // `teacher generate` with the served teacher: prompt i sampled with seed i (run.seed 0).
+    let traj = dir.join("traj");
+    let out = k3mini(&[
+        "teacher",
+        "generate",
+        dir.join("served.toml").to_str().unwrap(),
+        "--quiet",
+        "--out",
+        traj.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, rows) =
+        k3mini_data::trajectories::read_trajectories(&traj.join("shard-00000.parquet")).unwrap();
+    assert_eq!(rows.len(), 2);
+    let direct = local
+        .generate(
+            &rows[1].prompt_ids,
+            &GenerateParams {
+                max_tokens: 5,
+                temperature: 0.7,
+                seed: 1,
+                logprobs: 5,
+                stop: vec![2],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        (&rows[1].completion_ids, &rows[1].top_logprobs),
+        (&direct.ids, &direct.top_logprobs)
+    );
+    assert_eq!(rows[1].reference.as_deref(), Some("2"));
     // A student tokenizer that is not the teacher's is refused before anything is scored.
     let other = concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -193,6 +193,17 @@ pub fn render(
     Ok(out)
 }
 
+/// Splits a completion into its reasoning and its answer: the text between `<think>` and `</think>`
+/// (or before a lone `</think>`, for templates whose generation header opens the block) and what
+/// follows, both trimmed. Without the tags it is all answer.
+pub fn split_thinking(text: &str) -> (Option<String>, String) {
+    let Some((before, after)) = text.split_once(THINK_CLOSE) else {
+        return (None, text.trim().to_string());
+    };
+    let thinking = before.split_once(THINK_OPEN).map_or(before, |(_, t)| t);
+    (Some(thinking.trim().to_string()), after.trim().to_string())
+}
+
 /// The special tokens a template's markup is made of.
 pub fn markers(format: ChatFormat) -> &'static [&'static str] {
     match format {

@@ -158,6 +158,19 @@ fn jsonl_field<T>(
     field: &str,
     parse: impl Fn(&serde_json::Value) -> Result<T, String>,
 ) -> Result<Vec<(usize, T)>, DataError> {
+    jsonl_records(path, |record| {
+        let value = record
+            .get(field)
+            .ok_or_else(|| format!("no `{field}` field"))?;
+        parse(value)
+    })
+}
+
+/// `parse(record)` for every non-blank line, with (line index, value); errors name the line.
+pub(crate) fn jsonl_records<T>(
+    path: &Path,
+    parse: impl Fn(&serde_json::Value) -> Result<T, String>,
+) -> Result<Vec<(usize, T)>, DataError> {
     let text = read_text(path)?;
     let mut docs = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -171,10 +184,7 @@ fn jsonl_field<T>(
         };
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| record(format!("invalid JSON: {e}")))?;
-        let field_value = value
-            .get(field)
-            .ok_or_else(|| record(format!("no `{field}` field")))?;
-        docs.push((i, parse(field_value).map_err(record)?));
+        docs.push((i, parse(&value).map_err(record)?));
     }
     if docs.is_empty() {
         return Err(DataError::Empty {

@@ -6,8 +6,11 @@ pub mod chat;
 pub mod corpus;
 pub mod error;
 pub mod pack;
+mod parquet_io;
+pub mod prompts;
 pub mod shards;
 pub mod tokenizer;
+pub mod trajectories;
 
 pub use chat::{ChatFormat, LossParts, Message, Part, Role};
 pub use corpus::{ChatDocument, Document, SourceFormat, read_chats, read_source};

@@ -18,20 +18,20 @@
 //! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`.
 
 use crate::error::DataError;
-use arrow_array::builder::{FixedSizeListBuilder, Float32Builder, Int32Builder, ListBuilder};
+use crate::parquet_io::{
+    Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
+    u32s, write_atomic,
+};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float32Type, Int32Type, Int64Type};
+use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
-use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
-use parquet::schema::types::ColumnPath;
 use std::path::Path;
 use std::sync::Arc;
 
 pub const SCHEMA_VERSION: u32 = 1;
+/// What the `k3mini.kind` metadata of a teacher-signal shard says.
+pub const KIND: &str = "teacher-signals";
+const WHAT: &str = "teacher shard";
 
 /// Who made a shard and how: stored as Parquet file metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,17 +55,17 @@ pub struct ShardRow {
     pub top_logprobs: Vec<f32>,
 }
 
+/// `1 − Σ_k exp(logprob)` for each row of `k` top logprobs, clamped at 0: the mass outside the top-k.
+pub fn tail_mass(top_logprobs: &[f32], k: usize) -> Vec<f32> {
+    top_logprobs
+        .chunks_exact(k)
+        .map(|row| (1.0 - row.iter().map(|&l| (l as f64).exp()).sum::<f64>()).max(0.0) as f32)
+        .collect()
+}
+
 impl ShardRow {
     pub fn positions(&self) -> usize {
         self.target_logprobs.len()
-    }
-
-    /// `1 − Σ_k exp(top logprob)` at each position, clamped at 0.
-    pub fn tail_mass(&self, k: usize) -> Vec<f32> {
-        self.top_logprobs
-            .chunks_exact(k)
-            .map(|row| (1.0 - row.iter().map(|&l| (l as f64).exp()).sum::<f64>()).max(0.0) as f32)
-            .collect()
     }
 
     fn check(&self, k: usize) -> Result<(), String> {
@@ -89,64 +89,13 @@ impl ShardRow {
     }
 }
 
-fn shard_err(path: &Path, message: impl std::fmt::Display) -> DataError {
-    DataError::io(path, format!("teacher shard: {message}"))
-}
-
-fn int_lists(rows: &[ShardRow], f: impl Fn(&ShardRow) -> &[u32]) -> ArrayRef {
-    let mut b = ListBuilder::new(Int32Builder::new());
-    for r in rows {
-        b.values()
-            .append_slice(&f(r).iter().map(|&x| x as i32).collect::<Vec<_>>());
-        b.append(true);
-    }
-    Arc::new(b.finish())
-}
-
-fn float_lists(rows: &[ShardRow], f: impl Fn(&ShardRow) -> Vec<f32>) -> ArrayRef {
-    let mut b = ListBuilder::new(Float32Builder::new());
-    for r in rows {
-        b.values().append_slice(&f(r));
-        b.append(true);
-    }
-    Arc::new(b.finish())
-}
-
-/// `list<fixed_size_list<_, k>>` of each row's `(n − 1) × k` values.
-fn topk_ids(rows: &[ShardRow], k: usize) -> ArrayRef {
-    let mut b = ListBuilder::new(FixedSizeListBuilder::new(Int32Builder::new(), k as i32));
-    for r in rows {
-        for pos in r.top_ids.chunks_exact(k) {
-            let inner = b.values();
-            inner
-                .values()
-                .append_slice(&pos.iter().map(|&x| x as i32).collect::<Vec<_>>());
-            inner.append(true);
-        }
-        b.append(true);
-    }
-    Arc::new(b.finish())
-}
-
-fn topk_logprobs(rows: &[ShardRow], k: usize) -> ArrayRef {
-    let mut b = ListBuilder::new(FixedSizeListBuilder::new(Float32Builder::new(), k as i32));
-    for r in rows {
-        for pos in r.top_logprobs.chunks_exact(k) {
-            let inner = b.values();
-            inner.values().append_slice(pos);
-            inner.append(true);
-        }
-        b.append(true);
-    }
-    Arc::new(b.finish())
-}
-
 /// Writes a shard atomically (a temporary file renamed into place). Returns the bytes written.
 pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, DataError> {
     let k = meta.k;
     for r in rows {
-        r.check(k).map_err(|m| shard_err(path, m))?;
+        r.check(k).map_err(|m| file_err(path, WHAT, m))?;
     }
+    let tails: Vec<Vec<f32>> = rows.iter().map(|r| tail_mass(&r.top_logprobs, k)).collect();
     let batch = RecordBatch::try_from_iter([
         (
             "doc_id",
@@ -160,175 +109,106 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
                 rows.iter().map(|r| r.segment as i32),
             )),
         ),
-        ("input_ids", int_lists(rows, |r| &r.input_ids)),
+        (
+            "input_ids",
+            int_lists(rows.iter().map(|r| &r.input_ids[..])),
+        ),
         (
             "target_logprobs",
-            float_lists(rows, |r| r.target_logprobs.clone()),
+            float_lists(rows.iter().map(|r| &r.target_logprobs[..])),
         ),
-        ("top_ids", topk_ids(rows, k)),
-        ("top_logprobs", topk_logprobs(rows, k)),
-        ("tail_mass", float_lists(rows, |r| r.tail_mass(k))),
+        (
+            "top_ids",
+            topk_int_lists(rows.iter().map(|r| &r.top_ids[..]), k),
+        ),
+        (
+            "top_logprobs",
+            topk_float_lists(rows.iter().map(|r| &r.top_logprobs[..]), k),
+        ),
+        ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
     ])
-    .map_err(|e| shard_err(path, e))?;
-    let kv = |key: &str, value: String| KeyValue::new(format!("k3mini.{key}"), value);
-    let float_column = |name: &str, nested: &[&str]| {
-        let mut parts = vec![name.to_string()];
-        parts.extend(nested.iter().map(|s| s.to_string()));
-        ColumnPath::new(parts)
-    };
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid level"),
-        ))
-        .set_key_value_metadata(Some(vec![
-            kv("schema_version", SCHEMA_VERSION.to_string()),
-            kv("teacher", meta.teacher.clone()),
-            kv("tokenizer_sha256", meta.tokenizer_sha256.clone()),
-            kv("k", k.to_string()),
-            kv("temperature", meta.temperature.to_string()),
-        ]))
-        .set_column_dictionary_enabled(
-            float_column("top_logprobs", &["list", "element", "item"]),
-            false,
-        )
-        .set_column_encoding(
-            float_column("top_logprobs", &["list", "element", "item"]),
-            Encoding::BYTE_STREAM_SPLIT,
-        )
-        .set_column_dictionary_enabled(float_column("target_logprobs", &["list", "element"]), false)
-        .set_column_encoding(
-            float_column("target_logprobs", &["list", "element"]),
-            Encoding::BYTE_STREAM_SPLIT,
-        )
-        .build();
-    let tmp = path.with_extension("parquet.tmp");
-    let file = std::fs::File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
-    let mut writer =
-        ArrowWriter::try_new(file, batch.schema(), Some(props)).map_err(|e| shard_err(path, e))?;
-    writer.write(&batch).map_err(|e| shard_err(path, e))?;
-    let file = writer.into_inner().map_err(|e| shard_err(path, e))?;
-    file.sync_all().map_err(|e| DataError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))?;
-    Ok(std::fs::metadata(path)
-        .map_err(|e| DataError::io(path, e))?
-        .len())
+    .map_err(|e| file_err(path, WHAT, e))?;
+    write_atomic(
+        path,
+        WHAT,
+        &batch,
+        &[
+            ("kind", KIND.into()),
+            ("schema_version", SCHEMA_VERSION.to_string()),
+            ("teacher", meta.teacher.clone()),
+            ("tokenizer_sha256", meta.tokenizer_sha256.clone()),
+            ("k", k.to_string()),
+            ("temperature", meta.temperature.to_string()),
+        ],
+        &[
+            &["top_logprobs", "list", "element", "item"],
+            &["target_logprobs", "list", "element"],
+        ],
+    )
 }
 
-/// Every column has the type the reader's casts assume (a file with the right metadata but other
-/// columns is refused, never a panic).
-fn check_schema(schema: &arrow_schema::Schema, k: usize) -> Result<(), String> {
-    use arrow_schema::DataType::{self, FixedSizeList, Float32, Int32, Int64, List};
-    let list_of = |dt: &DataType, inner: &DataType| matches!(dt, List(f) if f.data_type() == inner);
-    let topk_of = |dt: &DataType, inner: &DataType| {
-        matches!(dt, List(f) if matches!(f.data_type(),
-            FixedSizeList(g, n) if g.data_type() == inner && *n as usize == k))
-    };
-    for name in [
-        "doc_id",
-        "segment",
-        "input_ids",
-        "target_logprobs",
-        "top_ids",
-        "top_logprobs",
-    ] {
-        let field = schema
-            .field_with_name(name)
-            .map_err(|_| format!("no column {name}"))?;
-        let dt = field.data_type();
-        let ok = match name {
-            "doc_id" => *dt == Int64,
-            "segment" => *dt == Int32,
-            "input_ids" => list_of(dt, &Int32),
-            "target_logprobs" => list_of(dt, &Float32),
-            "top_ids" => topk_of(dt, &Int32),
-            _ => topk_of(dt, &Float32),
-        };
-        if !ok {
-            return Err(format!(
-                "column {name} has type {dt}, not what schema version {SCHEMA_VERSION} stores at k = {k}"
-            ));
-        }
+/// Checks a k3mini file's `kind` (files from before the key existed are teacher-signal shards).
+pub(crate) fn check_kind(
+    opened: &Opened,
+    path: &Path,
+    what: &str,
+    kind: &str,
+) -> Result<(), DataError> {
+    let found = opened.meta.get("kind").map_or(KIND, String::as_str);
+    if found != kind {
+        return Err(file_err(path, what, format!("holds {found}, not {kind}")));
     }
     Ok(())
 }
 
-/// Reads and validates a shard: schema version, metadata, and every row's lengths.
+/// Reads and validates a shard: kind, schema version, metadata, column types and every row's lengths.
 pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
-    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| shard_err(path, format!("not a readable Parquet file: {e}")))?;
-    let kv: std::collections::HashMap<String, String> = builder
-        .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .map(|kvs| {
-            kvs.iter()
-                .filter_map(|kv| Some((kv.key.clone(), kv.value.clone()?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let get = |key: &str| {
-        kv.get(&format!("k3mini.{key}")).ok_or_else(|| {
-            shard_err(
-                path,
-                format!("no k3mini.{key} metadata (not a k3mini shard?)"),
-            )
-        })
-    };
-    let version: u32 = get("schema_version")?
-        .parse()
-        .map_err(|e| shard_err(path, e))?;
+    let opened = Opened::open(path, WHAT)?;
+    let version: u32 = opened.parse(path, WHAT, "schema_version")?;
+    check_kind(&opened, path, WHAT, KIND)?;
     if version != SCHEMA_VERSION {
-        return Err(shard_err(
+        return Err(file_err(
             path,
+            WHAT,
             format!("schema version {version}; this k3mini reads version {SCHEMA_VERSION}"),
         ));
     }
     let meta = ShardMeta {
-        teacher: get("teacher")?.clone(),
-        tokenizer_sha256: get("tokenizer_sha256")?.clone(),
-        k: get("k")?.parse().map_err(|e| shard_err(path, e))?,
-        temperature: get("temperature")?
-            .parse()
-            .map_err(|e| shard_err(path, e))?,
+        teacher: opened.get(path, WHAT, "teacher")?.into(),
+        tokenizer_sha256: opened.get(path, WHAT, "tokenizer_sha256")?.into(),
+        k: opened.parse(path, WHAT, "k")?,
+        temperature: opened.parse(path, WHAT, "temperature")?,
     };
-    check_schema(builder.schema(), meta.k).map_err(|m| shard_err(path, m))?;
-    let reader = builder.build().map_err(|e| shard_err(path, e))?;
+    let k = meta.k;
+    opened
+        .check_columns(&[
+            ("doc_id", Col::Int64),
+            ("segment", Col::Int32),
+            ("input_ids", Col::IntList),
+            ("target_logprobs", Col::FloatList),
+            ("top_ids", Col::TopkInt(k)),
+            ("top_logprobs", Col::TopkFloat(k)),
+        ])
+        .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| shard_err(path, e))?;
-        let column = |name: &str| {
-            batch
-                .column_by_name(name)
-                .ok_or_else(|| shard_err(path, format!("no column {name}")))
-        };
-        let doc = column("doc_id")?.as_primitive::<Int64Type>().clone();
-        let seg = column("segment")?.as_primitive::<Int32Type>().clone();
-        let ids = column("input_ids")?.as_list::<i32>().clone();
-        let targets = column("target_logprobs")?.as_list::<i32>().clone();
-        let top_ids = column("top_ids")?.as_list::<i32>().clone();
-        let top_lp = column("top_logprobs")?.as_list::<i32>().clone();
+    for batch in opened.batches(path, WHAT)? {
+        let doc = column(&batch, "doc_id").as_primitive::<Int64Type>();
+        let seg = column(&batch, "segment").as_primitive::<Int32Type>();
+        let (ids, targets) = (
+            column(&batch, "input_ids"),
+            column(&batch, "target_logprobs"),
+        );
+        let (top_ids, top_lp) = (column(&batch, "top_ids"), column(&batch, "top_logprobs"));
         for i in 0..batch.num_rows() {
-            let ints = |a: ArrayRef| -> Vec<u32> {
-                a.as_primitive::<Int32Type>()
-                    .values()
-                    .iter()
-                    .map(|&x| x as u32)
-                    .collect()
-            };
-            let floats =
-                |a: ArrayRef| -> Vec<f32> { a.as_primitive::<Float32Type>().values().to_vec() };
-            // A slice of a fixed-size list slices its values: they are exactly this row's.
-            let flat = |a: ArrayRef| a.as_fixed_size_list().values().clone();
             let row = ShardRow {
                 doc_id: doc.value(i) as u64,
                 segment: seg.value(i) as u32,
-                input_ids: ints(ids.value(i)),
-                target_logprobs: floats(targets.value(i)),
-                top_ids: ints(flat(top_ids.value(i))),
-                top_logprobs: floats(flat(top_lp.value(i))),
+                input_ids: u32s(ids, i),
+                target_logprobs: f32s(targets, i),
+                top_ids: u32s(top_ids, i),
+                top_logprobs: f32s(top_lp, i),
             };
-            row.check(meta.k).map_err(|m| shard_err(path, m))?;
+            row.check(k).map_err(|m| file_err(path, WHAT, m))?;
             rows.push(row);
         }
     }

@@ -11,14 +11,23 @@
 //! `input_top_logprobs` hold `[logprob, id, text|null]` per position (none for position 0),
 //! `output_token_logprobs` / `output_top_logprobs` likewise for generated tokens.
 //!
+//! OpenAI legacy echo (llama-cpp-python's server, vLLM): `POST /v1/completions {"prompt": ids,
+//! "echo": true, "logprobs": k, "max_tokens": 1}`; `choices[0].logprobs` holds `tokens`,
+//! `token_logprobs` (null first) and `top_logprobs` (maps token → logprob) for the prompt, then for
+//! the one generated token, which is dropped. Tokens are named `token_id:N` where the server honours
+//! `return_tokens_as_token_ids`, else by their text, mapped back to ids through
+//! [`ClientOptions::pieces`] (a text two ids share is refused as ambiguous).
+//!
 //! Requests go round-robin over the endpoints; a connection error, a timeout, 429 or a 5xx is
 //! retried on the next endpoint after an exponential backoff with jitter; a malformed response (a
 //! missing position, an id outside the vocabulary, the actual token absent) is an error naming
 //! what is wrong, never a silently wrong shard.
 
-use crate::{FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, top_k};
+use crate::{FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError};
 use k3mini_data::pack::splitmix64;
 use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -28,6 +37,24 @@ use std::time::Duration;
 pub enum Api {
     Vllm,
     Sglang,
+    /// OpenAI legacy completions with `echo` (llama-cpp-python's server).
+    Openai,
+}
+
+/// Token text → id for servers that name tokens by text: `None` where several ids share a text.
+pub type PieceMap = HashMap<String, Option<u32>>;
+
+/// The map from each id's text (`decode(id)`) back to the id.
+pub fn piece_map(vocab_size: usize, decode: impl Fn(u32) -> Option<String>) -> PieceMap {
+    let mut map = PieceMap::new();
+    for id in 0..vocab_size as u32 {
+        if let Some(text) = decode(id) {
+            map.entry(text)
+                .and_modify(|e| *e = None)
+                .or_insert(Some(id));
+        }
+    }
+    map
 }
 
 #[derive(Clone, Debug)]
@@ -44,6 +71,8 @@ pub struct ClientOptions {
     /// Tokens of left context each window after the first re-reads (their positions are not
     /// kept again): positions past the first window see at least this much context.
     pub window_overlap: usize,
+    /// For [`Api::Openai`] servers that name tokens by text (see [`piece_map`]).
+    pub pieces: Option<Arc<PieceMap>>,
 }
 
 impl Default for ClientOptions {
@@ -55,6 +84,7 @@ impl Default for ClientOptions {
             backoff: Duration::from_millis(500),
             max_request_tokens: 4096,
             window_overlap: 1024,
+            pieces: None,
         }
     }
 }
@@ -191,6 +221,20 @@ impl HttpTeacher {
     /// The server's tokenization of `text` (for the tokenizer-agreement probe).
     pub fn token_ids(&self, text: &str) -> Result<Vec<u32>, TeacherError> {
         let ids = match self.opts.api {
+            Api::Openai => {
+                let body = json!({"model": self.model, "prompt": text, "echo": true, "logprobs": 0,
+                                  "max_tokens": 1, "return_tokens_as_token_ids": true});
+                let v = self.request("POST", "/v1/completions", Some(&body))?;
+                let tokens = v["choices"][0]["logprobs"]["tokens"]
+                    .as_array()
+                    .ok_or_else(|| server_err("no choices[0].logprobs.tokens (echo)"))?;
+                // The last token is the generated one.
+                let prompt = &tokens[..tokens.len().saturating_sub(1)];
+                return prompt
+                    .iter()
+                    .map(|t| self.token_of(t, "logprobs.tokens"))
+                    .collect();
+            }
             Api::Vllm => {
                 let body = json!({"model": self.model, "prompt": text, "max_tokens": 1, "return_token_ids": true});
                 let v = self.request("POST", "/v1/completions", Some(&body))?;
@@ -216,6 +260,40 @@ impl HttpTeacher {
             .into_iter()
             .map(|id| self.check_id(id, "token ids"))
             .collect()
+    }
+
+    /// A token as an OpenAI-style response names it: `token_id:N`, or its text.
+    fn token_of(&self, token: &Value, what: &str) -> Result<u32, TeacherError> {
+        let key = token
+            .as_str()
+            .ok_or_else(|| server_err(format!("{what}: {token} is not a string")))?;
+        self.key_id(key, what)
+    }
+
+    fn key_id(&self, key: &str, what: &str) -> Result<u32, TeacherError> {
+        if let Some(id) = key.strip_prefix("token_id:") {
+            let id = id
+                .parse::<u64>()
+                .map_err(|_| server_err(format!("{what}: {key:?} is not token_id:N")))?;
+            return self.check_id(id, what);
+        }
+        let Some(pieces) = &self.opts.pieces else {
+            return Err(server_err(format!(
+                "{what}: the server names tokens by text ({key:?}), not token_id:N, and no \
+                 tokenizer was given to map text to ids"
+            )));
+        };
+        match pieces.get(key) {
+            Some(Some(id)) => Ok(*id),
+            Some(None) => Err(server_err(format!(
+                "{what}: token text {key:?} is ambiguous (several ids decode to it): this server \
+                 cannot be scored exactly; use one that returns token ids"
+            ))),
+            None => Err(server_err(format!(
+                "{what}: token text {key:?} is not in the tokenizer (teacher and student \
+                 tokenizers differ?)"
+            ))),
+        }
     }
 
     fn check_id(&self, id: u64, what: &str) -> Result<u32, TeacherError> {
@@ -260,6 +338,7 @@ impl Teacher for HttpTeacher {
             let s = match self.opts.api {
                 Api::Vllm => self.score_vllm(window, k)?,
                 Api::Sglang => self.score_sglang(window, k)?,
+                Api::Openai => self.score_openai(window, k)?,
             };
             let skip = out.positions() - start; // positions this window repeats
             out.target_logprobs
@@ -280,7 +359,7 @@ impl Teacher for HttpTeacher {
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
         match self.opts.api {
-            Api::Vllm => self.generate_vllm(prompt, params),
+            Api::Vllm | Api::Openai => self.generate_openai(prompt, params),
             Api::Sglang => self.generate_sglang(prompt, params),
         }
     }
@@ -336,7 +415,8 @@ impl HttpTeacher {
         Ok(out)
     }
 
-    fn generate_vllm(
+    /// vLLM's generation (ids from `token_ids`) and OpenAI legacy (ids from `logprobs.tokens`).
+    fn generate_openai(
         &self,
         prompt: &[u32],
         params: &GenerateParams,
@@ -349,18 +429,30 @@ impl HttpTeacher {
         body["logprobs"] = json!(params.logprobs.max(1));
         let v = self.request("POST", "/v1/completions", Some(&body))?;
         let choice = &v["choices"][0];
-        let ids = choice["token_ids"]
-            .as_array()
-            .ok_or_else(|| {
-                server_err("the response has no choices[0].token_ids (return_token_ids)")
-            })?
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .ok_or_else(|| server_err("token_ids holds a non-integer"))
-                    .and_then(|id| self.check_id(id, "token_ids"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let lp = &choice["logprobs"];
+        let (Some(tokens), Some(lps), Some(tops)) = (
+            lp["tokens"].as_array(),
+            lp["token_logprobs"].as_array(),
+            lp["top_logprobs"].as_array(),
+        ) else {
+            return Err(server_err(
+                "the response has no logprobs.tokens/token_logprobs/top_logprobs",
+            ));
+        };
+        let ids = match choice["token_ids"].as_array() {
+            Some(ids) => ids
+                .iter()
+                .map(|x| {
+                    x.as_u64()
+                        .ok_or_else(|| server_err("token_ids holds a non-integer"))
+                        .and_then(|id| self.check_id(id, "token_ids"))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => tokens
+                .iter()
+                .map(|t| self.token_of(t, "logprobs.tokens"))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let k = params.logprobs;
         let mut g = Generation {
             logprobs: Vec::with_capacity(ids.len()),
@@ -373,15 +465,6 @@ impl HttpTeacher {
             },
             ids,
         };
-        let lp = &choice["logprobs"];
-        let (Some(lps), Some(tops)) = (
-            lp["token_logprobs"].as_array(),
-            lp["top_logprobs"].as_array(),
-        ) else {
-            return Err(server_err(
-                "the response has no logprobs.token_logprobs/top_logprobs",
-            ));
-        };
         if lps.len() != g.ids.len() || tops.len() != g.ids.len() {
             return Err(server_err("logprobs do not cover every generated token"));
         }
@@ -391,31 +474,79 @@ impl HttpTeacher {
             if k == 0 {
                 continue;
             }
-            let map = top
-                .as_object()
-                .ok_or_else(|| server_err("a top_logprobs entry is not an object"))?;
-            let (mut ids, mut row) = (Vec::new(), Vec::new());
-            for (key, val) in map {
-                let id = key
-                    .strip_prefix("token_id:")
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        server_err(format!("top_logprobs key {key:?} is not token_id:N"))
-                    })?;
-                ids.push(self.check_id(id, "top_logprobs")?);
-                row.push(val.as_f64().unwrap_or(f64::NEG_INFINITY) as f32);
-            }
-            if ids.len() < k {
+            let row = self.top_map(top, &format!("top_logprobs[{i}]"))?;
+            if row.len() < k {
                 return Err(server_err(format!(
                     "top_logprobs[{i}] holds fewer than k = {k} entries"
                 )));
             }
-            for (r, v) in top_k(&row, k) {
-                g.top_ids.push(ids[r as usize]);
-                g.top_logprobs.push(v);
-            }
+            push_top(row, k, &mut g.top_ids, &mut g.top_logprobs);
         }
         Ok(g)
+    }
+
+    /// An OpenAI `top_logprobs` entry (`{token: logprob}`) as `(id, logprob)` pairs.
+    fn top_map(&self, top: &Value, what: &str) -> Result<Vec<(u32, f32)>, TeacherError> {
+        let map = top
+            .as_object()
+            .ok_or_else(|| server_err(format!("{what} is not an object")))?;
+        map.iter()
+            .map(|(key, val)| {
+                let lp = val
+                    .as_f64()
+                    .ok_or_else(|| server_err(format!("{what}[{key:?}] is not a number")))?;
+                Ok((self.key_id(key, what)?, lp as f32))
+            })
+            .collect()
+    }
+
+    fn score_openai(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+        // max_tokens 1, not 0: some servers (llama-cpp-python) read 0 as "until the context ends".
+        let body = json!({"model": self.model, "prompt": ids, "echo": true, "logprobs": k,
+                          "max_tokens": 1, "temperature": 0, "return_tokens_as_token_ids": true});
+        let v = self.request("POST", "/v1/completions", Some(&body))?;
+        let lp = &v["choices"][0]["logprobs"];
+        let (Some(tokens), Some(lps), Some(tops)) = (
+            lp["tokens"].as_array(),
+            lp["token_logprobs"].as_array(),
+            lp["top_logprobs"].as_array(),
+        ) else {
+            return Err(server_err(
+                "the response has no choices[0].logprobs.tokens/token_logprobs/top_logprobs (echo)",
+            ));
+        };
+        // The prompt's entries, then the generated token's.
+        if tokens.len() < ids.len() || lps.len() < ids.len() || tops.len() < ids.len() {
+            return Err(server_err(format!(
+                "echo returned logprobs for {} tokens of a {}-token prompt",
+                tokens.len().min(lps.len()).min(tops.len()),
+                ids.len()
+            )));
+        }
+        let mut out = Scored::empty(ids, k);
+        for t in 1..ids.len() {
+            let what = format!("logprobs.top_logprobs[{t}]");
+            let echoed = self.token_of(&tokens[t], "logprobs.tokens")?;
+            if echoed != ids[t] {
+                return Err(server_err(format!(
+                    "logprobs.tokens[{t}] is token {echoed}, not the prompt's {}",
+                    ids[t]
+                )));
+            }
+            let target = lps[t].as_f64().ok_or_else(|| {
+                server_err(format!("logprobs.token_logprobs[{t}] is not a number"))
+            })?;
+            out.target_logprobs.push(target as f32);
+            let row = self.top_map(&tops[t], &what)?;
+            if row.len() < k {
+                return Err(server_err(format!(
+                    "{what} holds {} entries, fewer than k = {k}",
+                    row.len()
+                )));
+            }
+            push_top(row, k, &mut out.top_ids, &mut out.top_logprobs);
+        }
+        Ok(out)
     }
 }
 

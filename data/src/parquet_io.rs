@@ -1,0 +1,260 @@
+//! The Parquet plumbing k3mini's own files share (teacher-signal and trajectory shards): column
+//! builders for ragged and top-k lists, an atomic zstd writer with `k3mini.*` metadata, and a
+//! reader that checks metadata and column types before anything is cast.
+
+use crate::error::DataError;
+use arrow_array::builder::{FixedSizeListBuilder, Float32Builder, Int32Builder, ListBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Int32Type};
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_schema::DataType;
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::ColumnPath;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// `list<int32>`, one list per item.
+pub(crate) fn int_lists<'a>(lists: impl Iterator<Item = &'a [u32]>) -> ArrayRef {
+    let mut b = ListBuilder::new(Int32Builder::new());
+    for l in lists {
+        b.values()
+            .append_slice(&l.iter().map(|&x| x as i32).collect::<Vec<_>>());
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+/// `list<float32>`, one list per item.
+pub(crate) fn float_lists<'a>(lists: impl Iterator<Item = &'a [f32]>) -> ArrayRef {
+    let mut b = ListBuilder::new(Float32Builder::new());
+    for l in lists {
+        b.values().append_slice(l);
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+/// `list<fixed_size_list<int32, k>>`: each item's `positions × k` values, row-major.
+pub(crate) fn topk_int_lists<'a>(lists: impl Iterator<Item = &'a [u32]>, k: usize) -> ArrayRef {
+    let mut b = ListBuilder::new(FixedSizeListBuilder::new(Int32Builder::new(), k as i32));
+    for l in lists {
+        for pos in l.chunks_exact(k) {
+            let inner = b.values();
+            inner
+                .values()
+                .append_slice(&pos.iter().map(|&x| x as i32).collect::<Vec<_>>());
+            inner.append(true);
+        }
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+/// `list<fixed_size_list<float32, k>>`.
+pub(crate) fn topk_float_lists<'a>(lists: impl Iterator<Item = &'a [f32]>, k: usize) -> ArrayRef {
+    let mut b = ListBuilder::new(FixedSizeListBuilder::new(Float32Builder::new(), k as i32));
+    for l in lists {
+        for pos in l.chunks_exact(k) {
+            let inner = b.values();
+            inner.values().append_slice(pos);
+            inner.append(true);
+        }
+        b.append(true);
+    }
+    Arc::new(b.finish())
+}
+
+pub(crate) fn strings<'a>(values: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
+    Arc::new(StringArray::from_iter(values))
+}
+
+/// What a column must hold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Col {
+    Int64,
+    Int32,
+    Utf8,
+    IntList,
+    FloatList,
+    TopkInt(usize),
+    TopkFloat(usize),
+}
+
+impl Col {
+    fn matches(self, dt: &DataType) -> bool {
+        let list_of = |inner: &DataType| matches!(dt, DataType::List(f) if f.data_type() == inner);
+        let topk_of = |inner: &DataType, k: usize| {
+            matches!(dt, DataType::List(f) if matches!(f.data_type(),
+                DataType::FixedSizeList(g, n) if g.data_type() == inner && *n as usize == k))
+        };
+        match self {
+            Col::Int64 => *dt == DataType::Int64,
+            Col::Int32 => *dt == DataType::Int32,
+            Col::Utf8 => *dt == DataType::Utf8,
+            Col::IntList => list_of(&DataType::Int32),
+            Col::FloatList => list_of(&DataType::Float32),
+            Col::TopkInt(k) => topk_of(&DataType::Int32, k),
+            Col::TopkFloat(k) => topk_of(&DataType::Float32, k),
+        }
+    }
+}
+
+pub(crate) fn file_err(path: &Path, what: &str, message: impl std::fmt::Display) -> DataError {
+    DataError::io(path, format!("{what}: {message}"))
+}
+
+/// Writes `batch` atomically (a temporary file renamed into place) with zstd, `k3mini.KEY` metadata,
+/// and the float columns at `float_paths` byte-stream-split (so zstd finds the exponent bytes'
+/// redundancy; dictionaries never help logprobs). Returns the bytes written.
+pub(crate) fn write_atomic(
+    path: &Path,
+    what: &str,
+    batch: &RecordBatch,
+    metadata: &[(&str, String)],
+    float_paths: &[&[&str]],
+) -> Result<u64, DataError> {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
+        .set_key_value_metadata(Some(
+            metadata
+                .iter()
+                .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.clone()))
+                .collect(),
+        ));
+    for parts in float_paths {
+        let column = ColumnPath::new(parts.iter().map(|s| s.to_string()).collect());
+        props = props
+            .set_column_dictionary_enabled(column.clone(), false)
+            .set_column_encoding(column, Encoding::BYTE_STREAM_SPLIT);
+    }
+    let err = |e: &dyn std::fmt::Display| file_err(path, what, e);
+    let tmp = path.with_extension("parquet.tmp");
+    let file = std::fs::File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
+    let mut writer =
+        ArrowWriter::try_new(file, batch.schema(), Some(props.build())).map_err(|e| err(&e))?;
+    writer.write(batch).map_err(|e| err(&e))?;
+    let file = writer.into_inner().map_err(|e| err(&e))?;
+    file.sync_all().map_err(|e| DataError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))?;
+    Ok(std::fs::metadata(path)
+        .map_err(|e| DataError::io(path, e))?
+        .len())
+}
+
+/// An opened k3mini Parquet file: its `k3mini.*` metadata (prefix stripped) and a reader builder.
+pub(crate) struct Opened {
+    pub meta: HashMap<String, String>,
+    pub builder: ParquetRecordBatchReaderBuilder<std::fs::File>,
+}
+
+impl Opened {
+    pub fn open(path: &Path, what: &str) -> Result<Self, DataError> {
+        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+            .map_err(|e| file_err(path, what, format!("not a readable Parquet file: {e}")))?;
+        let meta = builder
+            .metadata()
+            .file_metadata()
+            .key_value_metadata()
+            .map(|kvs| {
+                kvs.iter()
+                    .filter_map(|kv| {
+                        Some((kv.key.strip_prefix("k3mini.")?.into(), kv.value.clone()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Self { meta, builder })
+    }
+
+    /// A metadata value, or an error naming the missing key.
+    pub fn get(&self, path: &Path, what: &str, key: &str) -> Result<&str, DataError> {
+        self.meta.get(key).map(String::as_str).ok_or_else(|| {
+            file_err(
+                path,
+                what,
+                format!("no k3mini.{key} metadata (not a k3mini {what}?)"),
+            )
+        })
+    }
+
+    /// A metadata value parsed as `T`.
+    pub fn parse<T: std::str::FromStr>(
+        &self,
+        path: &Path,
+        what: &str,
+        key: &str,
+    ) -> Result<T, DataError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.get(path, what, key)?
+            .parse()
+            .map_err(|e| file_err(path, what, format!("k3mini.{key}: {e}")))
+    }
+
+    /// Every named column exists with the type the reader's casts assume (a file with the right
+    /// metadata but other columns is refused, never a panic).
+    pub fn check_columns(&self, columns: &[(&str, Col)]) -> Result<(), String> {
+        let schema = self.builder.schema();
+        for &(name, col) in columns {
+            let field = schema
+                .field_with_name(name)
+                .map_err(|_| format!("no column {name}"))?;
+            if !col.matches(field.data_type()) {
+                return Err(format!(
+                    "column {name} has type {}, expected {col:?}",
+                    field.data_type()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every record batch (checked columns may be cast freely).
+    pub fn batches(self, path: &Path, what: &str) -> Result<Vec<RecordBatch>, DataError> {
+        let reader = self.builder.build().map_err(|e| file_err(path, what, e))?;
+        reader
+            .map(|b| b.map_err(|e| file_err(path, what, e)))
+            .collect()
+    }
+}
+
+/// A checked column of a batch read by [`Opened::batches`].
+pub(crate) fn column<'a>(batch: &'a RecordBatch, name: &str) -> &'a ArrayRef {
+    batch
+        .column_by_name(name)
+        .expect("columns are checked before reading")
+}
+
+/// Row `i` of a `list<int32>` or `list<fixed_size_list<int32, k>>` column, flattened.
+pub(crate) fn u32s(list: &ArrayRef, i: usize) -> Vec<u32> {
+    let values = flat(list.as_list::<i32>().value(i));
+    values
+        .as_primitive::<Int32Type>()
+        .values()
+        .iter()
+        .map(|&x| x as u32)
+        .collect()
+}
+
+/// Row `i` of a `list<float32>` or `list<fixed_size_list<float32, k>>` column, flattened.
+pub(crate) fn f32s(list: &ArrayRef, i: usize) -> Vec<f32> {
+    let values = flat(list.as_list::<i32>().value(i));
+    values.as_primitive::<Float32Type>().values().to_vec()
+}
+
+/// The values under a fixed-size list (a slice of one slices its values: exactly this row's).
+fn flat(a: ArrayRef) -> ArrayRef {
+    match a.data_type() {
+        DataType::FixedSizeList(..) => a.as_fixed_size_list().values().clone(),
+        _ => a,
+    }
+}

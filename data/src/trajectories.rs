@@ -1,0 +1,245 @@
+//! Reasoning-trajectory shards: what a teacher wrote for each prompt, as Parquet (zstd), schema
+//! version 1, `k3mini.kind = "trajectories"`.
+//!
+//! | column | type | meaning |
+//! |---|---|---|
+//! | `prompt_id` | utf8 | the prompt's id in its source |
+//! | `prompt_ids` | list<int32> | the rendered prompt (chat template + generation header) as sent |
+//! | `completion_ids` | list<int32> | the ids the teacher returned, stop token included |
+//! | `logprobs` | list<float32> | each completion id's logprob under the teacher's untempered distribution |
+//! | `top_ids` | list<fixed_size_list<int32, k>> | the teacher's top-k at each completion position |
+//! | `top_logprobs` | list<fixed_size_list<float32, k>> | their logprobs |
+//! | `thinking` | utf8, null when none | the reasoning (between `<think>` and `</think>`) |
+//! | `answer` | utf8 | the rest of the completion, without the end-of-turn marker |
+//! | `finish_reason` | utf8 | `stop` (a stop id ended it) or `length` (max_tokens did) |
+//! | `reference` | utf8, null when none | the prompt set's reference answer |
+//!
+//! Metadata: `k3mini.schema_version`, `k3mini.kind`, `k3mini.teacher`, `k3mini.tokenizer_sha256`,
+//! `k3mini.k`, `k3mini.temperature`, `k3mini.top_p`, `k3mini.max_tokens`, `k3mini.seed`.
+
+use crate::error::DataError;
+use crate::parquet_io::{
+    Col, Opened, column, f32s, file_err, float_lists, int_lists, strings, topk_float_lists,
+    topk_int_lists, u32s, write_atomic,
+};
+use crate::shards::check_kind;
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use std::path::Path;
+
+pub const SCHEMA_VERSION: u32 = 1;
+pub const KIND: &str = "trajectories";
+const WHAT: &str = "trajectory shard";
+
+/// How the trajectories were sampled: stored as Parquet file metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrajectoryMeta {
+    pub teacher: String,
+    pub tokenizer_sha256: String,
+    /// Top-k logprobs per completion token (≥ 1).
+    pub k: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub max_tokens: usize,
+    pub seed: u64,
+}
+
+/// One prompt's trajectory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrajectoryRow {
+    pub prompt_id: String,
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    /// `completion_ids.len() × k`, row-major.
+    pub top_ids: Vec<u32>,
+    pub top_logprobs: Vec<f32>,
+    pub thinking: Option<String>,
+    pub answer: String,
+    pub finish_reason: String,
+    pub reference: Option<String>,
+}
+
+impl TrajectoryRow {
+    fn check(&self, k: usize) -> Result<(), String> {
+        let n = self.completion_ids.len();
+        if self.prompt_ids.is_empty()
+            || self.logprobs.len() != n
+            || self.top_ids.len() != n * k
+            || self.top_logprobs.len() != n * k
+        {
+            return Err(format!(
+                "prompt {}: {} prompt ids and {n} completion ids need {n} logprobs and {n}×{k} top-k \
+                 entries, got {}, {} and {}",
+                self.prompt_id,
+                self.prompt_ids.len(),
+                self.logprobs.len(),
+                self.top_ids.len(),
+                self.top_logprobs.len()
+            ));
+        }
+        if !matches!(self.finish_reason.as_str(), "stop" | "length") {
+            return Err(format!(
+                "prompt {}: finish_reason {:?} is not stop or length",
+                self.prompt_id, self.finish_reason
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Writes a trajectory shard atomically. Returns the bytes written.
+pub fn write_trajectories(
+    path: &Path,
+    meta: &TrajectoryMeta,
+    rows: &[TrajectoryRow],
+) -> Result<u64, DataError> {
+    let k = meta.k;
+    if k == 0 {
+        return Err(file_err(path, WHAT, "k must be at least 1"));
+    }
+    for r in rows {
+        r.check(k).map_err(|m| file_err(path, WHAT, m))?;
+    }
+    // Nullability is declared, not inferred from this shard's rows: every shard has one schema.
+    let batch = RecordBatch::try_from_iter_with_nullable([
+        (
+            "prompt_id",
+            strings(rows.iter().map(|r| Some(r.prompt_id.as_str()))),
+            false,
+        ),
+        (
+            "prompt_ids",
+            int_lists(rows.iter().map(|r| &r.prompt_ids[..])),
+            false,
+        ),
+        (
+            "completion_ids",
+            int_lists(rows.iter().map(|r| &r.completion_ids[..])),
+            false,
+        ),
+        (
+            "logprobs",
+            float_lists(rows.iter().map(|r| &r.logprobs[..])),
+            false,
+        ),
+        (
+            "top_ids",
+            topk_int_lists(rows.iter().map(|r| &r.top_ids[..]), k),
+            false,
+        ),
+        (
+            "top_logprobs",
+            topk_float_lists(rows.iter().map(|r| &r.top_logprobs[..]), k),
+            false,
+        ),
+        (
+            "thinking",
+            strings(rows.iter().map(|r| r.thinking.as_deref())),
+            true,
+        ),
+        (
+            "answer",
+            strings(rows.iter().map(|r| Some(r.answer.as_str()))),
+            false,
+        ),
+        (
+            "finish_reason",
+            strings(rows.iter().map(|r| Some(r.finish_reason.as_str()))),
+            false,
+        ),
+        (
+            "reference",
+            strings(rows.iter().map(|r| r.reference.as_deref())),
+            true,
+        ),
+    ] as [(&str, ArrayRef, bool); 10])
+    .map_err(|e| file_err(path, WHAT, e))?;
+    write_atomic(
+        path,
+        WHAT,
+        &batch,
+        &[
+            ("kind", KIND.into()),
+            ("schema_version", SCHEMA_VERSION.to_string()),
+            ("teacher", meta.teacher.clone()),
+            ("tokenizer_sha256", meta.tokenizer_sha256.clone()),
+            ("k", k.to_string()),
+            ("temperature", meta.temperature.to_string()),
+            ("top_p", meta.top_p.to_string()),
+            ("max_tokens", meta.max_tokens.to_string()),
+            ("seed", meta.seed.to_string()),
+        ],
+        &[
+            &["top_logprobs", "list", "element", "item"],
+            &["logprobs", "list", "element"],
+        ],
+    )
+}
+
+/// Reads and validates a trajectory shard.
+pub fn read_trajectories(path: &Path) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
+    let opened = Opened::open(path, WHAT)?;
+    let version: u32 = opened.parse(path, WHAT, "schema_version")?;
+    opened.get(path, WHAT, "kind")?;
+    check_kind(&opened, path, WHAT, KIND)?;
+    if version != SCHEMA_VERSION {
+        return Err(file_err(
+            path,
+            WHAT,
+            format!("schema version {version}; this k3mini reads version {SCHEMA_VERSION}"),
+        ));
+    }
+    let meta = TrajectoryMeta {
+        teacher: opened.get(path, WHAT, "teacher")?.into(),
+        tokenizer_sha256: opened.get(path, WHAT, "tokenizer_sha256")?.into(),
+        k: opened.parse(path, WHAT, "k")?,
+        temperature: opened.parse(path, WHAT, "temperature")?,
+        top_p: opened.parse(path, WHAT, "top_p")?,
+        max_tokens: opened.parse(path, WHAT, "max_tokens")?,
+        seed: opened.parse(path, WHAT, "seed")?,
+    };
+    let k = meta.k;
+    opened
+        .check_columns(&[
+            ("prompt_id", Col::Utf8),
+            ("prompt_ids", Col::IntList),
+            ("completion_ids", Col::IntList),
+            ("logprobs", Col::FloatList),
+            ("top_ids", Col::TopkInt(k)),
+            ("top_logprobs", Col::TopkFloat(k)),
+            ("thinking", Col::Utf8),
+            ("answer", Col::Utf8),
+            ("finish_reason", Col::Utf8),
+            ("reference", Col::Utf8),
+        ])
+        .map_err(|m| file_err(path, WHAT, m))?;
+    let mut rows = Vec::new();
+    for batch in opened.batches(path, WHAT)? {
+        let text = |name: &str, i: usize| {
+            let a = column(&batch, name).as_string::<i32>();
+            a.is_valid(i).then(|| a.value(i).to_string())
+        };
+        for i in 0..batch.num_rows() {
+            let required = |name: &str| {
+                text(name, i)
+                    .ok_or_else(|| file_err(path, WHAT, format!("row {i}: {name} is null")))
+            };
+            let row = TrajectoryRow {
+                prompt_id: required("prompt_id")?,
+                prompt_ids: u32s(column(&batch, "prompt_ids"), i),
+                completion_ids: u32s(column(&batch, "completion_ids"), i),
+                logprobs: f32s(column(&batch, "logprobs"), i),
+                top_ids: u32s(column(&batch, "top_ids"), i),
+                top_logprobs: f32s(column(&batch, "top_logprobs"), i),
+                thinking: text("thinking", i),
+                answer: required("answer")?,
+                finish_reason: required("finish_reason")?,
+                reference: text("reference", i),
+            };
+            row.check(k).map_err(|m| file_err(path, WHAT, m))?;
+            rows.push(row);
+        }
+    }
+    Ok((meta, rows))
+}

@@ -1,0 +1,155 @@
+//! Resumable sharded jobs (scoring a corpus, generating trajectories).
+//!
+//! A job's items (segments, prompts) are numbered; shard `i` holds items `[i·S, (i+1)·S)`, so a
+//! shard's contents depend only on its index and a kill loses at most S items of work. Each
+//! finished shard is written atomically and then recorded, with its SHA-256, in `manifest.json`
+//! (itself replaced atomically). A rerun checks the manifest's job description against its own and
+//! skips every shard whose file still has its recorded checksum: killing the job loses at most the
+//! shard in flight, never a finished one, and a shard damaged since is redone.
+
+use crate::TeacherError;
+use crate::fetch::sha256_file;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::ops::Range;
+use std::path::Path;
+
+pub const MANIFEST: &str = "manifest.json";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    pub index: usize,
+    pub file: String,
+    pub sha256: String,
+    /// The item range `[start, end)` it holds.
+    pub items: [usize; 2],
+    pub rows: usize,
+    /// Token positions it holds (scored positions, or generated tokens).
+    pub positions: usize,
+    pub bytes: u64,
+}
+
+/// `job` describes what was asked (a rerun must ask the same); `shards` what is finished.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest<J> {
+    pub job: J,
+    pub shards: Vec<ShardEntry>,
+}
+
+impl<J> Manifest<J> {
+    pub fn positions(&self) -> usize {
+        self.shards.iter().map(|s| s.positions).sum()
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.bytes).sum()
+    }
+}
+
+/// What writing one shard produced.
+pub struct Written {
+    pub rows: usize,
+    pub positions: usize,
+    pub bytes: u64,
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
+    TeacherError::Load {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+/// SHA-256 (hex) of a job's token ids: the inputs a manifest's shards were made from.
+pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
+    let mut h = Sha256::new();
+    for s in sequences {
+        h.update((s.len() as u64).to_le_bytes());
+        for id in s {
+            h.update(id.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_manifest<J: Serialize>(dir: &Path, m: &Manifest<J>) -> Result<(), TeacherError> {
+    let path = dir.join(MANIFEST);
+    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    let text = serde_json::to_vec_pretty(m).expect("manifest serialises");
+    std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+}
+
+/// Runs `items` in shards of `per_shard` under `dir`. Finished shards of an earlier run of the same
+/// `job` are skipped (`skipped(range)` is told); for each other shard `write(index, range, path)`
+/// must write the file atomically.
+pub fn run_shards<J>(
+    dir: &Path,
+    job: J,
+    items: usize,
+    per_shard: usize,
+    skipped: &mut dyn FnMut(Range<usize>),
+    write: &mut dyn FnMut(usize, Range<usize>, &Path) -> Result<Written, TeacherError>,
+) -> Result<Manifest<J>, TeacherError>
+where
+    J: Serialize + DeserializeOwned + PartialEq,
+{
+    if per_shard == 0 {
+        return Err(TeacherError::Request(
+            "items per shard must be at least 1".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let manifest_path = dir.join(MANIFEST);
+    let mut manifest = match std::fs::read(&manifest_path) {
+        Ok(bytes) => {
+            let old: Manifest<J> = serde_json::from_slice(&bytes).map_err(|e| {
+                io(
+                    &manifest_path,
+                    format!("not a manifest of this kind of job: {e}"),
+                )
+            })?;
+            if old.job != job {
+                return Err(io(
+                    &manifest_path,
+                    "holds shards of a different job (teacher, tokenizer, settings or inputs \
+                     differ): choose another output directory",
+                ));
+            }
+            old
+        }
+        Err(_) => Manifest {
+            job,
+            shards: Vec::new(),
+        },
+    };
+    for index in 0..items.div_ceil(per_shard) {
+        let range = index * per_shard..((index + 1) * per_shard).min(items);
+        let file = format!("shard-{index:05}.parquet");
+        let path = dir.join(&file);
+        let finished = manifest
+            .shards
+            .iter()
+            .any(|e| e.index == index && sha256_file(&path).is_ok_and(|sum| sum == e.sha256));
+        if finished {
+            skipped(range);
+            continue;
+        }
+        manifest.shards.retain(|e| e.index != index);
+        let w = write(index, range.clone(), &path)?;
+        manifest.shards.push(ShardEntry {
+            index,
+            file,
+            sha256: sha256_file(&path).map_err(|e| io(&path, e))?,
+            items: [range.start, range.end],
+            rows: w.rows,
+            positions: w.positions,
+            bytes: w.bytes,
+        });
+        manifest.shards.sort_by_key(|e| e.index);
+        write_manifest(dir, &manifest)?;
+    }
+    write_manifest(dir, &manifest)?;
+    Ok(manifest)
+}
