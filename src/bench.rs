@@ -142,7 +142,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             segments,
         } => {
             let local = k3mini_teacher::local::LocalTeacher::from_gguf(
-                &crate::teacher_cmd::resolve(&teacher)?,
+                &k3mini::teachers::resolve(&teacher)?,
                 &Device::default(),
             )?;
             let text = k3mini_data::read_source(&corpus, k3mini_data::SourceFormat::Text, "text")?;

@@ -1,5 +1,7 @@
 //! The `k3mini` library behind the CLI: recipes (and, as they land, the training loop). The binary in
 //! `main.rs` only parses arguments and calls these functions.
 
+pub mod compare;
 pub mod recipe;
+pub mod teachers;
 pub mod train;

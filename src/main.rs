@@ -33,8 +33,14 @@ enum Command {
         #[command(subcommand)]
         command: model_cmd::ModelCommand,
     },
-    /// Train from a recipe (plain next-token training; distillation arrives with its issue).
+    /// Train from a recipe: plain next-token training, or distillation with [distill].
     Train(train_cmd::TrainArgs),
+    /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
+    Compare {
+        /// Run directories (each holds metrics.jsonl).
+        #[arg(required = true)]
+        runs: Vec<std::path::PathBuf>,
+    },
     /// Data tools: tokenizers, chat rendering.
     Data {
         #[command(subcommand)]
@@ -62,6 +68,11 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Model { command } => model_cmd::run(command),
         Command::Train(args) => train_cmd::run(args),
+        Command::Compare { runs } => runs
+            .iter()
+            .map(|r| k3mini::compare::summarise(r))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|s| print!("{}", k3mini::compare::table(&s))),
         Command::Data { command } => data_cmd::run(command),
         Command::Recipe { command } => recipe_cmd::run(command),
         Command::Teacher { command } => teacher_cmd::run(command),

@@ -10,12 +10,14 @@
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
+//! [distill]   objectives = [{kind, weight, beta | alpha | samples}], temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
 //! ```
 
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
+use k3mini_student::distill::Objective;
 use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
@@ -36,6 +38,75 @@ pub struct Recipe {
     /// The teacher whose signals `k3mini teacher score` writes into shards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub teacher: Option<TeacherConfig>,
+    /// Train from the teacher's shards with these objectives (needs `[teacher]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillConfig>,
+}
+
+/// `[distill]`: what the student learns from the teacher's signals. The loss is
+/// `Σ weight · objective`; see `k3mini_student::distill` for each objective's formula.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillConfig {
+    pub objectives: Vec<ObjectiveConfig>,
+    /// The distillation temperature τ (divergences are scaled by τ²).
+    #[serde(default = "default_tau")]
+    pub temperature: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectiveConfig {
+    pub kind: ObjectiveKind,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// `jsd`: the teacher's share β of the mixture (default 0.5).
+    #[serde(default)]
+    pub beta: Option<f64>,
+    /// `skew_kl`, `skew_reverse_kl`: the skew α (default 0.1).
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// `sampled`: draws per position (default 12).
+    #[serde(default)]
+    pub samples: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectiveKind {
+    Ce,
+    ForwardKl,
+    TopkKl,
+    TopkKlRenormalised,
+    ReverseKl,
+    Jsd,
+    SkewKl,
+    SkewReverseKl,
+    Sampled,
+}
+
+impl ObjectiveConfig {
+    pub fn objective(&self) -> Objective {
+        match self.kind {
+            ObjectiveKind::Ce => Objective::CrossEntropy,
+            ObjectiveKind::ForwardKl => Objective::ForwardKl,
+            ObjectiveKind::TopkKl => Objective::TopkKl,
+            ObjectiveKind::TopkKlRenormalised => Objective::TopkKlRenormalised,
+            ObjectiveKind::ReverseKl => Objective::ReverseKl,
+            ObjectiveKind::Jsd => Objective::Jsd {
+                beta: self.beta.unwrap_or(0.5),
+            },
+            ObjectiveKind::SkewKl => Objective::SkewKl {
+                alpha: self.alpha.unwrap_or(0.1),
+            },
+            ObjectiveKind::SkewReverseKl => Objective::SkewReverseKl {
+                alpha: self.alpha.unwrap_or(0.1),
+            },
+            ObjectiveKind::Sampled => Objective::Sampled {
+                samples: self.samples.unwrap_or(12),
+            },
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -286,6 +357,12 @@ fn default_temperature() -> f32 {
 }
 fn default_segments_per_shard() -> usize {
     32
+}
+fn default_tau() -> f64 {
+    1.0
+}
+fn default_weight() -> f64 {
+    1.0
 }
 fn default_template() -> ChatFormat {
     ChatFormat::Chatml
@@ -581,6 +658,58 @@ fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> 
                     format!("must be in (0, 1], got {}", g.top_p),
                 );
             }
+        }
+    }
+    if let Some(d) = &r.distill {
+        if r.teacher.is_none() {
+            return bad(
+                "distill",
+                "needs a [teacher] table: the shards it trains from are the teacher's".into(),
+            );
+        }
+        if d.objectives.is_empty() {
+            return bad("distill.objectives", "names no objective".into());
+        }
+        if !(d.temperature > 0.0 && d.temperature.is_finite()) {
+            return bad(
+                "distill.temperature",
+                format!("must be positive, got {}", d.temperature),
+            );
+        }
+        for (i, o) in d.objectives.iter().enumerate() {
+            let key = |field: &str| format!("distill.objectives.{i}.{field}");
+            if !(o.weight >= 0.0 && o.weight.is_finite()) {
+                return bad(&key("weight"), format!("must be ≥ 0, got {}", o.weight));
+            }
+            let params = [
+                ("beta", o.beta, o.kind == ObjectiveKind::Jsd),
+                (
+                    "alpha",
+                    o.alpha,
+                    matches!(o.kind, ObjectiveKind::SkewKl | ObjectiveKind::SkewReverseKl),
+                ),
+            ];
+            for (name, value, applies) in params {
+                match value {
+                    Some(_) if !applies => {
+                        return bad(&key(name), format!("does not apply to {:?}", o.kind));
+                    }
+                    Some(v) if !(v > 0.0 && v < 1.0) => {
+                        return bad(&key(name), format!("must be in (0, 1), got {v}"));
+                    }
+                    _ => {}
+                }
+            }
+            match o.samples {
+                Some(_) if o.kind != ObjectiveKind::Sampled => {
+                    return bad(&key("samples"), "applies to `sampled` only".into());
+                }
+                Some(0) => return bad(&key("samples"), "must be positive".into()),
+                _ => {}
+            }
+        }
+        if d.objectives.iter().all(|o| o.weight == 0.0) {
+            return bad("distill.objectives", "every weight is 0".into());
         }
     }
     let positive = [

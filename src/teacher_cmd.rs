@@ -4,6 +4,7 @@ use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
 use k3mini::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
+use k3mini::teachers::{local_teacher_path, resolve};
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, check_markers, render};
@@ -77,24 +78,6 @@ pub enum TeacherCommand {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
-}
-
-/// A built-in teacher's GGUF (fetched when missing) or a path.
-pub fn resolve(teacher: &str) -> Result<PathBuf> {
-    if fetch::known(teacher, Kind::Teacher).is_some() {
-        return Ok(fetch::fetch(
-            teacher,
-            Kind::Teacher,
-            &fetch::cache_dir(),
-            &mut |l| eprintln!("{l}"),
-        )?);
-    }
-    let path = Path::new(teacher);
-    anyhow::ensure!(
-        path.is_file(),
-        "{teacher}: not a built-in teacher (smollm2) and no such file"
-    );
-    Ok(path.to_path_buf())
 }
 
 pub fn run(cmd: TeacherCommand) -> Result<()> {
@@ -207,11 +190,7 @@ fn recipe_teacher(
     };
     Ok(match &tc.model {
         Some(model) => {
-            let file = if fetch::known(model, Kind::Teacher).is_some() {
-                resolve(model)?
-            } else {
-                resolve(&recipe.resolve_path(Path::new(model)).display().to_string())?
-            };
+            let file = local_teacher_path(recipe, model)?;
             let local = LocalTeacher::from_gguf(&file, &Device::default())?;
             let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
                 local.tokenizer.clone()

@@ -9,6 +9,7 @@ pub mod pack;
 mod parquet_io;
 pub mod prompts;
 pub mod shards;
+pub mod signals;
 pub mod tokenizer;
 pub mod trajectories;
 

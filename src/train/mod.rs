@@ -1,6 +1,7 @@
 //! Training: schedules, the optimizer, the loop, and its benchmark.
 
 pub mod bench;
+pub mod distill;
 pub mod optim;
 pub mod schedule;
 pub mod trainer;

@@ -6,7 +6,9 @@
 //! parameter ids and AdamW moments, the step and the data cursor. Training draws no randomness after
 //! initialisation (no dropout; the data order is a function of the seed and the cursor).
 
+use crate::recipe::DistillConfig;
 use crate::recipe::LoadedRecipe;
+use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::schedule::lr_at;
 use anyhow::{Context, Result, bail};
@@ -15,6 +17,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
 use k3mini_data::chat::{check_markers, render};
 use k3mini_data::pack::split_held_out;
+use k3mini_data::signals::{SignalBatch, SignalCursor, SignalStream};
 use k3mini_data::tokenizer::BPE_EOS;
 use k3mini_data::{Cursor, Packer, SourceFormat, TokenDoc, Tokenizer, read_chats, read_source};
 use k3mini_student::K3Mini;
@@ -44,6 +47,9 @@ pub struct TrainOptions {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepMetrics {
     pub step: usize,
+    /// Tokens trained on so far (`step · train.batch_tokens`).
+    #[serde(default)]
+    pub tokens: usize,
     #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     pub lr: f64,
@@ -54,6 +60,11 @@ pub struct StepMetrics {
     pub skipped: bool,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub eval_loss: Option<f64>,
+    /// Distillation runs: held-out top-1 agreement with the teacher and `KL(p̂ ‖ q̂)`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub eval_top1: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub eval_kl: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_rss_bytes: Option<usize>,
 }
@@ -81,9 +92,83 @@ pub struct TrainSummary {
 struct TrainState {
     /// Optimizer steps completed.
     step: usize,
-    cursor: Cursor,
+    cursor: DataCursor,
     seed: u64,
     consecutive_bad_steps: usize,
+}
+
+/// Where the training data stream is: packed documents, or teacher shards.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum DataCursor {
+    Packed(Cursor),
+    Signals(SignalCursor),
+}
+
+/// The training stream and the held-out data of a run.
+enum Data {
+    Packed {
+        packer: Packer,
+        held: Arc<Vec<TokenDoc>>,
+    },
+    Signals {
+        stream: SignalStream,
+        held: Vec<SignalBatch>,
+        config: DistillConfig,
+        tau_gen: f64,
+    },
+}
+
+impl Data {
+    fn cursor(&self) -> DataCursor {
+        match self {
+            Data::Packed { packer, .. } => DataCursor::Packed(packer.cursor()),
+            Data::Signals { stream, .. } => DataCursor::Signals(stream.cursor()),
+        }
+    }
+
+    /// The next micro-batch's loss (already divided by the accumulation factor by the caller).
+    fn micro_loss(
+        &mut self,
+        model: &K3Mini,
+        recipe: &LoadedRecipe,
+        seed: u64,
+    ) -> Result<Tensor<1>> {
+        let r = &recipe.recipe;
+        let device = model.lm_head.weight.device();
+        Ok(match self {
+            Data::Packed { packer, .. } => {
+                let batch = packer.next_batch(r.train.micro_batch);
+                let (tokens, starts, mask) = batch_tensors(&batch, &device);
+                let logits = model.forward_packed(tokens.clone(), starts).logits;
+                next_token_cross_entropy(logits, tokens, Some(mask))
+            }
+            Data::Signals {
+                stream,
+                config,
+                tau_gen,
+                ..
+            } => {
+                let batch = stream.next_batch(r.train.micro_batch)?;
+                distill_loss(model, &batch, config, *tau_gen, seed)
+            }
+        })
+    }
+
+    /// Held-out loss (and, for distillation, agreement with the teacher).
+    fn evaluate(&self, model: &K3Mini, recipe: &LoadedRecipe) -> Option<SignalEval> {
+        match self {
+            Data::Packed { held, .. } if !held.is_empty() => Some(SignalEval {
+                loss: eval_loss(model, held, recipe, recipe.recipe.train.eval_batches),
+                top1: f64::NAN,
+                kl: f64::NAN,
+            }),
+            Data::Signals { held, tau_gen, .. } if !held.is_empty() => {
+                Some(signal_eval(model, held, *tau_gen))
+            }
+            _ => None,
+        }
+    }
 }
 
 const WEIGHTS: &str = "model.safetensors";
@@ -267,20 +352,71 @@ fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
     Ok(())
 }
 
+/// The student's tokenizer: the recipe's, or the local teacher's own for `tokenizer = "teacher"`.
+fn teacher_tokenizer_or(recipe: &LoadedRecipe) -> Result<Tokenizer> {
+    if recipe.recipe.data.tokenizer != crate::recipe::TEACHER_TOKENIZER {
+        return Ok(recipe.tokenizer()?);
+    }
+    let model = recipe
+        .recipe
+        .teacher
+        .as_ref()
+        .and_then(|t| t.model.as_ref())
+        .expect("the recipe check requires a local [teacher] for tokenizer = \"teacher\"");
+    let path = crate::teachers::local_teacher_path(recipe, model)?;
+    let file = k3mini_checkpoints::gguf::GgufFile::open(&path)?;
+    Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
+}
+
+/// The training stream from `cursor` and the held-out data.
+fn open_data(recipe: &LoadedRecipe, tokenizer: &Tokenizer, cursor: DataCursor) -> Result<Data> {
+    let r = &recipe.recipe;
+    if let Some(config) = &r.distill {
+        let DataCursor::Signals(cursor) = cursor else {
+            bail!("the checkpoint was written by a plain run, and this recipe distils");
+        };
+        let sd = signal_data(recipe, &tokenizer.fingerprint())?;
+        let tc = r.teacher.as_ref().expect("checked");
+        return Ok(Data::Signals {
+            stream: sd.train_stream(r.run.seed, cursor)?,
+            held: sd.held_out_batches(r.train.eval_batches, r.train.micro_batch)?,
+            config: config.clone(),
+            tau_gen: tc.temperature as f64,
+        });
+    }
+    let DataCursor::Packed(cursor) = cursor else {
+        bail!("the checkpoint was written by a distillation run, and this recipe trains plainly");
+    };
+    let docs = tokenized_documents(recipe, tokenizer)?;
+    let (train_idx, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
+    let pick = |idx: &[usize]| Arc::new(idx.iter().map(|&i| docs[i].clone()).collect::<Vec<_>>());
+    let (train_docs, held) = (pick(&train_idx), pick(&held_idx));
+    if train_docs.is_empty() {
+        bail!(
+            "{}: no training documents left after the held-out split",
+            recipe.path.display()
+        );
+    }
+    Ok(Data::Packed {
+        packer: Packer::new(train_docs, r.data.seq_len, r.run.seed, r.data.packing, 0)
+            .with_cursor(cursor),
+        held,
+    })
+}
+
 /// Runs (or resumes) a recipe.
 pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary> {
     let r = &recipe.recipe;
-    if r.teacher.is_some() {
+    if r.teacher.is_some() && r.distill.is_none() {
         bail!(
-            "{}: this recipe names a [teacher]: `k3mini teacher score` writes its shards; training \
-             from them (distillation) arrives with the distillation issue. Plain training takes a \
-             recipe without [teacher].",
+            "{}: this recipe names a [teacher] but no [distill] objectives: add [distill] to train \
+             from the teacher's shards, or drop [teacher] for plain training",
             recipe.path.display()
         );
     }
     let out = opts.out_dir.clone().unwrap_or_else(|| recipe.out_dir());
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let tokenizer = recipe.tokenizer()?;
+    let tokenizer = teacher_tokenizer_or(recipe)?;
     if tokenizer.vocab_size() > recipe.model.vocab_size {
         bail!(
             "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",
@@ -290,17 +426,6 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
             tokenizer.vocab_size()
         );
     }
-    let docs = tokenized_documents(recipe, &tokenizer)?;
-    let (train_idx, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
-    let pick = |idx: &[usize]| Arc::new(idx.iter().map(|&i| docs[i].clone()).collect::<Vec<_>>());
-    let (train_docs, held_docs) = (pick(&train_idx), pick(&held_idx));
-    if train_docs.is_empty() {
-        bail!(
-            "{}: no training documents left after the held-out split",
-            recipe.path.display()
-        );
-    }
-
     let device = Device::default();
     device.seed(r.run.seed);
     let device = device.autodiff();
@@ -320,14 +445,16 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
             optim,
             TrainState {
                 step: 0,
-                cursor: Cursor::default(),
+                cursor: match r.distill {
+                    Some(_) => DataCursor::Signals(SignalCursor::default()),
+                    None => DataCursor::Packed(Cursor::default()),
+                },
                 seed: r.run.seed,
                 consecutive_bad_steps: 0,
             },
         )
     };
-    let mut packer = Packer::new(train_docs, r.data.seq_len, r.run.seed, r.data.packing, 0)
-        .with_cursor(state.cursor);
+    let mut data = open_data(recipe, &tokenizer, state.cursor)?;
     k3mini_checkpoints::remove_stale_temps(&out)?;
     let metrics_path = out.join("metrics.jsonl");
     truncate_metrics(&metrics_path, state.step)?;
@@ -363,12 +490,10 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         let lr = lr_at(&r.schedule, r.optim.lr, state.step, total);
         let mut accumulator = GradientsAccumulator::new();
         let mut loss_sum = 0.0f64;
-        for _ in 0..recipe.accumulation {
-            let batch = packer.next_batch(r.train.micro_batch);
-            let (tokens, starts, mask) = batch_tensors(&batch, &device);
-            let logits = model.forward_packed(tokens.clone(), starts).logits;
-            let loss =
-                next_token_cross_entropy(logits, tokens, Some(mask)) / recipe.accumulation as f64;
+        for micro in 0..recipe.accumulation {
+            // Seeds what a micro-batch samples (sampled-KD targets): a function of the step.
+            let seed = r.run.seed ^ ((state.step * recipe.accumulation + micro) as u64 + 1);
+            let loss = data.micro_loss(&model, recipe, seed)? / recipe.accumulation as f64;
             loss_sum += loss.clone().into_scalar::<f32>() as f64;
             accumulator.accumulate(&model, GradientsParams::from_grads(loss.backward(), &model));
         }
@@ -389,22 +514,27 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
             model = optim.step(lr, model, grads);
         }
         state.step += 1;
-        state.cursor = packer.cursor();
+        state.cursor = data.cursor();
         let step_tokens = r.train.batch_tokens;
         tokens_seen += step_tokens;
         // Throughput of the step itself, before any held-out evaluation.
         let tokens_per_s = step_tokens as f64 / step_start.elapsed().as_secs_f64();
-        let eval_loss = (!held_docs.is_empty()
-            && (state.step % r.train.eval_every == 0 || state.step == total))
-            .then(|| eval_loss(&model, &held_docs, recipe, r.train.eval_batches));
+        let eval = (state.step % r.train.eval_every == 0 || state.step == total)
+            .then(|| data.evaluate(&model, recipe))
+            .flatten();
+        let eval_loss = eval.map(|e| e.loss);
+        let finite = |x: f64| x.is_finite().then_some(x);
         let m = StepMetrics {
             step: state.step,
+            tokens: state.step * step_tokens,
             loss: loss_sum,
             lr,
             grad_norm,
             tokens_per_s,
             skipped,
             eval_loss,
+            eval_top1: eval.and_then(|e| finite(e.top1)),
+            eval_kl: eval.and_then(|e| finite(e.kl)),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
         };
         if state.step % r.train.log_every == 0 || eval_loss.is_some() || skipped {

@@ -8,6 +8,7 @@
 pub mod attnres;
 pub mod bench;
 pub mod config;
+pub mod distill;
 pub mod hf;
 pub mod info;
 pub mod kda;

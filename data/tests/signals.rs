@@ -1,0 +1,145 @@
+//! Batches from teacher shards: a resumed stream continues exactly, held-out documents never train,
+//! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
+use k3mini_data::shards::{ShardMeta, ShardRow, write_shard};
+use k3mini_data::signals::{
+    OUT_OF_VOCAB_LOGPROB, SignalCursor, SignalSpec, SignalStream, assemble,
+};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const K: usize = 3;
+
+fn row(doc: u64, segment: u32, n: usize) -> ShardRow {
+    let ids: Vec<u32> = (0..n as u32)
+        .map(|i| doc as u32 * 100 + segment * 10 + i)
+        .collect();
+    ShardRow {
+        doc_id: doc,
+        segment,
+        target_logprobs: vec![-1.0; n - 1],
+        top_ids: (0..(n - 1) * K)
+            .map(|j| (j % 7) as u32 + if j % K == 2 { 900 } else { 0 })
+            .collect(),
+        top_logprobs: (0..(n - 1) * K).map(|j| -0.5 - (j % K) as f32).collect(),
+        input_ids: ids,
+    }
+}
+
+/// Four shards of three rows, documents 0..6 (two segments each).
+fn shards(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::create_dir_all(dir).unwrap();
+    let meta = ShardMeta {
+        teacher: "t".into(),
+        tokenizer_sha256: "ab".repeat(32),
+        k: K,
+        temperature: 1.0,
+    };
+    let all: Vec<ShardRow> = (0..6u64)
+        .flat_map(|d| [row(d, 0, 8), row(d, 1, 5)])
+        .collect();
+    all.chunks(3)
+        .enumerate()
+        .map(|(i, rows)| {
+            let p = dir.join(format!("shard-{i:05}.parquet"));
+            write_shard(&p, &meta, rows).unwrap();
+            p
+        })
+        .collect()
+}
+
+fn spec(vocab: usize) -> SignalSpec {
+    SignalSpec {
+        seq_len: 8,
+        k: K,
+        vocab,
+        tokenizer_sha256: "ab".repeat(32),
+    }
+}
+
+#[test]
+fn a_resumed_stream_continues_exactly_and_never_trains_on_held_out_documents() {
+    let dir = std::env::temp_dir().join(format!("k3mini-signals-{}", std::process::id()));
+    let files = shards(&dir);
+    let keep = Arc::new(|doc: u64| doc != 2 && doc != 5);
+    let mut straight = SignalStream::new(
+        files.clone(),
+        spec(1000),
+        keep.clone(),
+        3,
+        SignalCursor::default(),
+    )
+    .unwrap();
+    // Four epochs' worth (8 training rows per epoch) in batches of 4.
+    let batches: Vec<_> = (0..8).map(|_| straight.next_batch(4).unwrap()).collect();
+    let mut seen = std::collections::HashMap::new();
+    for b in &batches[..4] {
+        for r in 0..4 {
+            let first = b.tokens[r * 8];
+            assert!(
+                ![2, 5].contains(&(first / 100)),
+                "held-out document trained"
+            );
+            *seen.entry(first).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(seen.len(), 8, "two epochs visit every training row");
+    assert!(seen.values().all(|&c| c == 2));
+    assert_ne!(batches[0], batches[2], "epochs are shuffled differently");
+    // Stop after three batches; a new stream from the cursor yields the rest identically.
+    let mut first = SignalStream::new(
+        files.clone(),
+        spec(1000),
+        keep.clone(),
+        3,
+        SignalCursor::default(),
+    )
+    .unwrap();
+    for b in &batches[..3] {
+        assert_eq!(&first.next_batch(4).unwrap(), b);
+    }
+    let mut resumed =
+        SignalStream::new(files.clone(), spec(1000), keep.clone(), 3, first.cursor()).unwrap();
+    for b in &batches[3..] {
+        assert_eq!(&resumed.next_batch(4).unwrap(), b);
+    }
+    // A stream whose documents are all held out is refused, naming the problem.
+    let none = SignalStream::new(
+        files.clone(),
+        spec(1000),
+        Arc::new(|_| false),
+        3,
+        SignalCursor::default(),
+    );
+    assert!(
+        none.err()
+            .unwrap()
+            .to_string()
+            .contains("no shard holds a training row")
+    );
+    // A shard made with another tokenizer is refused.
+    let other = SignalSpec {
+        tokenizer_sha256: "cd".repeat(32),
+        ..spec(1000)
+    };
+    let e = SignalStream::new(files.clone(), other, keep, 3, SignalCursor::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("another tokenizer"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
+    let r = row(1, 1, 5); // 4 positions, padded to 8
+    let b = assemble(&[&r], 8, K, 500);
+    assert_eq!(b.loss_mask, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+    assert_eq!(&b.tokens[..5], &[110, 111, 112, 113, 114]);
+    // Rank 2 holds ids ≥ 900: outside a 500-token vocabulary they become id 0 with no mass.
+    assert_eq!(b.top_ids[2], 0);
+    assert_eq!(b.top_logprobs[2], OUT_OF_VOCAB_LOGPROB);
+    assert_eq!(b.top_logprobs[0], -0.5);
+    // Padding positions: a uniform top-k, finite.
+    let pad = &b.top_logprobs[5 * K..6 * K];
+    assert!(pad.iter().all(|&l| (l + (K as f32).ln()).abs() < 1e-6));
+}

@@ -1,0 +1,189 @@
+//! Distillation end to end with the real SmolLM2 teacher: `k3mini teacher score` writes shards for
+//! a small corpus, the student trains from them with every objective, a stopped and resumed run is
+//! bit-identical to a straight one, the CE baseline reads the same rows, and incomplete or
+//! mismatched shards are refused with the reason.
+use k3mini::compare::{summarise, table};
+use k3mini::recipe;
+use k3mini::train::trainer::{StepMetrics, TrainOptions, train};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const LINES: [&str; 3] = [
+    "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer \
+     the slings and arrows of outrageous fortune, or to take arms against a sea of troubles.",
+    "Tomorrow, and tomorrow, and tomorrow, creeps in this petty pace from day to day, to the \
+     last syllable of recorded time; and all our yesterdays have lighted fools the way to dusty death.",
+    "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him. \
+     The evil that men do lives after them; the good is oft interred with their bones.",
+];
+
+fn recipe_text(dir: &Path, name: &str, objectives: &str, steps: usize) -> String {
+    format!(
+        r#"[run]
+name = "{name}"
+seed = 5
+out_dir = "{out}"
+[model]
+preset = "tiny"
+vocab_size = 49152
+d_model = 64
+[data]
+tokenizer = "teacher"
+seq_len = 16
+held_out_fraction = 0.34
+[[data.sources]]
+path = "a.txt"
+[[data.sources]]
+path = "b.txt"
+[[data.sources]]
+path = "c.txt"
+[teacher]
+model = "smollm2"
+k = 4
+segments_per_shard = 3
+shards_dir = "{shards}"
+[distill]
+temperature = 2.0
+objectives = {objectives}
+[optim]
+lr = 3e-3
+[schedule]
+kind = "constant"
+warmup_steps = 0
+[train]
+steps = {steps}
+batch_tokens = 64
+micro_batch = 2
+eval_every = 2
+eval_batches = 1
+checkpoint_every = 2
+"#,
+        out = dir.join("runs").join(name).display(),
+        shards = dir.join("shards").display(),
+    )
+}
+
+fn write_recipe(dir: &Path, name: &str, objectives: &str, steps: usize) -> recipe::LoadedRecipe {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, recipe_text(dir, name, objectives, steps)).unwrap();
+    recipe::load(&path).unwrap()
+}
+
+fn quiet() -> TrainOptions {
+    TrainOptions {
+        quiet: true,
+        ..Default::default()
+    }
+}
+
+fn weights(out: &Path) -> Vec<u8> {
+    let (_, dir) = k3mini_checkpoints::latest(out).unwrap().unwrap();
+    std::fs::read(dir.join("model.safetensors")).unwrap()
+}
+
+fn metrics(out: &Path) -> Vec<StepMetrics> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn students_distil_from_real_teacher_shards_and_resume_exactly() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("k3mini-distill-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, text) in ["a.txt", "b.txt", "c.txt"].iter().zip(LINES) {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let kd = r#"[{ kind = "forward_kl", weight = 0.7 }, { kind = "ce", weight = 0.3 }]"#;
+    let main = write_recipe(&dir, "kd", kd, 4);
+    // Training before scoring says what to run.
+    let e = train(&main, &quiet()).unwrap_err().to_string();
+    assert!(e.contains("k3mini teacher score"), "{e}");
+    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["teacher", "score", "--quiet"])
+        .arg(dir.join("kd.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Straight, and stopped after 2 steps then resumed: the same weights and metrics.
+    let straight = train(&main, &quiet()).unwrap();
+    assert_eq!(straight.last_step, 4);
+    let split_dir = dir.join("runs/split");
+    let split = |resume, stop_after| TrainOptions {
+        out_dir: Some(split_dir.clone()),
+        resume,
+        stop_after,
+        quiet: true,
+    };
+    train(&main, &split(false, Some(2))).unwrap();
+    train(&main, &split(true, None)).unwrap();
+    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
+    let strip = |ms: Vec<StepMetrics>| -> Vec<(usize, u64, Option<u64>)> {
+        ms.into_iter()
+            .map(|m| (m.step, m.loss.to_bits(), m.eval_loss.map(f64::to_bits)))
+            .collect()
+    };
+    assert_eq!(
+        strip(metrics(&straight.out_dir)),
+        strip(metrics(&split_dir))
+    );
+    let m = metrics(&straight.out_dir);
+    let last = m.last().unwrap();
+    assert!(last.loss.is_finite() && last.eval_loss.is_some());
+    let (top1, kl) = (last.eval_top1.unwrap(), last.eval_kl.unwrap());
+    assert!((0.0..=1.0).contains(&top1) && kl > 0.0, "{top1} {kl}");
+
+    // Every objective trains (finite loss, a step taken) from the same shards.
+    for objective in [
+        r#"[{ kind = "ce" }]"#,
+        r#"[{ kind = "topk_kl" }]"#,
+        r#"[{ kind = "topk_kl_renormalised" }]"#,
+        r#"[{ kind = "reverse_kl" }]"#,
+        r#"[{ kind = "jsd", beta = 0.3 }]"#,
+        r#"[{ kind = "skew_kl", alpha = 0.2 }]"#,
+        r#"[{ kind = "skew_reverse_kl" }]"#,
+        r#"[{ kind = "sampled", samples = 8 }, { kind = "ce", weight = 0.1 }]"#,
+    ] {
+        let r = write_recipe(&dir, "each", objective, 1);
+        std::fs::remove_dir_all(dir.join("runs/each")).ok();
+        let s = train(&r, &quiet()).unwrap();
+        assert!(s.last_loss.unwrap().is_finite(), "{objective}");
+    }
+    // The CE baseline over the same rows, compared side by side.
+    let ce = write_recipe(&dir, "ce", r#"[{ kind = "ce" }]"#, 4);
+    let ce_run = train(&ce, &quiet()).unwrap();
+    let t = table(&[
+        summarise(&straight.out_dir).unwrap(),
+        summarise(&ce_run.out_dir).unwrap(),
+    ]);
+    assert_eq!(t.lines().count(), 4, "{t}");
+    assert!(t.contains("| 4 | 256 |"), "{t}");
+    // A run whose data.seq_len differs from the shards', and an unfinished scoring job, are refused.
+    let other = recipe_text(&dir, "other", kd, 2).replace("seq_len = 16", "seq_len = 32");
+    std::fs::write(dir.join("other.toml"), other).unwrap();
+    let e = train(&recipe::load(&dir.join("other.toml")).unwrap(), &quiet())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("16-token segments but data.seq_len is 32"),
+        "{e}"
+    );
+    let manifest = dir.join("shards/manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["shards"].as_array_mut().unwrap().pop();
+    std::fs::write(&manifest, m.to_string()).unwrap();
+    std::fs::remove_dir_all(dir.join("runs/each")).ok();
+    let r = write_recipe(&dir, "each", kd, 1);
+    let e = train(&r, &quiet()).unwrap_err().to_string();
+    assert!(e.contains("shards are finished"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
