@@ -12,21 +12,27 @@ pub struct RunSummary {
     pub eval: Option<StepMetrics>,
 }
 
-/// Reads a run directory's `metrics.jsonl`.
-pub fn summarise(run: &Path) -> Result<RunSummary> {
+/// Every line of a run directory's `metrics.jsonl`.
+pub fn read_metrics(run: &Path) -> Result<Vec<StepMetrics>> {
     let path = run.join("metrics.jsonl");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut lines = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
         let m: StepMetrics = serde_json::from_str(line)
             .with_context(|| format!("{}:{}: not a metrics line", path.display(), i + 1))?;
         lines.push(m);
     }
+    Ok(lines)
+}
+
+/// A run's last logged step and last held-out evaluation.
+pub fn summarise(run: &Path) -> Result<RunSummary> {
+    let lines = read_metrics(run)?;
+    let path = run.join("metrics.jsonl");
     let last = lines
         .last()
         .cloned()

@@ -76,17 +76,19 @@ fn quiet() -> TrainOptions {
     }
 }
 
-fn weights(out: &Path) -> Vec<u8> {
+/// The newest checkpoint's tensors: the safetensors header without its `__metadata__` (burn writes
+/// that map in hash order) and the data bytes.
+fn weights(out: &Path) -> (serde_json::Value, Vec<u8>) {
     let (_, dir) = k3mini_checkpoints::latest(out).unwrap().unwrap();
-    std::fs::read(dir.join("model.safetensors")).unwrap()
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header.as_object_mut().unwrap().remove("__metadata__");
+    (header, bytes[8 + n..].to_vec())
 }
 
 fn metrics(out: &Path) -> Vec<StepMetrics> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    k3mini::compare::read_metrics(out).unwrap()
 }
 
 #[test]

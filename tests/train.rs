@@ -80,11 +80,7 @@ checkpoint_every = 3
 }
 
 fn metrics(out: &Path) -> Vec<StepMetrics> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    k3mini::compare::read_metrics(out).unwrap()
 }
 
 fn opts(out: &Path) -> TrainOptions {

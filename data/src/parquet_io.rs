@@ -174,6 +174,39 @@ impl Opened {
         Ok(Self { meta, builder })
     }
 
+    /// Opens a k3mini file of `kind` at schema `version`. Files without a `kind` key predate it and
+    /// are taken as `default_kind`.
+    pub fn open_versioned(
+        path: &Path,
+        what: &str,
+        kind: &str,
+        default_kind: Option<&str>,
+        version: u32,
+    ) -> Result<Self, DataError> {
+        let opened = Self::open(path, what)?;
+        let found: u32 = opened.parse(path, what, "schema_version")?;
+        let found_kind = match (opened.meta.get("kind"), default_kind) {
+            (Some(k), _) => k.as_str(),
+            (None, Some(d)) => d,
+            (None, None) => opened.get(path, what, "kind")?,
+        };
+        if found_kind != kind {
+            return Err(file_err(
+                path,
+                what,
+                format!("holds {found_kind}, not {kind}"),
+            ));
+        }
+        if found != version {
+            return Err(file_err(
+                path,
+                what,
+                format!("schema version {found}; this k3mini reads version {version}"),
+            ));
+        }
+        Ok(opened)
+    }
+
     /// A metadata value, or an error naming the missing key.
     pub fn get(&self, path: &Path, what: &str, key: &str) -> Result<&str, DataError> {
         self.meta.get(key).map(String::as_str).ok_or_else(|| {

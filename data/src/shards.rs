@@ -43,6 +43,29 @@ pub struct ShardMeta {
     pub temperature: f32,
 }
 
+impl ShardMeta {
+    /// As `k3mini.*` metadata pairs, after the file's kind and schema version.
+    pub(crate) fn pairs(&self, kind: &str, version: u32) -> Vec<(&'static str, String)> {
+        vec![
+            ("kind", kind.into()),
+            ("schema_version", version.to_string()),
+            ("teacher", self.teacher.clone()),
+            ("tokenizer_sha256", self.tokenizer_sha256.clone()),
+            ("k", self.k.to_string()),
+            ("temperature", self.temperature.to_string()),
+        ]
+    }
+
+    pub(crate) fn read(opened: &Opened, path: &Path, what: &str) -> Result<Self, DataError> {
+        Ok(Self {
+            teacher: opened.get(path, what, "teacher")?.into(),
+            tokenizer_sha256: opened.get(path, what, "tokenizer_sha256")?.into(),
+            k: opened.parse(path, what, "k")?,
+            temperature: opened.parse(path, what, "temperature")?,
+        })
+    }
+}
+
 /// One scored segment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardRow {
@@ -132,14 +155,7 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
         path,
         WHAT,
         &batch,
-        &[
-            ("kind", KIND.into()),
-            ("schema_version", SCHEMA_VERSION.to_string()),
-            ("teacher", meta.teacher.clone()),
-            ("tokenizer_sha256", meta.tokenizer_sha256.clone()),
-            ("k", k.to_string()),
-            ("temperature", meta.temperature.to_string()),
-        ],
+        &meta.pairs(KIND, SCHEMA_VERSION),
         &[
             &["top_logprobs", "list", "element", "item"],
             &["target_logprobs", "list", "element"],
@@ -147,38 +163,11 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
     )
 }
 
-/// Checks a k3mini file's `kind` (files from before the key existed are teacher-signal shards).
-pub(crate) fn check_kind(
-    opened: &Opened,
-    path: &Path,
-    what: &str,
-    kind: &str,
-) -> Result<(), DataError> {
-    let found = opened.meta.get("kind").map_or(KIND, String::as_str);
-    if found != kind {
-        return Err(file_err(path, what, format!("holds {found}, not {kind}")));
-    }
-    Ok(())
-}
-
 /// Reads and validates a shard: kind, schema version, metadata, column types and every row's lengths.
 pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
-    let opened = Opened::open(path, WHAT)?;
-    let version: u32 = opened.parse(path, WHAT, "schema_version")?;
-    check_kind(&opened, path, WHAT, KIND)?;
-    if version != SCHEMA_VERSION {
-        return Err(file_err(
-            path,
-            WHAT,
-            format!("schema version {version}; this k3mini reads version {SCHEMA_VERSION}"),
-        ));
-    }
-    let meta = ShardMeta {
-        teacher: opened.get(path, WHAT, "teacher")?.into(),
-        tokenizer_sha256: opened.get(path, WHAT, "tokenizer_sha256")?.into(),
-        k: opened.parse(path, WHAT, "k")?,
-        temperature: opened.parse(path, WHAT, "temperature")?,
-    };
+    // Shards from before `kind` existed are teacher-signal shards.
+    let opened = Opened::open_versioned(path, WHAT, KIND, Some(KIND), SCHEMA_VERSION)?;
+    let meta = ShardMeta::read(&opened, path, WHAT)?;
     let k = meta.k;
     opened
         .check_columns(&[

@@ -22,7 +22,7 @@ use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, strings, topk_float_lists,
     topk_int_lists, u32s, write_atomic,
 };
-use crate::shards::check_kind;
+use crate::shards::{KIND as SIGNALS, ShardMeta};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use std::path::Path;
@@ -34,11 +34,8 @@ const WHAT: &str = "trajectory shard";
 /// How the trajectories were sampled: stored as Parquet file metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrajectoryMeta {
-    pub teacher: String,
-    pub tokenizer_sha256: String,
-    /// Top-k logprobs per completion token (≥ 1).
-    pub k: usize,
-    pub temperature: f32,
+    /// Teacher, tokenizer, top-k per completion token (≥ 1) and sampling temperature.
+    pub signals: ShardMeta,
     pub top_p: f32,
     pub max_tokens: usize,
     pub seed: u64,
@@ -94,7 +91,7 @@ pub fn write_trajectories(
     meta: &TrajectoryMeta,
     rows: &[TrajectoryRow],
 ) -> Result<u64, DataError> {
-    let k = meta.k;
+    let k = meta.signals.k;
     if k == 0 {
         return Err(file_err(path, WHAT, "k must be at least 1"));
     }
@@ -160,16 +157,14 @@ pub fn write_trajectories(
         WHAT,
         &batch,
         &[
-            ("kind", KIND.into()),
-            ("schema_version", SCHEMA_VERSION.to_string()),
-            ("teacher", meta.teacher.clone()),
-            ("tokenizer_sha256", meta.tokenizer_sha256.clone()),
-            ("k", k.to_string()),
-            ("temperature", meta.temperature.to_string()),
-            ("top_p", meta.top_p.to_string()),
-            ("max_tokens", meta.max_tokens.to_string()),
-            ("seed", meta.seed.to_string()),
-        ],
+            meta.signals.pairs(KIND, SCHEMA_VERSION),
+            vec![
+                ("top_p", meta.top_p.to_string()),
+                ("max_tokens", meta.max_tokens.to_string()),
+                ("seed", meta.seed.to_string()),
+            ],
+        ]
+        .concat(),
         &[
             &["top_logprobs", "list", "element", "item"],
             &["logprobs", "list", "element"],
@@ -179,27 +174,15 @@ pub fn write_trajectories(
 
 /// Reads and validates a trajectory shard.
 pub fn read_trajectories(path: &Path) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
-    let opened = Opened::open(path, WHAT)?;
-    let version: u32 = opened.parse(path, WHAT, "schema_version")?;
-    opened.get(path, WHAT, "kind")?;
-    check_kind(&opened, path, WHAT, KIND)?;
-    if version != SCHEMA_VERSION {
-        return Err(file_err(
-            path,
-            WHAT,
-            format!("schema version {version}; this k3mini reads version {SCHEMA_VERSION}"),
-        ));
-    }
+    // Files without `kind` are teacher-signal shards from before it: refused as that kind.
+    let opened = Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), SCHEMA_VERSION)?;
     let meta = TrajectoryMeta {
-        teacher: opened.get(path, WHAT, "teacher")?.into(),
-        tokenizer_sha256: opened.get(path, WHAT, "tokenizer_sha256")?.into(),
-        k: opened.parse(path, WHAT, "k")?,
-        temperature: opened.parse(path, WHAT, "temperature")?,
+        signals: ShardMeta::read(&opened, path, WHAT)?,
         top_p: opened.parse(path, WHAT, "top_p")?,
         max_tokens: opened.parse(path, WHAT, "max_tokens")?,
         seed: opened.parse(path, WHAT, "seed")?,
     };
-    let k = meta.k;
+    let k = meta.signals.k;
     opened
         .check_columns(&[
             ("prompt_id", Col::Utf8),

@@ -96,10 +96,12 @@ fn thinking_is_split_from_the_answer() {
 
 fn meta() -> TrajectoryMeta {
     TrajectoryMeta {
-        teacher: "SmolLM2-135M-Instruct.Q4_1.gguf".into(),
-        tokenizer_sha256: "cd".repeat(32),
-        k: 3,
-        temperature: 0.7,
+        signals: ShardMeta {
+            teacher: "SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+            tokenizer_sha256: "cd".repeat(32),
+            k: 3,
+            temperature: 0.7,
+        },
         top_p: 0.9,
         max_tokens: 64,
         seed: 5,

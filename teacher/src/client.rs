@@ -429,16 +429,7 @@ impl HttpTeacher {
         body["logprobs"] = json!(params.logprobs.max(1));
         let v = self.request("POST", "/v1/completions", Some(&body))?;
         let choice = &v["choices"][0];
-        let lp = &choice["logprobs"];
-        let (Some(tokens), Some(lps), Some(tops)) = (
-            lp["tokens"].as_array(),
-            lp["token_logprobs"].as_array(),
-            lp["top_logprobs"].as_array(),
-        ) else {
-            return Err(server_err(
-                "the response has no logprobs.tokens/token_logprobs/top_logprobs",
-            ));
-        };
+        let (tokens, lps, tops) = legacy_logprobs(choice)?;
         let ids = match choice["token_ids"].as_array() {
             Some(ids) => ids
                 .iter()
@@ -505,16 +496,7 @@ impl HttpTeacher {
         let body = json!({"model": self.model, "prompt": ids, "echo": true, "logprobs": k,
                           "max_tokens": 1, "temperature": 0, "return_tokens_as_token_ids": true});
         let v = self.request("POST", "/v1/completions", Some(&body))?;
-        let lp = &v["choices"][0]["logprobs"];
-        let (Some(tokens), Some(lps), Some(tops)) = (
-            lp["tokens"].as_array(),
-            lp["token_logprobs"].as_array(),
-            lp["top_logprobs"].as_array(),
-        ) else {
-            return Err(server_err(
-                "the response has no choices[0].logprobs.tokens/token_logprobs/top_logprobs (echo)",
-            ));
-        };
+        let (tokens, lps, tops) = legacy_logprobs(&v["choices"][0])?;
         // The prompt's entries, then the generated token's.
         if tokens.len() < ids.len() || lps.len() < ids.len() || tops.len() < ids.len() {
             return Err(server_err(format!(
@@ -547,6 +529,23 @@ impl HttpTeacher {
             push_top(row, k, &mut out.top_ids, &mut out.top_logprobs);
         }
         Ok(out)
+    }
+}
+
+/// An OpenAI legacy choice's `logprobs`: `(tokens, token_logprobs, top_logprobs)`.
+fn legacy_logprobs(
+    choice: &Value,
+) -> Result<(&Vec<Value>, &Vec<Value>, &Vec<Value>), TeacherError> {
+    let lp = &choice["logprobs"];
+    match (
+        lp["tokens"].as_array(),
+        lp["token_logprobs"].as_array(),
+        lp["top_logprobs"].as_array(),
+    ) {
+        (Some(t), Some(l), Some(top)) => Ok((t, l, top)),
+        _ => Err(server_err(
+            "the response has no choices[0].logprobs.tokens/token_logprobs/top_logprobs",
+        )),
     }
 }
 

@@ -6,10 +6,11 @@
 //! `seed + i`, so the shards are the same whatever the concurrency or how often the job was
 //! interrupted. Shards, the manifest and resuming are [`crate::manifest`]'s.
 
-use crate::manifest::{Manifest, Written, ids_sha256, run_shards};
+use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
 use crate::score::run_many;
 use crate::{FinishReason, GenerateParams, Generation, Teacher, TeacherError};
 use k3mini_data::chat::split_thinking;
+use k3mini_data::shards::ShardMeta;
 use k3mini_data::trajectories::{
     SCHEMA_VERSION, TrajectoryMeta, TrajectoryRow, write_trajectories,
 };
@@ -41,10 +42,12 @@ pub struct GenerateJob {
 impl GenerateJob {
     fn meta(&self) -> TrajectoryMeta {
         TrajectoryMeta {
-            teacher: self.teacher.clone(),
-            tokenizer_sha256: self.tokenizer_sha256.clone(),
-            k: self.params.logprobs,
-            temperature: self.params.temperature,
+            signals: ShardMeta {
+                teacher: self.teacher.clone(),
+                tokenizer_sha256: self.tokenizer_sha256.clone(),
+                k: self.params.logprobs,
+                temperature: self.params.temperature,
+            },
             top_p: self.params.top_p,
             max_tokens: self.params.max_tokens,
             seed: self.params.seed,
@@ -143,23 +146,20 @@ pub fn generate_trajectories(
         inputs_sha256: ids_sha256(prompts.iter().map(|p| &p.ids[..])),
     };
     let meta = job.meta();
-    let progress = std::cell::RefCell::new(GenerateProgress {
-        prompts_total: prompts.len(),
-        ..Default::default()
-    });
-    let on_progress = std::cell::RefCell::new(on_progress);
-    let report = |update: &dyn Fn(&mut GenerateProgress)| {
-        let mut p = progress.borrow_mut();
-        update(&mut p);
-        (on_progress.borrow_mut())(*p);
-    };
+    let report = Reporter::new(
+        GenerateProgress {
+            prompts_total: prompts.len(),
+            ..Default::default()
+        },
+        on_progress,
+    );
     run_shards(
         &job.out_dir,
         header,
         prompts.len(),
         job.prompts_per_shard,
         &mut |range| {
-            report(&|p| {
+            report.update(|p| {
                 p.prompts_done += range.len();
                 p.skipped_shards += 1;
             })
@@ -179,7 +179,7 @@ pub fn generate_trajectories(
                 },
                 &mut |row: &TrajectoryRow| {
                     let stopped = row.finish_reason == "stop";
-                    report(&|p| {
+                    report.update(|p| {
                         p.prompts_done += 1;
                         p.tokens += row.completion_ids.len();
                         p.stopped += stopped as usize;

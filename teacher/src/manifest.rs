@@ -47,6 +47,27 @@ impl<J> Manifest<J> {
     }
 }
 
+/// A job's progress, updated from its callbacks and passed on to the caller's after each update.
+pub struct Reporter<'a, P> {
+    state: std::cell::RefCell<P>,
+    sink: std::cell::RefCell<&'a mut dyn FnMut(P)>,
+}
+
+impl<'a, P: Copy> Reporter<'a, P> {
+    pub fn new(initial: P, sink: &'a mut dyn FnMut(P)) -> Self {
+        Self {
+            state: std::cell::RefCell::new(initial),
+            sink: std::cell::RefCell::new(sink),
+        }
+    }
+
+    pub fn update(&self, f: impl FnOnce(&mut P)) {
+        let mut p = self.state.borrow_mut();
+        f(&mut p);
+        (self.sink.borrow_mut())(*p);
+    }
+}
+
 /// What writing one shard produced.
 pub struct Written {
     pub rows: usize,

@@ -4,7 +4,7 @@
 //! holds segments `[i·S, (i+1)·S)` (S = `segments_per_shard`). Shards, the manifest and resuming are
 //! [`crate::manifest`]'s: killing the scorer loses at most the shard in flight.
 
-use crate::manifest::{Manifest, Written, ids_sha256, run_shards};
+use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
 use serde::{Deserialize, Serialize};
@@ -156,27 +156,24 @@ pub fn score_corpus(
         segments: all.len(),
         inputs_sha256: ids_sha256(all.iter().map(|s| s.2)),
     };
-    let progress = std::cell::RefCell::new(ScoreProgress {
-        shards_done: 0,
-        shards_total: all.len().div_ceil(job.segments_per_shard.max(1)),
-        segments_done: 0,
-        segments_total: all.len(),
-        positions: 0,
-        skipped: 0,
-    });
-    let on_progress = std::cell::RefCell::new(on_progress);
-    let report = |update: &dyn Fn(&mut ScoreProgress)| {
-        let mut p = progress.borrow_mut();
-        update(&mut p);
-        (on_progress.borrow_mut())(*p);
-    };
+    let report = Reporter::new(
+        ScoreProgress {
+            shards_done: 0,
+            shards_total: all.len().div_ceil(job.segments_per_shard.max(1)),
+            segments_done: 0,
+            segments_total: all.len(),
+            positions: 0,
+            skipped: 0,
+        },
+        on_progress,
+    );
     run_shards(
         &job.out_dir,
         header,
         all.len(),
         job.segments_per_shard,
         &mut |range| {
-            report(&|p| {
+            report.update(|p| {
                 p.shards_done += 1;
                 p.segments_done += range.len();
                 p.skipped += 1;
@@ -186,7 +183,7 @@ pub fn score_corpus(
             let chunk = &all[range];
             let inputs: Vec<&[u32]> = chunk.iter().map(|c| c.2).collect();
             let scored = score_many(teacher, &inputs, job.meta.k, job.concurrency, &mut |n| {
-                report(&|p| {
+                report.update(|p| {
                     p.segments_done += 1;
                     p.positions += n;
                 })
@@ -208,7 +205,7 @@ pub fn score_corpus(
                 positions: rows.iter().map(ShardRow::positions).sum(),
                 bytes: write_shard(path, &job.meta, &rows)?,
             };
-            report(&|p| p.shards_done += 1);
+            report.update(|p| p.shards_done += 1);
             Ok(written)
         },
     )

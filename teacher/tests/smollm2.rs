@@ -316,7 +316,7 @@ mod scoring {
         assert_eq!(m.shards.len(), 3);
         // Each row is exactly the teacher's generation with prompt i's seed.
         let (meta, rows) = read_trajectories(&dir.join("shard-00001.parquet")).unwrap();
-        assert_eq!((meta.k, meta.seed, meta.max_tokens), (4, 11, 6));
+        assert_eq!((meta.signals.k, meta.seed, meta.max_tokens), (4, 11, 6));
         assert_eq!(rows[1].prompt_id, "q3");
         let direct = t
             .generate(
