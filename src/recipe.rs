@@ -10,7 +10,8 @@
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
-//! [distill]   objectives = [{kind, weight, beta | alpha | samples}], temperature
+//! [distill]   mode = "offline" | "sequence", objectives = [{kind, weight, beta | alpha | samples}],
+//!             temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
 //! ```
@@ -48,10 +49,24 @@ pub struct Recipe {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DistillConfig {
+    /// Where the teacher's signals come from.
+    #[serde(default)]
+    pub mode: DistillMode,
     pub objectives: Vec<ObjectiveConfig>,
     /// The distillation temperature τ (divergences are scaled by τ²).
     #[serde(default = "default_tau")]
     pub temperature: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillMode {
+    /// The teacher's top-k over the recipe's corpus, from `k3mini teacher score` shards.
+    #[default]
+    Offline,
+    /// Sequence-level KD: the teacher's own completions (`k3mini teacher generate` shards), trained
+    /// on their completion tokens, with their top-k for the divergence objectives.
+    Sequence,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -669,6 +684,13 @@ fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> 
         }
         if d.objectives.is_empty() {
             return bad("distill.objectives", "names no objective".into());
+        }
+        let generates = r.teacher.as_ref().is_some_and(|t| t.generate.is_some());
+        if d.mode == DistillMode::Sequence && !generates {
+            return bad(
+                "distill.mode",
+                "`sequence` trains on the teacher's trajectories: add [teacher.generate]".into(),
+            );
         }
         if !(d.temperature > 0.0 && d.temperature.is_finite()) {
             return bad(

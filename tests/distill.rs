@@ -17,7 +17,13 @@ const LINES: [&str; 3] = [
      The evil that men do lives after them; the good is oft interred with their bones.",
 ];
 
+/// A recipe over the three files; `mode = "sequence"` trains on `prompts.jsonl`'s trajectories.
 fn recipe_text(dir: &Path, name: &str, objectives: &str, steps: usize) -> String {
+    let mode = if name.starts_with("seq") {
+        "sequence"
+    } else {
+        "offline"
+    };
     format!(
         r#"[run]
 name = "{name}"
@@ -45,6 +51,7 @@ shards_dir = "{shards}"
 [distill]
 temperature = 2.0
 objectives = {objectives}
+mode = "{mode}"
 [optim]
 lr = 3e-3
 [schedule]
@@ -57,6 +64,11 @@ micro_batch = 2
 eval_every = 2
 eval_batches = 1
 checkpoint_every = 2
+[teacher.generate]
+prompts = [{{ path = "prompts.jsonl" }}]
+max_tokens = 6
+temperature = 0.8
+prompts_per_shard = 2
 "#,
         out = dir.join("runs").join(name).display(),
         shards = dir.join("shards").display(),
@@ -99,6 +111,11 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     for (name, text) in ["a.txt", "b.txt", "c.txt"].iter().zip(LINES) {
         std::fs::write(dir.join(name), text).unwrap();
     }
+    std::fs::write(
+        dir.join("prompts.jsonl"),
+        "{\"prompt\": \"Name a colour.\"}\n{\"prompt\": \"Say hello.\"}\n{\"prompt\": \"Count to two.\"}\n",
+    )
+    .unwrap();
     let kd = r#"[{ kind = "forward_kl", weight = 0.7 }, { kind = "ce", weight = 0.3 }]"#;
     let main = write_recipe(&dir, "kd", kd, 4);
     // Training before scoring says what to run.
@@ -168,6 +185,22 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     ]);
     assert_eq!(t.lines().count(), 4, "{t}");
     assert!(t.contains("| 4 | 256 |"), "{t}");
+    // Sequence-level KD on the teacher's own completions (prompt positions masked).
+    let seq = write_recipe(&dir, "seq", kd, 2);
+    let e = train(&seq, &quiet()).unwrap_err().to_string();
+    assert!(e.contains("k3mini teacher generate"), "{e}");
+    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["teacher", "generate", "--quiet"])
+        .arg(dir.join("seq.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = train(&seq, &quiet()).unwrap();
+    assert!(s.last_loss.unwrap().is_finite() && s.eval_loss.unwrap().is_finite());
     // A run whose data.seq_len differs from the shards', and an unfinished scoring job, are refused.
     let other = recipe_text(&dir, "other", kd, 2).replace("seq_len = 16", "seq_len = 32");
     std::fs::write(dir.join("other.toml"), other).unwrap();

@@ -1,4 +1,7 @@
-//! Training batches from teacher-signal shards: one scored segment per row, padded to `seq_len`.
+//! Training batches from teacher shards, one [`SignalRow`] per batch row, padded to `seq_len`:
+//! a scored segment (teacher-signal shards: every position is a target), or a prompt and the
+//! teacher's completion (trajectory shards: only completion positions are targets, and of those
+//! the parts `data.train_on` names; the completion's top-k are the teacher's signals there).
 //!
 //! The order is a function of the seed and a [`SignalCursor`] `(epoch, shard, row)`: each epoch
 //! visits the shards in a seeded permutation and each shard's rows in another, so a resumed run sees
@@ -12,9 +15,11 @@
 //! student's vocabulary (a padded teacher vocabulary) are given logprob −10⁴: their mass goes to the
 //! tail bucket, where a token the student cannot produce belongs.
 
+use crate::chat::LossParts;
 use crate::error::DataError;
 use crate::pack::epoch_order;
 use crate::shards::{ShardMeta, ShardRow, read_shard};
+use crate::trajectories::{TrajectoryRow, read_trajectories};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,8 +50,80 @@ pub struct SignalBatch {
     pub top_logprobs: Vec<f32>,
 }
 
+/// One training row: `n` ids and, at each of the `n − 1` positions, whether it is a target and the
+/// teacher's top-k there (`(n − 1) × k`, anything where it is not a target).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SignalRow {
+    /// The document (segment source or prompt) it belongs to, for the held-out split.
+    pub doc: u64,
+    pub ids: Vec<u32>,
+    pub targets: Vec<bool>,
+    pub top_ids: Vec<u32>,
+    pub top_logprobs: Vec<f32>,
+}
+
+impl SignalRow {
+    /// A scored segment, its top-k cut from the shard's `from` to `to`: every position trains.
+    pub fn from_scores(row: ShardRow, from: usize, to: usize) -> Self {
+        Self {
+            doc: row.doc_id,
+            targets: vec![true; row.positions()],
+            top_ids: top_prefix(&row.top_ids, from, to),
+            top_logprobs: top_prefix(&row.top_logprobs, from, to),
+            ids: row.input_ids,
+        }
+    }
+
+    /// Prompt `doc`'s trajectory, cut to `seq_len` ids: prompt positions never train; completion
+    /// tokens up to and including `think_close` (when the tokenizer has the tag as one id) are
+    /// thinking, the rest answer, and `train_on` picks which of the two train. `None` when no
+    /// completion token fits.
+    pub fn from_trajectory(
+        row: TrajectoryRow,
+        doc: u64,
+        from: usize,
+        to: usize,
+        seq_len: usize,
+        think_close: Option<u32>,
+        train_on: &LossParts,
+    ) -> Option<Self> {
+        let p = row.prompt_ids.len();
+        let n = (p + row.completion_ids.len()).min(seq_len);
+        if n <= p || p == 0 {
+            return None;
+        }
+        let completion = &row.completion_ids[..n - p];
+        let thinking_until = think_close
+            .and_then(|c| completion.iter().position(|&id| id == c))
+            .map_or(0, |i| i + 1);
+        let mut targets = vec![false; p - 1];
+        targets.extend((0..n - p).map(|j| {
+            let part = if j < thinking_until {
+                crate::chat::Part::Thinking
+            } else {
+                crate::chat::Part::Answer
+            };
+            train_on.trains(part)
+        }));
+        // Prompt positions get a placeholder top-k (never read: not targets).
+        let mut top_ids = vec![0; (p - 1) * to];
+        let mut top_logprobs = vec![-(to as f32).ln(); (p - 1) * to];
+        top_ids.extend(top_prefix(&row.top_ids[..(n - p) * from], from, to));
+        top_logprobs.extend(top_prefix(&row.top_logprobs[..(n - p) * from], from, to));
+        let mut ids = row.prompt_ids;
+        ids.extend(completion);
+        Some(Self {
+            doc,
+            ids,
+            targets,
+            top_ids,
+            top_logprobs,
+        })
+    }
+}
+
 /// Lays `rows` out as a batch (see the module doc for padding and out-of-vocabulary ids).
-pub fn assemble(rows: &[&ShardRow], seq_len: usize, k: usize, vocab: usize) -> SignalBatch {
+pub fn assemble(rows: &[&SignalRow], seq_len: usize, k: usize, vocab: usize) -> SignalBatch {
     let t = seq_len;
     let mut b = SignalBatch {
         rows: rows.len(),
@@ -58,10 +135,10 @@ pub fn assemble(rows: &[&ShardRow], seq_len: usize, k: usize, vocab: usize) -> S
         top_logprobs: vec![-(k as f32).ln(); rows.len() * t * k],
     };
     for (r, row) in rows.iter().enumerate() {
-        for (i, &id) in row.input_ids.iter().enumerate() {
+        for (i, &id) in row.ids.iter().enumerate() {
             b.tokens[r * t + i] = id as i64;
         }
-        for pos in 0..row.positions() {
+        for (pos, _) in row.targets.iter().enumerate().filter(|(_, t)| **t) {
             b.loss_mask[r * t + pos] = 1.0;
             for j in 0..k {
                 let (src, dst) = (pos * k + j, (r * t + pos) * k + j);
@@ -79,9 +156,29 @@ pub fn assemble(rows: &[&ShardRow], seq_len: usize, k: usize, vocab: usize) -> S
     b
 }
 
+/// Which kind of shard a stream reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SignalSource {
+    /// Teacher-signal shards (`k3mini teacher score`).
+    Scores,
+    /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
+    Trajectories {
+        think_close: Option<u32>,
+        train_on: LossParts,
+    },
+}
+
+/// A shard file and the job index of its first row (trajectory rows are numbered by prompt).
+#[derive(Clone, Debug)]
+pub struct ShardFile {
+    pub path: PathBuf,
+    pub first: u64,
+}
+
 /// What a stream expects of every shard it reads.
 #[derive(Clone, Debug)]
 pub struct SignalSpec {
+    pub source: SignalSource,
     pub seq_len: usize,
     pub k: usize,
     /// The student's vocabulary size.
@@ -94,31 +191,59 @@ impl SignalSpec {
     /// Reads a shard, keeping the rows whose document `keep` accepts, after checking its metadata.
     pub fn read(
         &self,
-        path: &std::path::Path,
+        file: &ShardFile,
         keep: &(dyn Fn(u64) -> bool + Send + Sync),
-    ) -> Result<Vec<ShardRow>, DataError> {
-        let (meta, rows) = read_shard(path)?;
-        self.check(path, &meta)?;
-        // Rows stride by the shard's k; from here on by ours.
-        let mut kept = Vec::new();
-        for row in rows {
-            if row.input_ids.len() > self.seq_len {
-                return Err(DataError::io(
-                    path,
-                    format!(
-                        "document {} segment {} has {} ids, more than seq_len {}",
-                        row.doc_id,
-                        row.segment,
-                        row.input_ids.len(),
-                        self.seq_len
-                    ),
-                ));
+    ) -> Result<Vec<SignalRow>, DataError> {
+        let path = &file.path;
+        match &self.source {
+            SignalSource::Scores => {
+                let (meta, rows) = read_shard(path)?;
+                self.check(path, &meta)?;
+                let mut kept = Vec::new();
+                for row in rows {
+                    if row.input_ids.len() > self.seq_len {
+                        return Err(DataError::io(
+                            path,
+                            format!(
+                                "document {} segment {} has {} ids, more than seq_len {}",
+                                row.doc_id,
+                                row.segment,
+                                row.input_ids.len(),
+                                self.seq_len
+                            ),
+                        ));
+                    }
+                    if keep(row.doc_id) {
+                        kept.push(SignalRow::from_scores(row, meta.k, self.k));
+                    }
+                }
+                Ok(kept)
             }
-            if keep(row.doc_id) {
-                kept.push(top_prefix(row, meta.k, self.k));
+            SignalSource::Trajectories {
+                think_close,
+                train_on,
+            } => {
+                let (meta, rows) = read_trajectories(path)?;
+                self.check(path, &meta.signals)?;
+                Ok(rows
+                    .into_iter()
+                    .zip(file.first..)
+                    .filter(|(_, doc)| keep(*doc))
+                    .filter_map(|(row, doc)| {
+                        let (from, to) = (meta.signals.k, self.k);
+                        SignalRow::from_trajectory(
+                            row,
+                            doc,
+                            from,
+                            to,
+                            self.seq_len,
+                            *think_close,
+                            train_on,
+                        )
+                    })
+                    .collect())
             }
         }
-        Ok(kept)
     }
 
     fn check(&self, path: &std::path::Path, meta: &ShardMeta) -> Result<(), DataError> {
@@ -146,21 +271,21 @@ type Keep = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// An endless, resumable stream of [`SignalBatch`]es over a set of shards.
 pub struct SignalStream {
-    files: Arc<Vec<PathBuf>>,
+    files: Arc<Vec<ShardFile>>,
     spec: Arc<SignalSpec>,
     keep: Keep,
     seed: u64,
     cursor: SignalCursor,
     /// The rows of the shard at `cursor.shard`, in this epoch's row order.
-    current: Vec<ShardRow>,
-    next: Option<JoinHandle<Result<Vec<ShardRow>, DataError>>>,
+    current: Vec<SignalRow>,
+    next: Option<JoinHandle<Result<Vec<SignalRow>, DataError>>>,
 }
 
 impl SignalStream {
     /// A stream over `files` (shards in index order) from `cursor`. Fails if a shard is unreadable
     /// or mismatched, or if no shard holds a row `keep` accepts.
     pub fn new(
-        files: Vec<PathBuf>,
+        files: Vec<ShardFile>,
         spec: SignalSpec,
         keep: Keep,
         seed: u64,
@@ -190,7 +315,7 @@ impl SignalStream {
             s.step_shard();
         }
         Err(DataError::io(
-            &s.files[0],
+            &s.files[0].path,
             "no shard holds a training row (every document is held out?)",
         ))
     }
@@ -200,7 +325,7 @@ impl SignalStream {
     }
 
     /// The rows of the shard at `at`, in `at.epoch`'s row order.
-    fn load(&self, at: SignalCursor) -> Result<Vec<ShardRow>, DataError> {
+    fn load(&self, at: SignalCursor) -> Result<Vec<SignalRow>, DataError> {
         let order = epoch_order(self.files.len(), self.seed, at.epoch);
         let index = order[at.shard];
         let rows = self.spec.read(&self.files[index], self.keep.as_ref())?;
@@ -257,7 +382,7 @@ impl SignalStream {
             };
             self.prefetch();
         }
-        let refs: Vec<&ShardRow> = picked.iter().collect();
+        let refs: Vec<&SignalRow> = picked.iter().collect();
         Ok(assemble(
             &refs,
             self.spec.seq_len,
@@ -267,34 +392,22 @@ impl SignalStream {
     }
 }
 
-/// A row's signals cut from the top-`from` to the top-`to` (rows are sorted by logprob).
-fn top_prefix(mut row: ShardRow, from: usize, to: usize) -> ShardRow {
-    if from != to {
-        let cut = |v: &[u32]| {
-            v.chunks_exact(from)
-                .flat_map(|c| &c[..to])
-                .copied()
-                .collect()
-        };
-        row.top_ids = cut(&row.top_ids);
-        row.top_logprobs = row
-            .top_logprobs
-            .chunks_exact(from)
-            .flat_map(|c| &c[..to])
-            .copied()
-            .collect();
-    }
-    row
+/// Rows of `from` values (top-k lists, best first) cut to their first `to`.
+fn top_prefix<T: Copy>(rows: &[T], from: usize, to: usize) -> Vec<T> {
+    rows.chunks_exact(from)
+        .flat_map(|c| &c[..to])
+        .copied()
+        .collect()
 }
 
 /// `rows` in the seeded order of `(epoch, shard index)`.
-fn permute(rows: Vec<ShardRow>, seed: u64, epoch: u64, index: usize) -> Vec<ShardRow> {
+fn permute(rows: Vec<SignalRow>, seed: u64, epoch: u64, index: usize) -> Vec<SignalRow> {
     let order = epoch_order(
         rows.len(),
         seed ^ (index as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407),
         epoch,
     );
-    let mut slots: Vec<Option<ShardRow>> = rows.into_iter().map(Some).collect();
+    let mut slots: Vec<Option<SignalRow>> = rows.into_iter().map(Some).collect();
     order
         .into_iter()
         .map(|i| slots[i].take().expect("a permutation"))

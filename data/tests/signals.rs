@@ -2,9 +2,10 @@
 //! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
 use k3mini_data::shards::{ShardMeta, ShardRow, write_shard};
 use k3mini_data::signals::{
-    OUT_OF_VOCAB_LOGPROB, SignalCursor, SignalSpec, SignalStream, assemble,
+    OUT_OF_VOCAB_LOGPROB, ShardFile, SignalCursor, SignalRow, SignalSource, SignalSpec,
+    SignalStream, assemble,
 };
-use std::path::PathBuf;
+use k3mini_data::trajectories::TrajectoryRow;
 use std::sync::Arc;
 
 const K: usize = 3;
@@ -26,7 +27,7 @@ fn row(doc: u64, segment: u32, n: usize) -> ShardRow {
 }
 
 /// Four shards of three rows, documents 0..6 (two segments each).
-fn shards(dir: &std::path::Path) -> Vec<PathBuf> {
+fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
     std::fs::create_dir_all(dir).unwrap();
     let meta = ShardMeta {
         teacher: "t".into(),
@@ -40,15 +41,19 @@ fn shards(dir: &std::path::Path) -> Vec<PathBuf> {
     all.chunks(3)
         .enumerate()
         .map(|(i, rows)| {
-            let p = dir.join(format!("shard-{i:05}.parquet"));
-            write_shard(&p, &meta, rows).unwrap();
-            p
+            let path = dir.join(format!("shard-{i:05}.parquet"));
+            write_shard(&path, &meta, rows).unwrap();
+            ShardFile {
+                path,
+                first: i as u64 * 3,
+            }
         })
         .collect()
 }
 
 fn spec(vocab: usize) -> SignalSpec {
     SignalSpec {
+        source: SignalSource::Scores,
         seq_len: 8,
         k: K,
         vocab,
@@ -131,7 +136,7 @@ fn a_resumed_stream_continues_exactly_and_never_trains_on_held_out_documents() {
 
 #[test]
 fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
-    let r = row(1, 1, 5); // 4 positions, padded to 8
+    let r = SignalRow::from_scores(row(1, 1, 5), K, K); // 4 positions, padded to 8
     let b = assemble(&[&r], 8, K, 500);
     assert_eq!(b.loss_mask, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
     assert_eq!(&b.tokens[..5], &[110, 111, 112, 113, 114]);
@@ -142,4 +147,43 @@ fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
     // Padding positions: a uniform top-k, finite.
     let pad = &b.top_logprobs[5 * K..6 * K];
     assert!(pad.iter().all(|&l| (l + (K as f32).ln()).abs() < 1e-6));
+}
+
+#[test]
+fn trajectories_train_on_completion_parts_only() {
+    use k3mini_data::LossParts;
+    // Prompt [1, 2, 3]; completion [10, 11, 99 (= </think>), 12, 13] with top-4 signals.
+    let traj = TrajectoryRow {
+        prompt_id: "p".into(),
+        prompt_ids: vec![1, 2, 3],
+        completion_ids: vec![10, 11, 99, 12, 13],
+        logprobs: vec![-0.1; 5],
+        top_ids: (0..20).map(|j| 200 + j).collect(),
+        top_logprobs: (0..20).map(|j| -(j as f32) * 0.1).collect(),
+        thinking: Some("…".into()),
+        answer: "…".into(),
+        finish_reason: "length".into(),
+        reference: None,
+    };
+    let answer_only = LossParts {
+        prompt: false,
+        thinking: false,
+        answer: true,
+    };
+    let r = SignalRow::from_trajectory(traj.clone(), 7, 4, 2, 16, Some(99), &answer_only).unwrap();
+    assert_eq!(r.ids, [1, 2, 3, 10, 11, 99, 12, 13]);
+    // Position t predicts id t + 1: positions 0, 1 predict prompt ids; 2..=4 the thinking
+    // (10, 11, </think>); 5, 6 the answer.
+    assert_eq!(r.targets, [false, false, false, false, false, true, true]);
+    // The completion's top-k, cut from 4 to 2, sit at the positions that predict it.
+    assert_eq!(&r.top_ids[2 * 2..3 * 2], &[200, 201]);
+    assert_eq!(&r.top_ids[6 * 2..7 * 2], &[216, 217]);
+    let all = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 6, Some(99), &LossParts::default())
+        .unwrap();
+    assert_eq!(all.ids.len(), 6, "cut to seq_len");
+    assert_eq!(all.targets, [false, false, true, true, true]);
+    // Without the tag as one id, the whole completion is answer.
+    let plain = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 16, None, &answer_only).unwrap();
+    assert_eq!(plain.targets.iter().filter(|&&t| t).count(), 5);
+    assert!(SignalRow::from_trajectory(traj, 7, 4, 4, 3, None, &answer_only).is_none());
 }

@@ -1,92 +1,161 @@
-//! Offline distillation: the student trains on the teacher's shards with the recipe's `[distill]`
-//! objectives, one scored segment per row (`k3mini_data::signals`).
+//! Distillation from shards: the student trains with the recipe's `[distill]` objectives on the
+//! teacher's signals over the corpus (`mode = "offline"`: scored segments) or on the teacher's own
+//! completions (`mode = "sequence"`: trajectory shards, completion tokens only), one row per
+//! segment or prompt (`k3mini_data::signals`).
 //!
 //! Held-out documents are chosen as in plain training (`data.held_out_fraction`, seeded, over the
 //! scoring job's documents); their segments never train and are what evaluation measures: the
 //! held-out cross-entropy (perplexity), the student's top-1 agreement with the teacher, and the
 //! forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail.
 
-use crate::recipe::{DistillConfig, LoadedRecipe, ObjectiveKind};
+use crate::recipe::{DistillConfig, DistillMode, LoadedRecipe, ObjectiveKind};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini_data::chat::THINK_CLOSE;
 use k3mini_data::pack::{split_held_out, splitmix64};
-use k3mini_data::signals::{SignalBatch, SignalCursor, SignalSpec, SignalStream, assemble};
+use k3mini_data::signals::{
+    ShardFile, SignalBatch, SignalCursor, SignalSource, SignalSpec, SignalStream, assemble,
+};
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
     Objective, TeacherTopK, masked_mean, objective_per_position, sample_targets, teacher_buckets,
 };
+use k3mini_teacher::generate::GenerateManifestJob;
 use k3mini_teacher::manifest::{MANIFEST, Manifest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 /// The teacher shards of a distillation recipe, checked against it.
 pub struct SignalData {
-    pub files: Vec<PathBuf>,
+    pub files: Vec<ShardFile>,
     pub spec: SignalSpec,
     pub held_out: Arc<HashSet<u64>>,
 }
 
-/// Reads the shard manifest and checks it is complete and made for this recipe.
-pub fn signal_data(recipe: &LoadedRecipe, tokenizer_sha256: &str) -> Result<SignalData> {
-    let r = &recipe.recipe;
-    let tc = r.teacher.as_ref().expect("[distill] requires [teacher]");
-    let dir = recipe
-        .shards_dir()
-        .expect("a [teacher] recipe has a shard dir");
+/// A finished job's manifest under `dir`, or an error saying which command completes it.
+fn finished_manifest<J: serde::de::DeserializeOwned>(
+    dir: &Path,
+    command: &str,
+    recipe: &LoadedRecipe,
+    items: impl Fn(&J) -> (usize, usize),
+) -> Result<Manifest<J>> {
     let path = dir.join(MANIFEST);
+    let rerun = format!("k3mini teacher {command} {}", recipe.path.display());
     let text = std::fs::read(&path).with_context(|| {
         format!(
-            "{}: no teacher shards (run `k3mini teacher score {}` first)",
-            path.display(),
-            recipe.path.display()
+            "{}: no teacher shards (run `{rerun}` first)",
+            path.display()
         )
     })?;
-    let m: Manifest<ScoreManifestJob> = serde_json::from_slice(&text)
-        .with_context(|| format!("{}: not a scoring manifest", path.display()))?;
-    let expected = m.job.segments.div_ceil(m.job.segments_per_shard.max(1));
+    let m: Manifest<J> = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: not a `teacher {command}` manifest", path.display()))?;
+    let (total, per_shard) = items(&m.job);
+    let expected = total.div_ceil(per_shard.max(1));
     if m.shards.len() != expected {
         bail!(
-            "{}: {} of {expected} shards are finished: rerun `k3mini teacher score {}` to complete them",
+            "{}: {} of {expected} shards are finished: rerun `{rerun}` to complete them",
             dir.display(),
             m.shards.len(),
-            recipe.path.display()
         );
     }
-    if m.job.seq_len != r.data.seq_len {
+    Ok(m)
+}
+
+/// Reads the shard manifest of the recipe's mode and checks it is complete and made for it.
+pub fn signal_data(
+    recipe: &LoadedRecipe,
+    tokenizer: &k3mini_data::Tokenizer,
+) -> Result<SignalData> {
+    let r = &recipe.recipe;
+    let tc = r.teacher.as_ref().expect("[distill] requires [teacher]");
+    let mode = r.distill.as_ref().map_or(DistillMode::Offline, |d| d.mode);
+    let fingerprint = tokenizer.fingerprint();
+    let (dir, documents, files, source, made_with) = match mode {
+        DistillMode::Offline => {
+            let dir = recipe
+                .shards_dir()
+                .expect("a [teacher] recipe has a shard dir");
+            let m: Manifest<ScoreManifestJob> =
+                finished_manifest(&dir, "score", recipe, |j: &ScoreManifestJob| {
+                    (j.segments, j.segments_per_shard)
+                })?;
+            if m.job.seq_len != r.data.seq_len {
+                bail!(
+                    "{}: the shards hold {}-token segments but data.seq_len is {}: rescore or match them",
+                    dir.display(),
+                    m.job.seq_len,
+                    r.data.seq_len
+                );
+            }
+            let files = shard_files(&dir, &m);
+            (
+                dir,
+                m.job.documents,
+                files,
+                SignalSource::Scores,
+                (m.job.tokenizer_sha256, m.job.k),
+            )
+        }
+        DistillMode::Sequence => {
+            let dir = recipe
+                .trajectories_dir()
+                .expect("sequence mode requires [teacher.generate]");
+            let m: Manifest<GenerateManifestJob> =
+                finished_manifest(&dir, "generate", recipe, |j: &GenerateManifestJob| {
+                    (j.prompts, j.prompts_per_shard)
+                })?;
+            let files = shard_files(&dir, &m);
+            let source = SignalSource::Trajectories {
+                think_close: tokenizer.token_id(THINK_CLOSE),
+                train_on: r.data.train_on.clone(),
+            };
+            (
+                dir,
+                m.job.prompts,
+                files,
+                source,
+                (m.job.tokenizer_sha256, m.job.k),
+            )
+        }
+    };
+    if made_with.0 != fingerprint {
         bail!(
-            "{}: the shards hold {}-token segments but data.seq_len is {}: rescore or match them",
-            dir.display(),
-            m.job.seq_len,
-            r.data.seq_len
-        );
-    }
-    if m.job.tokenizer_sha256 != tokenizer_sha256 {
-        bail!(
-            "{}: the shards were scored with another tokenizer than the student's",
+            "{}: the shards were made with another tokenizer than the student's",
             dir.display()
         );
     }
-    if m.job.k < tc.k {
+    if made_with.1 < tc.k {
         bail!(
             "{}: the shards hold top-{} but teacher.k is {}",
             dir.display(),
-            m.job.k,
+            made_with.1,
             tc.k
         );
     }
-    let (_, held) = split_held_out(m.job.documents, r.data.held_out_fraction, r.run.seed);
+    let (_, held) = split_held_out(documents, r.data.held_out_fraction, r.run.seed);
     Ok(SignalData {
-        files: m.shards.iter().map(|s| dir.join(&s.file)).collect(),
+        files,
         spec: SignalSpec {
+            source,
             seq_len: r.data.seq_len,
             k: tc.k,
             vocab: recipe.model.vocab_size,
-            tokenizer_sha256: tokenizer_sha256.to_string(),
+            tokenizer_sha256: fingerprint,
         },
         held_out: Arc::new(held.into_iter().map(|d| d as u64).collect()),
     })
+}
+
+fn shard_files<J>(dir: &Path, m: &Manifest<J>) -> Vec<ShardFile> {
+    m.shards
+        .iter()
+        .map(|s| ShardFile {
+            path: dir.join(&s.file),
+            first: s.items[0] as u64,
+        })
+        .collect()
 }
 
 impl SignalData {

@@ -375,7 +375,7 @@ fn open_data(recipe: &LoadedRecipe, tokenizer: &Tokenizer, cursor: DataCursor) -
         let DataCursor::Signals(cursor) = cursor else {
             bail!("the checkpoint was written by a plain run, and this recipe distils");
         };
-        let sd = signal_data(recipe, &tokenizer.fingerprint())?;
+        let sd = signal_data(recipe, tokenizer)?;
         let tc = r.teacher.as_ref().expect("checked");
         return Ok(Data::Signals {
             stream: sd.train_stream(r.run.seed, cursor)?,
