@@ -10,7 +10,7 @@
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
-//! [distill]   mode = "offline" | "sequence", objectives = [{kind, weight, beta | alpha | samples}],
+//! [distill]   mode = "offline" | "online" | "sequence", objectives = [{kind, weight, beta | alpha | samples}],
 //!             temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
@@ -64,6 +64,9 @@ pub enum DistillMode {
     /// The teacher's top-k over the recipe's corpus, from `k3mini teacher score` shards.
     #[default]
     Offline,
+    /// The teacher in the loop (local or served): each micro-batch of corpus segments is scored
+    /// while the student trains on the previous one; nothing is stored.
+    Online,
     /// Sequence-level KD: the teacher's own completions (`k3mini teacher generate` shards), trained
     /// on their completion tokens, with their top-k for the divergence objectives.
     Sequence,

@@ -3,14 +3,13 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
-use k3mini::teachers::{local_teacher_path, resolve};
+use k3mini::recipe::{GenerateConfig, LoadedRecipe};
+use k3mini::teachers::{recipe_teacher, resolve};
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
 use k3mini_data::shards::ShardMeta;
-use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::Kind;
 use k3mini_teacher::generate::{GenerateJob, PromptIds, generate_trajectories};
 use k3mini_teacher::local::LocalTeacher;
@@ -167,64 +166,6 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
-/// the probe that a served teacher tokenizes as the student does.
-const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
-
-/// A recipe's teacher (local, or served and probed) and the tokenizer both sides agree on.
-fn recipe_teacher(
-    recipe: &LoadedRecipe,
-) -> Result<(&TeacherConfig, Box<dyn Teacher>, k3mini_data::Tokenizer)> {
-    let path = recipe.path.display();
-    let Some(tc) = &recipe.recipe.teacher else {
-        anyhow::bail!("{path}: no [teacher] table");
-    };
-    let mismatch = |what: &str| {
-        anyhow::anyhow!(
-            "{path}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids \
-             would mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
-             distillation is not supported yet)."
-        )
-    };
-    Ok(match &tc.model {
-        Some(model) => {
-            let file = local_teacher_path(recipe, model)?;
-            let local = LocalTeacher::from_gguf(&file, &Device::default())?;
-            let tokenizer = if recipe.recipe.data.tokenizer == k3mini::recipe::TEACHER_TOKENIZER {
-                local.tokenizer.clone()
-            } else {
-                let student = recipe.tokenizer()?;
-                if student.fingerprint() != local.tokenizer.fingerprint() {
-                    return Err(mismatch(
-                        "their id → token tables have different fingerprints",
-                    ));
-                }
-                student
-            };
-            (tc, Box::new(local), tokenizer)
-        }
-        None => {
-            let tokenizer = recipe.tokenizer()?;
-            // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
-            let pieces = (tc.api == Api::Openai).then(|| {
-                Arc::new(piece_map(tokenizer.vocab_size(), |id| {
-                    tokenizer.decode(&[id]).ok()
-                }))
-            });
-            let opts = ClientOptions {
-                api: tc.api,
-                pieces,
-                ..Default::default()
-            };
-            let remote = HttpTeacher::connect(&tc.endpoints, tokenizer.vocab_size(), opts)?;
-            if remote.token_ids(PROBE)? != tokenizer.encode(PROBE)? {
-                return Err(mismatch("the server tokenizes a probe text differently"));
-            }
-            (tc, Box::new(remote), tokenizer)
-        }
-    })
 }
 
 fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {

@@ -1,10 +1,14 @@
-//! Finding a recipe's local teacher: a built-in name (fetched into the cache when missing) or a
-//! llama-architecture `.gguf` path.
+//! A recipe's teacher: a local one (a built-in name, fetched into the cache when missing, or a
+//! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement.
 
-use crate::recipe::LoadedRecipe;
+use crate::recipe::{LoadedRecipe, TeacherConfig};
 use anyhow::Result;
+use k3mini_teacher::Teacher;
+use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
+use k3mini_teacher::local::LocalTeacher;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A built-in teacher's GGUF (fetched when missing; progress on stderr) or an existing file.
 pub fn resolve(teacher: &str) -> Result<PathBuf> {
@@ -31,4 +35,66 @@ pub fn local_teacher_path(recipe: &LoadedRecipe, model: &str) -> Result<PathBuf>
     } else {
         resolve(&recipe.resolve_path(Path::new(model)).display().to_string())
     }
+}
+
+/// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
+/// the probe that a served teacher tokenizes as the student does.
+const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
+
+/// A recipe's teacher (local, or served and probed) and the tokenizer both sides agree on.
+pub fn recipe_teacher(
+    recipe: &LoadedRecipe,
+) -> Result<(
+    &TeacherConfig,
+    Arc<dyn Teacher + Send + Sync>,
+    k3mini_data::Tokenizer,
+)> {
+    let path = recipe.path.display();
+    let Some(tc) = &recipe.recipe.teacher else {
+        anyhow::bail!("{path}: no [teacher] table");
+    };
+    let mismatch = |what: &str| {
+        anyhow::anyhow!(
+            "{path}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids \
+             would mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
+             distillation is not supported yet)."
+        )
+    };
+    Ok(match &tc.model {
+        Some(model) => {
+            let file = local_teacher_path(recipe, model)?;
+            let local = LocalTeacher::from_gguf(&file, &burn::tensor::Device::default())?;
+            let tokenizer = if recipe.recipe.data.tokenizer == crate::recipe::TEACHER_TOKENIZER {
+                local.tokenizer.clone()
+            } else {
+                let student = recipe.tokenizer()?;
+                if student.fingerprint() != local.tokenizer.fingerprint() {
+                    return Err(mismatch(
+                        "their id → token tables have different fingerprints",
+                    ));
+                }
+                student
+            };
+            (tc, Arc::new(local), tokenizer)
+        }
+        None => {
+            let tokenizer = recipe.tokenizer()?;
+            // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
+            let pieces = (tc.api == Api::Openai).then(|| {
+                Arc::new(piece_map(tokenizer.vocab_size(), |id| {
+                    tokenizer.decode(&[id]).ok()
+                }))
+            });
+            let opts = ClientOptions {
+                api: tc.api,
+                pieces,
+                ..Default::default()
+            };
+            let remote = HttpTeacher::connect(&tc.endpoints, tokenizer.vocab_size(), opts)?;
+            if remote.token_ids(PROBE)? != tokenizer.encode(PROBE)? {
+                return Err(mismatch("the server tokenizes a probe text differently"));
+            }
+            (tc, Arc::new(remote), tokenizer)
+        }
+    })
 }

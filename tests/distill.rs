@@ -17,12 +17,13 @@ const LINES: [&str; 3] = [
      The evil that men do lives after them; the good is oft interred with their bones.",
 ];
 
-/// A recipe over the three files; `mode = "sequence"` trains on `prompts.jsonl`'s trajectories.
+/// A recipe over the three files; runs named `seq…` train on `prompts.jsonl`'s trajectories
+/// (`mode = "sequence"`), runs named `online…` with the teacher in the loop.
 fn recipe_text(dir: &Path, name: &str, objectives: &str, steps: usize) -> String {
-    let mode = if name.starts_with("seq") {
-        "sequence"
-    } else {
-        "offline"
+    let mode = match name {
+        n if n.starts_with("seq") => "sequence",
+        n if n.starts_with("online") => "online",
+        _ => "offline",
     };
     format!(
         r#"[run]
@@ -201,6 +202,21 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     );
     let s = train(&seq, &quiet()).unwrap();
     assert!(s.last_loss.unwrap().is_finite() && s.eval_loss.unwrap().is_finite());
+    // The teacher in the loop: no shards read, and a resumed run asks for the same batches.
+    let online = write_recipe(&dir, "online", kd, 2);
+    let straight = train(&online, &quiet()).unwrap();
+    let split_dir = dir.join("runs/online-split");
+    let split = |resume, stop_after| TrainOptions {
+        out_dir: Some(split_dir.clone()),
+        resume,
+        stop_after,
+        quiet: true,
+    };
+    train(&online, &split(false, Some(1))).unwrap();
+    train(&online, &split(true, None)).unwrap();
+    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
+    let last = metrics(&straight.out_dir).pop().unwrap();
+    assert!(last.eval_top1.is_some() && last.loss.is_finite());
     // A run whose data.seq_len differs from the shards', and an unfinished scoring job, are refused.
     let other = recipe_text(&dir, "other", kd, 2).replace("seq_len = 16", "seq_len = 32");
     std::fs::write(dir.join("other.toml"), other).unwrap();

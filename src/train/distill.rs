@@ -73,6 +73,7 @@ pub fn signal_data(
     let mode = r.distill.as_ref().map_or(DistillMode::Offline, |d| d.mode);
     let fingerprint = tokenizer.fingerprint();
     let (dir, documents, files, source, made_with) = match mode {
+        DistillMode::Online => unreachable!("online runs ask the teacher, not shards"),
         DistillMode::Offline => {
             let dir = recipe
                 .shards_dir()

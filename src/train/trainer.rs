@@ -6,9 +6,11 @@
 //! parameter ids and AdamW moments, the step and the data cursor. Training draws no randomness after
 //! initialisation (no dropout; the data order is a function of the seed and the cursor).
 
-use crate::recipe::DistillConfig;
 use crate::recipe::LoadedRecipe;
+use crate::recipe::{DistillConfig, DistillMode};
+use crate::teachers::recipe_teacher;
 use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
+use crate::train::online::{OnlineSpec, OnlineStream, score_batch, split_segments};
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::schedule::lr_at;
 use anyhow::{Context, Result, bail};
@@ -105,6 +107,14 @@ enum DataCursor {
     Signals(SignalCursor),
 }
 
+/// Where distillation batches come from.
+enum Feed {
+    /// Teacher shards on disk (offline and sequence modes).
+    Shards(SignalStream),
+    /// The teacher in the loop.
+    Online(OnlineStream),
+}
+
 /// The training stream and the held-out data of a run.
 enum Data {
     Packed {
@@ -112,7 +122,7 @@ enum Data {
         held: Arc<Vec<TokenDoc>>,
     },
     Signals {
-        stream: SignalStream,
+        feed: Feed,
         held: Vec<SignalBatch>,
         config: DistillConfig,
         tau_gen: f64,
@@ -123,7 +133,14 @@ impl Data {
     fn cursor(&self) -> DataCursor {
         match self {
             Data::Packed { packer, .. } => DataCursor::Packed(packer.cursor()),
-            Data::Signals { stream, .. } => DataCursor::Signals(stream.cursor()),
+            Data::Signals {
+                feed: Feed::Shards(s),
+                ..
+            } => DataCursor::Signals(s.cursor()),
+            Data::Signals {
+                feed: Feed::Online(s),
+                ..
+            } => DataCursor::Signals(s.cursor()),
         }
     }
 
@@ -144,12 +161,15 @@ impl Data {
                 next_token_cross_entropy(logits, tokens, Some(mask))
             }
             Data::Signals {
-                stream,
+                feed,
                 config,
                 tau_gen,
                 ..
             } => {
-                let batch = stream.next_batch(r.train.micro_batch)?;
+                let batch = match feed {
+                    Feed::Shards(s) => s.next_batch(r.train.micro_batch)?,
+                    Feed::Online(s) => s.next_batch()?,
+                };
                 distill_loss(model, &batch, config, *tau_gen, seed)
             }
         })
@@ -375,11 +395,43 @@ fn open_data(recipe: &LoadedRecipe, tokenizer: &Tokenizer, cursor: DataCursor) -
         let DataCursor::Signals(cursor) = cursor else {
             bail!("the checkpoint was written by a plain run, and this recipe distils");
         };
-        let sd = signal_data(recipe, tokenizer)?;
         let tc = r.teacher.as_ref().expect("checked");
+        let (feed, held) = if config.mode == DistillMode::Online {
+            let (_, teacher, agreed) = recipe_teacher(recipe)?;
+            anyhow::ensure!(
+                agreed.fingerprint() == tokenizer.fingerprint(),
+                "the teacher's tokenizer is not the student's"
+            );
+            let docs: Vec<Vec<u32>> = tokenized_documents(recipe, tokenizer)?
+                .into_iter()
+                .map(|d| d.ids)
+                .collect();
+            let (train, held) =
+                split_segments(&docs, r.data.seq_len, r.data.held_out_fraction, r.run.seed);
+            let spec = OnlineSpec {
+                seq_len: r.data.seq_len,
+                k: tc.k,
+                vocab: recipe.model.vocab_size,
+                concurrency: tc.concurrency,
+            };
+            let rows = r.train.micro_batch;
+            let held: Vec<SignalBatch> = held
+                .chunks(rows)
+                .take(r.train.eval_batches)
+                .map(|c| score_batch(teacher.as_ref(), c, &spec))
+                .collect::<Result<_>>()?;
+            let stream = OnlineStream::new(teacher, train, spec, r.run.seed, rows, cursor)?;
+            (Feed::Online(stream), held)
+        } else {
+            let sd = signal_data(recipe, tokenizer)?;
+            (
+                Feed::Shards(sd.train_stream(r.run.seed, cursor)?),
+                sd.held_out_batches(r.train.eval_batches, r.train.micro_batch)?,
+            )
+        };
         return Ok(Data::Signals {
-            stream: sd.train_stream(r.run.seed, cursor)?,
-            held: sd.held_out_batches(r.train.eval_batches, r.train.micro_batch)?,
+            feed,
+            held,
             config: config.clone(),
             tau_gen: tc.temperature as f64,
         });
