@@ -10,8 +10,9 @@
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
-//! [distill]   mode = "offline" | "online" | "sequence", objectives = [{kind, weight, beta | alpha | samples}],
-//!             temperature
+//! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
+//!             objectives = [{kind, weight, beta | alpha | samples}], temperature
+//! [distill.on_policy]  mix, max_tokens, temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
 //! ```
@@ -56,6 +57,35 @@ pub struct DistillConfig {
     /// The distillation temperature τ (divergences are scaled by τ²).
     #[serde(default = "default_tau")]
     pub temperature: f64,
+    /// `mode = "on_policy"`: how the student samples and how often.
+    #[serde(default)]
+    pub on_policy: Option<OnPolicyConfig>,
+}
+
+/// `[distill.on_policy]`: the student samples continuations of `[teacher.generate]`'s prompts and
+/// learns from the teacher's logprob of each sampled token; the other micro-batches are offline.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OnPolicyConfig {
+    /// Fraction of micro-batches that are on-policy (the rest train on the shards with `objectives`).
+    #[serde(default = "default_mix")]
+    pub mix: f64,
+    /// Tokens the student samples per prompt (capped by `data.seq_len`).
+    #[serde(default = "default_on_policy_tokens")]
+    pub max_tokens: usize,
+    /// The student's sampling temperature (0 = greedy).
+    #[serde(default = "default_sampling_temperature")]
+    pub temperature: f32,
+}
+
+impl Default for OnPolicyConfig {
+    fn default() -> Self {
+        Self {
+            mix: default_mix(),
+            max_tokens: default_on_policy_tokens(),
+            temperature: default_sampling_temperature(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -64,6 +94,9 @@ pub enum DistillMode {
     /// The teacher's top-k over the recipe's corpus, from `k3mini teacher score` shards.
     #[default]
     Offline,
+    /// The student samples, the teacher scores its tokens (reverse-KL advantage), mixed with
+    /// offline micro-batches (`[distill.on_policy]`).
+    OnPolicy,
     /// The teacher in the loop (local or served): each micro-batch of corpus segments is scored
     /// while the student trains on the previous one; nothing is stored.
     Online,
@@ -375,6 +408,15 @@ fn default_temperature() -> f32 {
 }
 fn default_segments_per_shard() -> usize {
     32
+}
+fn default_mix() -> f64 {
+    0.5
+}
+fn default_on_policy_tokens() -> usize {
+    32
+}
+fn default_sampling_temperature() -> f32 {
+    1.0
 }
 fn default_tau() -> f64 {
     1.0
@@ -689,11 +731,34 @@ fn validate(r: &Recipe, model: &ModelConfig) -> Result<usize, (String, String)> 
             return bad("distill.objectives", "names no objective".into());
         }
         let generates = r.teacher.as_ref().is_some_and(|t| t.generate.is_some());
-        if d.mode == DistillMode::Sequence && !generates {
+        if matches!(d.mode, DistillMode::Sequence | DistillMode::OnPolicy) && !generates {
             return bad(
                 "distill.mode",
-                "`sequence` trains on the teacher's trajectories: add [teacher.generate]".into(),
+                "`sequence` and `on_policy` need prompts: add [teacher.generate]".into(),
             );
+        }
+        if d.on_policy.is_some() && d.mode != DistillMode::OnPolicy {
+            return bad(
+                "distill.on_policy",
+                "applies to mode = \"on_policy\" only".into(),
+            );
+        }
+        if let Some(o) = &d.on_policy {
+            if !(o.mix > 0.0 && o.mix <= 1.0) {
+                return bad(
+                    "distill.on_policy.mix",
+                    format!("must be in (0, 1], got {}", o.mix),
+                );
+            }
+            if o.max_tokens == 0 {
+                return bad("distill.on_policy.max_tokens", "must be positive".into());
+            }
+            if !(o.temperature >= 0.0 && o.temperature.is_finite()) {
+                return bad(
+                    "distill.on_policy.temperature",
+                    format!("must be 0 (greedy) or positive, got {}", o.temperature),
+                );
+            }
         }
         if !(d.temperature > 0.0 && d.temperature.is_finite()) {
             return bad(

@@ -3,19 +3,16 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::recipe::{GenerateConfig, LoadedRecipe};
-use k3mini::teachers::{recipe_teacher, resolve};
+use k3mini::teachers::{recipe_prompts, recipe_teacher, resolve};
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
-use k3mini_data::chat::{Message, Role, check_markers, render};
-use k3mini_data::prompts::{read_champ, read_prompts};
+use k3mini_data::chat::{Message, Role, render};
 use k3mini_data::shards::ShardMeta;
-use k3mini_teacher::fetch::Kind;
-use k3mini_teacher::generate::{GenerateJob, PromptIds, generate_trajectories};
+use k3mini_teacher::generate::{GenerateJob, generate_trajectories};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::score::{ScoreJob, score_corpus};
 use k3mini_teacher::server::serve;
-use k3mini_teacher::{GenerateParams, Teacher, fetch};
+use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,60 +229,6 @@ fn progress_bar(quiet: bool, unit: &str) -> indicatif::ProgressBar {
         ))
         .expect("valid template"),
     )
-}
-
-/// The recipe's prompt sets, rendered and tokenized.
-fn recipe_prompts(
-    recipe: &LoadedRecipe,
-    g: &GenerateConfig,
-    tokenizer: &k3mini_data::Tokenizer,
-    limit: Option<usize>,
-) -> Result<Vec<PromptIds>> {
-    check_markers(g.template, tokenizer).map_err(anyhow::Error::msg)?;
-    let mut prompts = Vec::new();
-    for source in &g.prompts {
-        if limit.is_some_and(|l| prompts.len() >= l) {
-            break; // no need to fetch sets past the limit
-        }
-        let mut set = match (&source.path, &source.dataset) {
-            (Some(path), _) => read_prompts(&recipe.resolve_path(path))?,
-            (_, Some(name)) => {
-                let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
-                    eprintln!("{l}")
-                })?;
-                read_champ(&file)?
-            }
-            _ => unreachable!("the recipe check requires path or dataset"),
-        };
-        set.truncate(source.limit.unwrap_or(usize::MAX));
-        prompts.extend(set);
-    }
-    prompts.truncate(limit.unwrap_or(usize::MAX));
-    prompts
-        .into_iter()
-        .map(|p| {
-            let mut messages = p.messages;
-            if let Some(system) = &g.system
-                && messages[0].role != Role::System
-            {
-                messages.insert(
-                    0,
-                    Message {
-                        role: Role::System,
-                        content: system.clone(),
-                        thinking: None,
-                    },
-                );
-            }
-            let rendered = render(&messages, g.template, true)
-                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", p.id))?;
-            Ok(PromptIds {
-                id: p.id,
-                ids: rendered.encode(tokenizer)?.0,
-                reference: p.answer,
-            })
-        })
-        .collect()
 }
 
 fn generate(

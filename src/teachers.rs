@@ -1,11 +1,14 @@
 //! A recipe's teacher: a local one (a built-in name, fetched into the cache when missing, or a
 //! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement.
 
-use crate::recipe::{LoadedRecipe, TeacherConfig};
+use crate::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
 use anyhow::Result;
+use k3mini_data::chat::{Message, Role, check_markers, render};
+use k3mini_data::prompts::{read_champ, read_prompts};
 use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
+use k3mini_teacher::generate::PromptIds;
 use k3mini_teacher::local::LocalTeacher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -97,4 +100,58 @@ pub fn recipe_teacher(
             (tc, Arc::new(remote), tokenizer)
         }
     })
+}
+
+/// The recipe's prompt sets, rendered and tokenized.
+pub fn recipe_prompts(
+    recipe: &LoadedRecipe,
+    g: &GenerateConfig,
+    tokenizer: &k3mini_data::Tokenizer,
+    limit: Option<usize>,
+) -> Result<Vec<PromptIds>> {
+    check_markers(g.template, tokenizer).map_err(anyhow::Error::msg)?;
+    let mut prompts = Vec::new();
+    for source in &g.prompts {
+        if limit.is_some_and(|l| prompts.len() >= l) {
+            break; // no need to fetch sets past the limit
+        }
+        let mut set = match (&source.path, &source.dataset) {
+            (Some(path), _) => read_prompts(&recipe.resolve_path(path))?,
+            (_, Some(name)) => {
+                let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
+                    eprintln!("{l}")
+                })?;
+                read_champ(&file)?
+            }
+            _ => unreachable!("the recipe check requires path or dataset"),
+        };
+        set.truncate(source.limit.unwrap_or(usize::MAX));
+        prompts.extend(set);
+    }
+    prompts.truncate(limit.unwrap_or(usize::MAX));
+    prompts
+        .into_iter()
+        .map(|p| {
+            let mut messages = p.messages;
+            if let Some(system) = &g.system
+                && messages[0].role != Role::System
+            {
+                messages.insert(
+                    0,
+                    Message {
+                        role: Role::System,
+                        content: system.clone(),
+                        thinking: None,
+                    },
+                );
+            }
+            let rendered = render(&messages, g.template, true)
+                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", p.id))?;
+            Ok(PromptIds {
+                id: p.id,
+                ids: rendered.encode(tokenizer)?.0,
+                reference: p.answer,
+            })
+        })
+        .collect()
 }

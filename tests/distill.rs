@@ -18,11 +18,13 @@ const LINES: [&str; 3] = [
 ];
 
 /// A recipe over the three files; runs named `seq…` train on `prompts.jsonl`'s trajectories
-/// (`mode = "sequence"`), runs named `online…` with the teacher in the loop.
+/// (`mode = "sequence"`), runs named `online…` with the teacher in the loop, runs named
+/// `onpolicy…` on their own samples half the time.
 fn recipe_text(dir: &Path, name: &str, objectives: &str, steps: usize) -> String {
     let mode = match name {
         n if n.starts_with("seq") => "sequence",
         n if n.starts_with("online") => "online",
+        n if n.starts_with("onpolicy") => "on_policy",
         _ => "offline",
     };
     format!(
@@ -70,8 +72,13 @@ prompts = [{{ path = "prompts.jsonl" }}]
 max_tokens = 6
 temperature = 0.8
 prompts_per_shard = 2
-"#,
+{on_policy}"#,
         out = dir.join("runs").join(name).display(),
+        on_policy = if mode == "on_policy" {
+            "[distill.on_policy]\nmix = 0.5\nmax_tokens = 4\n"
+        } else {
+            ""
+        },
         shards = dir.join("shards").display(),
     )
 }
@@ -217,6 +224,24 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     assert_eq!(weights(&straight.out_dir), weights(&split_dir));
     let last = metrics(&straight.out_dir).pop().unwrap();
     assert!(last.eval_top1.is_some() && last.loss.is_finite());
+    // On-policy: the student samples, the teacher scores; resumable like the rest.
+    let onp = write_recipe(&dir, "onpolicy", kd, 3);
+    let straight = train(&onp, &quiet()).unwrap();
+    let split_dir = dir.join("runs/onpolicy-split");
+    let split = |resume, stop_after| TrainOptions {
+        out_dir: Some(split_dir.clone()),
+        resume,
+        stop_after,
+        quiet: true,
+    };
+    train(&onp, &split(false, Some(1))).unwrap();
+    train(&onp, &split(true, None)).unwrap();
+    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
+    let m = metrics(&straight.out_dir);
+    assert!(
+        m.iter().any(|s| s.on_policy_kl.is_some_and(f64::is_finite)),
+        "some micro-batch was on-policy"
+    );
     // A run whose data.seq_len differs from the shards', and an unfinished scoring job, are refused.
     let other = recipe_text(&dir, "other", kd, 2).replace("seq_len = 16", "seq_len = 32");
     std::fs::write(dir.join("other.toml"), other).unwrap();

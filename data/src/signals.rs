@@ -38,6 +38,24 @@ pub struct SignalCursor {
     pub row: usize,
 }
 
+/// The next `rows` of `0..n` in seeded per-epoch order from `at` (wrapping into new epochs),
+/// advancing `at` past them: how the online and on-policy streams walk their items.
+pub fn take_in_epoch_order(n: usize, seed: u64, at: &mut SignalCursor, rows: usize) -> Vec<usize> {
+    assert!(n > 0, "nothing to take from");
+    let mut order = epoch_order(n, seed, at.epoch);
+    let mut out = Vec::with_capacity(rows);
+    while out.len() < rows {
+        if at.row >= n {
+            at.epoch += 1;
+            at.row = 0;
+            order = epoch_order(n, seed, at.epoch);
+        }
+        out.push(order[at.row]);
+        at.row += 1;
+    }
+    out
+}
+
 /// `[rows, seq_len]` tokens and mask, `[rows, seq_len, k]` teacher top-k, row-major.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SignalBatch {

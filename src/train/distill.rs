@@ -74,7 +74,8 @@ pub fn signal_data(
     let fingerprint = tokenizer.fingerprint();
     let (dir, documents, files, source, made_with) = match mode {
         DistillMode::Online => unreachable!("online runs ask the teacher, not shards"),
-        DistillMode::Offline => {
+        // On-policy runs mix in offline micro-batches and evaluate on the scored shards.
+        DistillMode::Offline | DistillMode::OnPolicy => {
             let dir = recipe
                 .shards_dir()
                 .expect("a [teacher] recipe has a shard dir");

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod distill;
+pub mod on_policy;
 pub mod online;
 pub mod optim;
 pub mod schedule;

@@ -7,9 +7,9 @@
 //! uninterrupted one would have.
 
 use anyhow::Result;
-use k3mini_data::pack::{epoch_order, split_held_out};
+use k3mini_data::pack::split_held_out;
 use k3mini_data::shards::ShardRow;
-use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble};
+use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble, take_in_epoch_order};
 use k3mini_teacher::Teacher;
 use k3mini_teacher::score::{score_many, segments};
 use std::sync::Arc;
@@ -115,18 +115,11 @@ impl OnlineStream {
 
     /// The segments of the batch at `at`, and the cursor after it.
     fn pick(&self, mut at: SignalCursor) -> (Vec<(u64, Vec<u32>)>, SignalCursor) {
-        let n = self.segments.len();
-        let mut order = epoch_order(n, self.seed, at.epoch);
-        let mut rows = Vec::with_capacity(self.rows);
-        while rows.len() < self.rows {
-            if at.row == n {
-                at.epoch += 1;
-                at.row = 0;
-                order = epoch_order(n, self.seed, at.epoch);
-            }
-            rows.push(self.segments[order[at.row]].clone());
-            at.row += 1;
-        }
+        let picked = take_in_epoch_order(self.segments.len(), self.seed, &mut at, self.rows);
+        let rows = picked
+            .into_iter()
+            .map(|i| self.segments[i].clone())
+            .collect();
         (rows, at)
     }
 

@@ -8,8 +8,9 @@
 
 use crate::recipe::LoadedRecipe;
 use crate::recipe::{DistillConfig, DistillMode};
-use crate::teachers::recipe_teacher;
+use crate::teachers::{recipe_prompts, recipe_teacher};
 use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
+use crate::train::on_policy::{OnPolicy, OnPolicyStats, SamplingSpec};
 use crate::train::online::{OnlineSpec, OnlineStream, score_batch, split_segments};
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::schedule::lr_at;
@@ -67,6 +68,9 @@ pub struct StepMetrics {
     pub eval_top1: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub eval_kl: Option<f64>,
+    /// On-policy steps: mean `log q(x) − log p(x)` over the tokens the student sampled.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub on_policy_kl: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_rss_bytes: Option<usize>,
 }
@@ -95,6 +99,9 @@ struct TrainState {
     /// Optimizer steps completed.
     step: usize,
     cursor: DataCursor,
+    /// On-policy runs: where the prompt stream is.
+    #[serde(default)]
+    prompts: Option<SignalCursor>,
     seed: u64,
     consecutive_bad_steps: usize,
 }
@@ -126,6 +133,7 @@ enum Data {
         held: Vec<SignalBatch>,
         config: DistillConfig,
         tau_gen: f64,
+        on_policy: Option<OnPolicy>,
     },
 }
 
@@ -144,16 +152,36 @@ impl Data {
         }
     }
 
-    /// The next micro-batch's loss (already divided by the accumulation factor by the caller).
+    fn prompt_cursor(&self) -> Option<SignalCursor> {
+        match self {
+            Data::Signals {
+                on_policy: Some(op),
+                ..
+            } => Some(op.cursor),
+            _ => None,
+        }
+    }
+
+    /// The next micro-batch's loss (the caller divides by the accumulation factor), with what an
+    /// on-policy micro-batch measured.
     fn micro_loss(
         &mut self,
         model: &K3Mini,
         recipe: &LoadedRecipe,
         seed: u64,
-    ) -> Result<Tensor<1>> {
+    ) -> Result<(Tensor<1>, Option<OnPolicyStats>)> {
         let r = &recipe.recipe;
         let device = model.lm_head.weight.device();
-        Ok(match self {
+        if let Data::Signals {
+            on_policy: Some(op),
+            ..
+        } = self
+            && op.takes(seed)
+        {
+            let (loss, stats) = op.loss(model, r.train.micro_batch, seed)?;
+            return Ok((loss, Some(stats)));
+        }
+        let loss = match self {
             Data::Packed { packer, .. } => {
                 let batch = packer.next_batch(r.train.micro_batch);
                 let (tokens, starts, mask) = batch_tensors(&batch, &device);
@@ -172,7 +200,8 @@ impl Data {
                 };
                 distill_loss(model, &batch, config, *tau_gen, seed)
             }
-        })
+        };
+        Ok((loss, None))
     }
 
     /// Held-out loss (and, for distillation, agreement with the teacher).
@@ -388,8 +417,61 @@ fn teacher_tokenizer_or(recipe: &LoadedRecipe) -> Result<Tokenizer> {
     Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
 }
 
+/// The on-policy sampler: `[teacher.generate]`'s prompts that leave room for a completion.
+fn open_on_policy(
+    recipe: &LoadedRecipe,
+    tokenizer: &Tokenizer,
+    cursor: Option<SignalCursor>,
+) -> Result<OnPolicy> {
+    let r = &recipe.recipe;
+    let tc = r.teacher.as_ref().expect("checked");
+    let g = tc
+        .generate
+        .as_ref()
+        .expect("the recipe check requires prompts");
+    let cfg = r
+        .distill
+        .as_ref()
+        .and_then(|d| d.on_policy.clone())
+        .unwrap_or_default();
+    let (_, teacher, agreed) = recipe_teacher(recipe)?;
+    anyhow::ensure!(
+        agreed.fingerprint() == tokenizer.fingerprint(),
+        "the teacher's tokenizer is not the student's"
+    );
+    let prompts: Vec<_> = recipe_prompts(recipe, g, tokenizer, None)?
+        .into_iter()
+        .filter(|p| p.ids.len() >= 2 && p.ids.len() < r.data.seq_len)
+        .collect();
+    anyhow::ensure!(
+        !prompts.is_empty(),
+        "{}: no prompt is shorter than data.seq_len {}: nothing to sample",
+        recipe.path.display(),
+        r.data.seq_len
+    );
+    Ok(OnPolicy {
+        teacher,
+        prompts,
+        spec: SamplingSpec {
+            max_tokens: cfg.max_tokens,
+            temperature: cfg.temperature,
+            stop: tokenizer.encode_with_specials("<|im_end|>")?,
+            seq_len: r.data.seq_len,
+        },
+        mix: cfg.mix,
+        concurrency: tc.concurrency,
+        seed: r.run.seed,
+        cursor: cursor.unwrap_or_default(),
+    })
+}
+
 /// The training stream from `cursor` and the held-out data.
-fn open_data(recipe: &LoadedRecipe, tokenizer: &Tokenizer, cursor: DataCursor) -> Result<Data> {
+fn open_data(
+    recipe: &LoadedRecipe,
+    tokenizer: &Tokenizer,
+    cursor: DataCursor,
+    prompts: Option<SignalCursor>,
+) -> Result<Data> {
     let r = &recipe.recipe;
     if let Some(config) = &r.distill {
         let DataCursor::Signals(cursor) = cursor else {
@@ -429,11 +511,16 @@ fn open_data(recipe: &LoadedRecipe, tokenizer: &Tokenizer, cursor: DataCursor) -
                 sd.held_out_batches(r.train.eval_batches, r.train.micro_batch)?,
             )
         };
+        let on_policy = match config.mode {
+            DistillMode::OnPolicy => Some(open_on_policy(recipe, tokenizer, prompts)?),
+            _ => None,
+        };
         return Ok(Data::Signals {
             feed,
             held,
             config: config.clone(),
             tau_gen: tc.temperature as f64,
+            on_policy,
         });
     }
     let DataCursor::Packed(cursor) = cursor else {
@@ -501,12 +588,13 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
                     Some(_) => DataCursor::Signals(SignalCursor::default()),
                     None => DataCursor::Packed(Cursor::default()),
                 },
+                prompts: None,
                 seed: r.run.seed,
                 consecutive_bad_steps: 0,
             },
         )
     };
-    let mut data = open_data(recipe, &tokenizer, state.cursor)?;
+    let mut data = open_data(recipe, &tokenizer, state.cursor, state.prompts)?;
     k3mini_checkpoints::remove_stale_temps(&out)?;
     let metrics_path = out.join("metrics.jsonl");
     truncate_metrics(&metrics_path, state.step)?;
@@ -542,10 +630,17 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         let lr = lr_at(&r.schedule, r.optim.lr, state.step, total);
         let mut accumulator = GradientsAccumulator::new();
         let mut loss_sum = 0.0f64;
+        // Σ reverse-KL estimate · tokens, and tokens, over this step's on-policy micro-batches.
+        let mut on_policy = (0.0f64, 0usize);
         for micro in 0..recipe.accumulation {
             // Seeds what a micro-batch samples (sampled-KD targets): a function of the step.
             let seed = r.run.seed ^ ((state.step * recipe.accumulation + micro) as u64 + 1);
-            let loss = data.micro_loss(&model, recipe, seed)? / recipe.accumulation as f64;
+            let (loss, stats) = data.micro_loss(&model, recipe, seed)?;
+            let loss = loss / recipe.accumulation as f64;
+            if let Some(s) = stats {
+                on_policy.0 += s.reverse_kl * s.tokens as f64;
+                on_policy.1 += s.tokens;
+            }
             loss_sum += loss.clone().into_scalar::<f32>() as f64;
             accumulator.accumulate(&model, GradientsParams::from_grads(loss.backward(), &model));
         }
@@ -567,6 +662,7 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         }
         state.step += 1;
         state.cursor = data.cursor();
+        state.prompts = data.prompt_cursor();
         let step_tokens = r.train.batch_tokens;
         tokens_seen += step_tokens;
         // Throughput of the step itself, before any held-out evaluation.
@@ -587,6 +683,7 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
             eval_loss,
             eval_top1: eval.and_then(|e| finite(e.top1)),
             eval_kl: eval.and_then(|e| finite(e.kl)),
+            on_policy_kl: (on_policy.1 > 0).then(|| on_policy.0 / on_policy.1 as f64),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
         };
         if state.step % r.train.log_every == 0 || eval_loss.is_some() || skipped {

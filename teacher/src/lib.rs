@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod score;
 pub mod server;
 
+use k3mini_data::pack::splitmix64;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -150,4 +151,38 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
             .sum::<f64>()
             .ln();
     row.iter().map(|&x| (x as f64 - lse) as f32).collect()
+}
+
+/// Draws from `softmax(logits / temperature)` restricted to the smallest set of top ids holding
+/// `top_p` of the mass; `rng` is a SplitMix64 state.
+pub fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u32 {
+    let scaled: Vec<f32> = logits.iter().map(|&l| l / temperature).collect();
+    let probs: Vec<f64> = log_softmax(&scaled)
+        .iter()
+        .map(|&l| (l as f64).exp())
+        .collect();
+    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+    order.sort_unstable_by(|a, b| {
+        probs[*b as usize]
+            .total_cmp(&probs[*a as usize])
+            .then(a.cmp(b))
+    });
+    let mut kept = 0.0;
+    let mut n = 0;
+    for &i in &order {
+        kept += probs[i as usize];
+        n += 1;
+        if kept >= top_p as f64 {
+            break;
+        }
+    }
+    let u = (splitmix64(rng) >> 11) as f64 / (1u64 << 53) as f64 * kept;
+    let mut acc = 0.0;
+    for &i in &order[..n] {
+        acc += probs[i as usize];
+        if u < acc {
+            return i;
+        }
+    }
+    order[n - 1]
 }

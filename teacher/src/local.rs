@@ -3,12 +3,12 @@
 use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
 use crate::llama::{KvCache, Llama};
 use crate::{
-    FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, log_softmax, top_k,
+    FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, log_softmax, sample,
+    top_k,
 };
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::gguf::GgufFile;
 use k3mini_data::Tokenizer;
-use k3mini_data::pack::splitmix64;
 use std::path::Path;
 
 /// Positions per forward pass when scoring or prefilling: attention memory stays
@@ -186,38 +186,4 @@ impl LocalTeacher {
         }
         Ok((scored, Some(g)))
     }
-}
-
-/// Draws from `softmax(logits / temperature)` restricted to the smallest set of top ids holding
-/// `top_p` of the mass.
-fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u32 {
-    let scaled: Vec<f32> = logits.iter().map(|&l| l / temperature).collect();
-    let probs: Vec<f64> = log_softmax(&scaled)
-        .iter()
-        .map(|&l| (l as f64).exp())
-        .collect();
-    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
-    order.sort_unstable_by(|a, b| {
-        probs[*b as usize]
-            .total_cmp(&probs[*a as usize])
-            .then(a.cmp(b))
-    });
-    let mut kept = 0.0;
-    let mut n = 0;
-    for &i in &order {
-        kept += probs[i as usize];
-        n += 1;
-        if kept >= top_p as f64 {
-            break;
-        }
-    }
-    let u = (splitmix64(rng) >> 11) as f64 / (1u64 << 53) as f64 * kept;
-    let mut acc = 0.0;
-    for &i in &order[..n] {
-        acc += probs[i as usize];
-        if u < acc {
-            return i;
-        }
-    }
-    order[n - 1]
 }

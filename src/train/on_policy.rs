@@ -1,0 +1,170 @@
+//! On-policy distillation: the student samples continuations of the recipe's prompts, the teacher
+//! scores the student's own tokens, and the student follows the per-token reverse-KL advantage
+//! `A_t = log p(x_t) − log q(x_t)` (`k3mini_student::distill::on_policy_loss`). A recipe mixes
+//! these micro-batches with offline ones (`[distill.on_policy] mix`).
+//!
+//! Prompts are taken in a seeded per-epoch order from a cursor stored in checkpoints; sampling is
+//! seeded per micro-batch and row, so a resumed run samples what an uninterrupted one would.
+
+use anyhow::Result;
+use burn::tensor::{Int, Tensor, TensorData};
+use k3mini_data::pack::splitmix64;
+use k3mini_data::signals::{SignalCursor, take_in_epoch_order};
+use k3mini_student::K3Mini;
+use k3mini_student::distill::on_policy_loss;
+use k3mini_teacher::generate::PromptIds;
+use k3mini_teacher::score::score_many;
+use k3mini_teacher::{Teacher, sample};
+use std::sync::Arc;
+
+/// How the student samples.
+#[derive(Clone, Debug)]
+pub struct SamplingSpec {
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Sampling stops after any of these ids (the end-of-turn marker).
+    pub stop: Vec<u32>,
+    pub seq_len: usize,
+}
+
+/// Up to `max_tokens` ids the student draws after `prompt` (incremental decoding, no gradient).
+pub fn student_sample(model: &K3Mini, prompt: &[u32], spec: &SamplingSpec, seed: u64) -> Vec<u32> {
+    let device = model.lm_head.weight.device();
+    let mut state = model.empty_state(1, &device);
+    let ids = |v: &[u32]| {
+        let data = TensorData::new(v.iter().map(|&i| i as i64).collect(), [1, v.len()]);
+        Tensor::<2, Int>::from_data(data, &device)
+    };
+    let last_row = |logits: Tensor<3>| -> Vec<f32> {
+        let [_, t, v] = logits.dims();
+        logits
+            .narrow(1, t - 1, 1)
+            .reshape([v])
+            .into_data()
+            .try_into_vec()
+            .expect("f32 logits")
+    };
+    let mut row = last_row(model.forward_with(ids(prompt), Some(&mut state)).logits);
+    let (mut out, mut rng) = (Vec::new(), seed);
+    let budget = spec
+        .max_tokens
+        .min(spec.seq_len.saturating_sub(prompt.len()));
+    while out.len() < budget {
+        let id = if spec.temperature <= 0.0 {
+            k3mini_teacher::top_k(&row, 1)[0].0
+        } else {
+            sample(&row, spec.temperature, 1.0, &mut rng)
+        };
+        out.push(id);
+        if spec.stop.contains(&id) || out.len() == budget {
+            break;
+        }
+        row = last_row(model.forward_with(ids(&[id]), Some(&mut state)).logits);
+    }
+    out
+}
+
+/// The on-policy half of a run.
+pub struct OnPolicy {
+    pub teacher: Arc<dyn Teacher + Send + Sync>,
+    pub prompts: Vec<PromptIds>,
+    pub spec: SamplingSpec,
+    /// Fraction of micro-batches that are on-policy.
+    pub mix: f64,
+    pub concurrency: usize,
+    pub seed: u64,
+    pub cursor: SignalCursor,
+}
+
+/// What one on-policy micro-batch measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OnPolicyStats {
+    /// Tokens the student sampled.
+    pub tokens: usize,
+    /// Mean `log q(x_t) − log p(x_t)` over them: a one-sample estimate of `KL(q ‖ p)` per token.
+    pub reverse_kl: f64,
+}
+
+impl OnPolicy {
+    /// Whether micro-batch `seed` is on-policy (a seeded draw against `mix`).
+    pub fn takes(&self, seed: u64) -> bool {
+        let mut s = seed ^ 0x0F0F_1CE5;
+        ((splitmix64(&mut s) >> 11) as f64 / (1u64 << 53) as f64) < self.mix
+    }
+
+    /// Samples `rows` continuations, has the teacher score them, and returns the loss.
+    pub fn loss(
+        &mut self,
+        model: &K3Mini,
+        rows: usize,
+        seed: u64,
+    ) -> Result<(Tensor<1>, OnPolicyStats)> {
+        let device = model.lm_head.weight.device();
+        let sampler = burn::module::Module::valid(model);
+        let picked = take_in_epoch_order(self.prompts.len(), self.seed, &mut self.cursor, rows);
+        let seqs: Vec<(usize, Vec<u32>)> = picked
+            .iter()
+            .enumerate()
+            .map(|(r, &i)| {
+                let prompt = &self.prompts[i].ids;
+                let row_seed = seed ^ (r as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let completion = student_sample(&sampler, prompt, &self.spec, row_seed);
+                (prompt.len(), [prompt.clone(), completion].concat())
+            })
+            .collect();
+        let inputs: Vec<&[u32]> = seqs.iter().map(|(_, s)| &s[..]).collect();
+        let scored = score_many(
+            self.teacher.as_ref(),
+            &inputs,
+            1,
+            self.concurrency,
+            &mut |_| {},
+        )?;
+        let t = self.spec.seq_len;
+        let mut tokens = vec![0i64; rows * t];
+        let mut mask = vec![0f32; rows * t];
+        let mut teacher_lp = vec![0f32; rows * t];
+        for (r, ((p, ids), s)) in seqs.iter().zip(&scored).enumerate() {
+            for (i, &id) in ids.iter().enumerate() {
+                tokens[r * t + i] = id as i64;
+            }
+            // Position `pos` predicts `ids[pos + 1]`: the completion starts at `p`.
+            for pos in p - 1..ids.len() - 1 {
+                mask[r * t + pos] = 1.0;
+                teacher_lp[r * t + pos] = s.target_logprobs[pos];
+            }
+        }
+        let n = rows * (t - 1);
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [rows, t]), &device);
+        let flat = |v: Vec<f32>| {
+            Tensor::<2>::from_data(TensorData::new(v, [rows, t]), &device)
+                .narrow(1, 0, t - 1)
+                .reshape([n])
+        };
+        let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
+        let logits = model.forward(tokens.clone()); // [rows, T, V]
+        let v = logits.dims()[2];
+        let logits = logits.narrow(1, 0, t - 1).reshape([n, v]);
+        let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
+        let loss = on_policy_loss(
+            logits.clone(),
+            sampled.clone(),
+            teacher_lp.clone(),
+            mask.clone(),
+        );
+        // The statistics, from the same logits (no gradient needed).
+        let log_q = burn::tensor::activation::log_softmax(logits.detach(), 1)
+            .gather(1, sampled.reshape([n, 1]))
+            .reshape([n]);
+        let count = mask.clone().sum().into_scalar::<f32>() as f64;
+        let gap = ((log_q - teacher_lp) * mask).sum().into_scalar::<f32>() as f64;
+        Ok((
+            loss,
+            OnPolicyStats {
+                tokens: count as usize,
+                reverse_kl: gap / count.max(1.0),
+            },
+        ))
+    }
+}
