@@ -252,6 +252,17 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
         e.contains("16-token segments but data.seq_len is 32"),
         "{e}"
     );
+    // A corpus edited since scoring is caught before training on stale signals.
+    let original = std::fs::read(dir.join("b.txt")).unwrap();
+    std::fs::write(dir.join("b.txt"), "Tomorrow, and tomorrow, and yesterday.").unwrap();
+    let fresh = TrainOptions {
+        out_dir: Some(dir.join("runs/changed")),
+        quiet: true,
+        ..Default::default()
+    };
+    let e = train(&main, &fresh).unwrap_err().to_string();
+    assert!(e.contains("changed since scoring"), "{e}");
+    std::fs::write(dir.join("b.txt"), original).unwrap();
     let manifest = dir.join("shards/manifest.json");
     let mut m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();

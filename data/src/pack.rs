@@ -47,7 +47,8 @@ impl From<Vec<u32>> for TokenDoc {
 }
 
 impl TokenDoc {
-    fn is_target(&self, j: usize) -> bool {
+    /// Whether token `j` carries loss (chat documents train on the parts `data.train_on` names).
+    pub fn is_target(&self, j: usize) -> bool {
         self.targets.as_ref().is_none_or(|t| t[j])
     }
 }

@@ -17,6 +17,7 @@
 
 use crate::chat::LossParts;
 use crate::error::DataError;
+use crate::pack::TokenDoc;
 use crate::pack::epoch_order;
 use crate::shards::{ShardMeta, ShardRow, read_shard};
 use crate::trajectories::{TrajectoryRow, read_trajectories};
@@ -90,6 +91,30 @@ impl SignalRow {
             top_logprobs: top_prefix(&row.top_logprobs, from, to),
             ids: row.input_ids,
         }
+    }
+
+    /// Checks the row against the corpus it was scored from (segment `segment` of `doc`, cut at
+    /// `seq_len`) and keeps only the positions whose next token is a target there (chat documents
+    /// train on the parts `data.train_on` names). A mismatch means the corpus changed since
+    /// scoring.
+    pub fn apply_document(
+        &mut self,
+        doc: &TokenDoc,
+        segment: usize,
+        seq_len: usize,
+    ) -> Result<(), String> {
+        let start = segment * seq_len;
+        if doc.ids.get(start..start + self.ids.len()) != Some(&self.ids[..]) {
+            return Err(format!(
+                "document {} segment {segment} does not match the recipe's corpus (it changed \
+                 since scoring: rescore into a new directory)",
+                self.doc
+            ));
+        }
+        for (pos, t) in self.targets.iter_mut().enumerate() {
+            *t = *t && doc.is_target(start + pos + 1);
+        }
+        Ok(())
     }
 
     /// Prompt `doc`'s trajectory, cut to `seq_len` ids: prompt positions never train; completion
@@ -197,6 +222,9 @@ pub struct ShardFile {
 #[derive(Clone, Debug)]
 pub struct SignalSpec {
     pub source: SignalSource,
+    /// For teacher-signal shards: the recipe's documents, which every row must match and whose
+    /// per-token targets mask it (`None` skips both).
+    pub documents: Option<Arc<Vec<TokenDoc>>>,
     pub seq_len: usize,
     pub k: usize,
     /// The student's vocabulary size.
@@ -231,9 +259,28 @@ impl SignalSpec {
                             ),
                         ));
                     }
-                    if keep(row.doc_id) {
-                        kept.push(SignalRow::from_scores(row, meta.k, self.k));
+                    if !keep(row.doc_id) {
+                        continue;
                     }
+                    let segment = row.segment as usize;
+                    let mut signal = SignalRow::from_scores(row, meta.k, self.k);
+                    if let Some(docs) = &self.documents {
+                        let doc = docs.get(signal.doc as usize).ok_or_else(|| {
+                            DataError::io(
+                                path,
+                                format!(
+                                    "document {} is not in the recipe's corpus of {} (it changed \
+                                     since scoring)",
+                                    signal.doc,
+                                    docs.len()
+                                ),
+                            )
+                        })?;
+                        signal
+                            .apply_document(doc, segment, self.seq_len)
+                            .map_err(|m| DataError::io(path, m))?;
+                    }
+                    kept.push(signal);
                 }
                 Ok(kept)
             }

@@ -54,6 +54,7 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
 fn spec(vocab: usize) -> SignalSpec {
     SignalSpec {
         source: SignalSource::Scores,
+        documents: None,
         seq_len: 8,
         k: K,
         vocab,
@@ -186,4 +187,28 @@ fn trajectories_train_on_completion_parts_only() {
     let plain = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 16, None, &answer_only).unwrap();
     assert_eq!(plain.targets.iter().filter(|&&t| t).count(), 5);
     assert!(SignalRow::from_trajectory(traj, 7, 4, 4, 3, None, &answer_only).is_none());
+}
+
+#[test]
+fn scored_rows_are_checked_against_and_masked_by_their_document() {
+    use k3mini_data::TokenDoc;
+    // Document 1's segment 1 of length 5 at seq_len 8 is ids 8..13 of the document.
+    let r = row(1, 1, 5);
+    let mut ids = vec![0u32; 8];
+    ids.extend(&r.input_ids);
+    let mut targets = vec![true; ids.len()];
+    targets[10] = false; // token 10 (position 1 of the segment predicts it) is prompt
+    let doc = TokenDoc {
+        ids: ids.clone(),
+        targets: Some(targets),
+    };
+    let mut s = SignalRow::from_scores(r.clone(), K, K);
+    s.apply_document(&doc, 1, 8).unwrap();
+    assert_eq!(s.targets, [true, false, true, true]);
+    let mut changed = ids;
+    changed[9] += 1;
+    let e = SignalRow::from_scores(r, K, K)
+        .apply_document(&changed.into(), 1, 8)
+        .unwrap_err();
+    assert!(e.contains("does not match the recipe's corpus"), "{e}");
 }

@@ -9,6 +9,7 @@
 //! forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail.
 
 use crate::recipe::{DistillConfig, DistillMode, LoadedRecipe, ObjectiveKind};
+use crate::train::trainer::tokenized_documents;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::chat::THINK_CLOSE;
@@ -21,8 +22,8 @@ use k3mini_student::distill::{
     Objective, TeacherTopK, masked_mean, objective_per_position, sample_targets, teacher_buckets,
 };
 use k3mini_teacher::generate::GenerateManifestJob;
-use k3mini_teacher::manifest::{MANIFEST, Manifest};
-use k3mini_teacher::score::ScoreManifestJob;
+use k3mini_teacher::manifest::{MANIFEST, Manifest, ids_sha256};
+use k3mini_teacher::score::{ScoreManifestJob, segments};
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
@@ -72,6 +73,8 @@ pub fn signal_data(
     let tc = r.teacher.as_ref().expect("[distill] requires [teacher]");
     let mode = r.distill.as_ref().map_or(DistillMode::Offline, |d| d.mode);
     let fingerprint = tokenizer.fingerprint();
+    // Scored segments are checked against (and masked by) the recipe's own documents.
+    let mut corpus = None;
     let (dir, documents, files, source, made_with) = match mode {
         DistillMode::Online => unreachable!("online runs ask the teacher, not shards"),
         // On-policy runs mix in offline micro-batches and evaluate on the scored shards.
@@ -91,6 +94,16 @@ pub fn signal_data(
                     r.data.seq_len
                 );
             }
+            let docs = tokenized_documents(recipe, tokenizer)?;
+            let scored = docs.iter().flat_map(|d| segments(&d.ids, r.data.seq_len));
+            if ids_sha256(scored) != m.job.inputs_sha256 {
+                bail!(
+                    "{}: the recipe's corpus changed since scoring (its segments' hash differs): \
+                     rescore it into a new directory",
+                    dir.display()
+                );
+            }
+            corpus = Some(Arc::new(docs));
             let files = shard_files(&dir, &m);
             (
                 dir,
@@ -141,6 +154,7 @@ pub fn signal_data(
         files,
         spec: SignalSpec {
             source,
+            documents: corpus,
             seq_len: r.data.seq_len,
             k: tc.k,
             vocab: recipe.model.vocab_size,

@@ -7,6 +7,7 @@
 //! uninterrupted one would have.
 
 use anyhow::Result;
+use k3mini_data::TokenDoc;
 use k3mini_data::pack::split_held_out;
 use k3mini_data::shards::ShardRow;
 use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble, take_in_epoch_order};
@@ -25,30 +26,41 @@ pub struct OnlineSpec {
     pub concurrency: usize,
 }
 
-/// `(document, ids)` of every segment.
-type Segments = Arc<Vec<(u64, Vec<u32>)>>;
+/// A segment of a document, with the positions that train (chat documents train on the parts
+/// `data.train_on` names).
+#[derive(Clone, Debug)]
+pub struct Segment {
+    pub doc: u64,
+    pub ids: Vec<u32>,
+    pub targets: Vec<bool>,
+}
+
+type Segments = Arc<Vec<Segment>>;
 
 /// Scores `rows` with the teacher and lays them out as a batch.
 pub fn score_batch(
     teacher: &dyn Teacher,
-    rows: &[(u64, Vec<u32>)],
+    rows: &[Segment],
     spec: &OnlineSpec,
 ) -> Result<SignalBatch> {
-    let inputs: Vec<&[u32]> = rows.iter().map(|(_, ids)| &ids[..]).collect();
+    let inputs: Vec<&[u32]> = rows.iter().map(|s| &s.ids[..]).collect();
     let scored = score_many(teacher, &inputs, spec.k, spec.concurrency, &mut |_| {})?;
     let rows: Vec<SignalRow> = rows
         .iter()
         .zip(scored)
-        .map(|((doc, _), s)| {
+        .map(|(seg, s)| {
             let row = ShardRow {
-                doc_id: *doc,
+                doc_id: seg.doc,
                 segment: 0,
                 input_ids: s.ids,
                 target_logprobs: s.target_logprobs,
                 top_ids: s.top_ids,
                 top_logprobs: s.top_logprobs,
             };
-            SignalRow::from_scores(row, spec.k, spec.k)
+            SignalRow {
+                targets: seg.targets.clone(),
+                ..SignalRow::from_scores(row, spec.k, spec.k)
+            }
         })
         .collect();
     let refs: Vec<&SignalRow> = rows.iter().collect();
@@ -57,15 +69,26 @@ pub fn score_batch(
 
 /// Training and held-out segments of `docs`, split by document as plain training splits them.
 pub fn split_segments(
-    docs: &[Vec<u32>],
+    docs: &[TokenDoc],
     seq_len: usize,
     held_out_fraction: f64,
     seed: u64,
-) -> (Vec<(u64, Vec<u32>)>, Vec<(u64, Vec<u32>)>) {
+) -> (Vec<Segment>, Vec<Segment>) {
     let (train, held) = split_held_out(docs.len(), held_out_fraction, seed);
-    let cut = |idx: Vec<usize>| -> Vec<(u64, Vec<u32>)> {
+    let cut = |idx: Vec<usize>| -> Vec<Segment> {
         idx.into_iter()
-            .flat_map(|d| segments(&docs[d], seq_len).map(move |s| (d as u64, s.to_vec())))
+            .flat_map(|d| {
+                let doc = &docs[d];
+                segments(&doc.ids, seq_len)
+                    .enumerate()
+                    .map(move |(i, ids)| Segment {
+                        doc: d as u64,
+                        targets: (0..ids.len() - 1)
+                            .map(|pos| doc.is_target(i * seq_len + pos + 1))
+                            .collect(),
+                        ids: ids.to_vec(),
+                    })
+            })
             .collect()
     };
     (cut(train), cut(held))
@@ -86,7 +109,7 @@ pub struct OnlineStream {
 impl OnlineStream {
     pub fn new(
         teacher: Arc<dyn Teacher + Send + Sync>,
-        segments: Vec<(u64, Vec<u32>)>,
+        segments: Vec<Segment>,
         spec: OnlineSpec,
         seed: u64,
         rows: usize,
@@ -114,7 +137,7 @@ impl OnlineStream {
     }
 
     /// The segments of the batch at `at`, and the cursor after it.
-    fn pick(&self, mut at: SignalCursor) -> (Vec<(u64, Vec<u32>)>, SignalCursor) {
+    fn pick(&self, mut at: SignalCursor) -> (Vec<Segment>, SignalCursor) {
         let picked = take_in_epoch_order(self.segments.len(), self.seed, &mut at, self.rows);
         let rows = picked
             .into_iter()

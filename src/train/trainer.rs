@@ -484,10 +484,7 @@ fn open_data(
                 agreed.fingerprint() == tokenizer.fingerprint(),
                 "the teacher's tokenizer is not the student's"
             );
-            let docs: Vec<Vec<u32>> = tokenized_documents(recipe, tokenizer)?
-                .into_iter()
-                .map(|d| d.ids)
-                .collect();
+            let docs = tokenized_documents(recipe, tokenizer)?;
             let (train, held) =
                 split_segments(&docs, r.data.seq_len, r.data.held_out_fraction, r.run.seed);
             let spec = OnlineSpec {
