@@ -113,3 +113,73 @@ fn corrupt_files_are_named() {
     check("version.gguf", &v9, "version 9");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+fn floats(st: &safetensors::SafeTensors, name: &str) -> Vec<f32> {
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn quantisers_are_byte_identical_to_gguf_py() {
+    use k3mini_checkpoints::gguf::quantize::quantize;
+    let bytes = std::fs::read(golden("gguf_quants.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, ty) in [
+        ("Q4_0", GgmlType::Q4_0),
+        ("Q4_1", GgmlType::Q4_1),
+        ("Q5_0", GgmlType::Q5_0),
+        ("Q8_0", GgmlType::Q8_0),
+    ] {
+        let source = floats(&st, &format!("{name}.source"));
+        let want = st.tensor(&format!("{name}.bytes")).unwrap().data().to_vec();
+        let got = quantize(ty, &source).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(first_diff, None, "{name}: first differing byte");
+    }
+    assert!(
+        quantize(GgmlType::Q4K, &[0.0; 100])
+            .unwrap_err()
+            .contains("multiple of 256")
+    );
+}
+
+#[test]
+fn every_quantiser_round_trips_within_its_format_error() {
+    use k3mini_checkpoints::gguf::quantize::quantize;
+    // A deterministic spread of magnitudes, an all-zero block and an outlier.
+    let mut x: Vec<f32> = (0..1024)
+        .map(|i| ((i as f32 * 0.37).sin() * (1.0 + (i % 7) as f32)) * 0.05)
+        .collect();
+    x[256..512].fill(0.0);
+    x[700] = 3.0;
+    // Worst |error| relative to the block's largest |x| that each format may make.
+    for (ty, bound) in [
+        (GgmlType::F32, 0.0),
+        (GgmlType::F16, 1e-3),
+        (GgmlType::BF16, 8e-3),
+        (GgmlType::Q8_0, 1e-2),
+        (GgmlType::Q6K, 4e-2),
+        (GgmlType::Q5_0, 7e-2),
+        (GgmlType::Q4_0, 0.15),
+        (GgmlType::Q4_1, 0.15),
+        (GgmlType::Q4K, 0.15),
+    ] {
+        let q = quantize(ty, &x).unwrap();
+        assert_eq!(q.len() as u64, ty.row_bytes(x.len() as u64), "{ty:?}");
+        let back = dequantize(ty, &q, x.len()).unwrap();
+        for (block, got) in x.chunks(256).zip(back.chunks(256)) {
+            let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = block
+                .iter()
+                .zip(got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= bound * amax, "{ty:?}: {worst} > {bound} × {amax}");
+        }
+    }
+}
