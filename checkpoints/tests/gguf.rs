@@ -183,3 +183,50 @@ fn every_quantiser_round_trips_within_its_format_error() {
         }
     }
 }
+
+#[test]
+fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
+    use k3mini_checkpoints::gguf::writer::GgufWriter;
+    let original = golden("tiny.gguf");
+    let f = GgufFile::open(&original).unwrap();
+    let mut w = GgufWriter::new();
+    for k in &f.keys {
+        w.set(k, f.get(k).unwrap().clone());
+    }
+    for t in &f.tensors {
+        w.add_tensor(&t.name, &t.dims, t.ty, f.raw(t).unwrap())
+            .unwrap();
+    }
+    let out = std::env::temp_dir().join(format!("k3mini-rewrite-{}.gguf", std::process::id()));
+    let size = w.write(&out).unwrap();
+    let (a, b) = (
+        std::fs::read(&original).unwrap(),
+        std::fs::read(&out).unwrap(),
+    );
+    assert_eq!(size as usize, b.len());
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a.iter().zip(&b).position(|(x, y)| x != y), None);
+    // What the writer refuses: a wrong byte count, a long name, a duplicate, partial blocks.
+    let e = w
+        .add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 33])
+        .unwrap_err();
+    assert!(
+        e.contains("33 bytes for 32 Q8_0 values (expected 34)"),
+        "{e}"
+    );
+    assert!(
+        w.add_tensor(&"n".repeat(64), &[1], GgmlType::F32, vec![0; 4])
+            .is_err()
+    );
+    let first = f.tensors[0].name.clone();
+    assert!(
+        w.add_tensor(&first, &[1], GgmlType::F32, vec![0; 4])
+            .unwrap_err()
+            .contains("twice")
+    );
+    assert!(
+        w.add_tensor("y", &[16, 2], GgmlType::Q8_0, vec![0; 34])
+            .is_err()
+    );
+    std::fs::remove_file(&out).ok();
+}

@@ -4,10 +4,11 @@
 //! (string key, u32 type, value); tensor infos as (name, n_dims u32, dims u64 × n in ggml's `ne`
 //! order — fastest-varying first —, ggml type u32, offset u64); then, at the next multiple of
 //! `general.alignment` (default 32), the data section the offsets point into. Strings are a u64
-//! length and UTF-8 bytes; everything is little-endian.
+//! length and UTF-8 bytes; everything is little-endian. [`writer::GgufWriter`] writes the same layout.
 
 pub mod quantize;
 pub mod quants;
+pub mod writer;
 
 pub use quants::GgmlType;
 
@@ -110,6 +111,8 @@ pub struct GgufFile {
     pub path: PathBuf,
     pub version: u32,
     pub metadata: BTreeMap<String, Value>,
+    /// Metadata keys in file order.
+    pub keys: Vec<String>,
     pub tensors: Vec<TensorInfo>,
     data_start: u64,
     file_len: u64,
@@ -214,11 +217,12 @@ impl GgufFile {
         }
         let n_tensors = r.len(file_len, "tensor count")?;
         let n_kv = r.len(file_len, "metadata count")?;
-        let mut metadata = BTreeMap::new();
+        let (mut metadata, mut keys) = (BTreeMap::new(), Vec::with_capacity(n_kv.min(1 << 16)));
         for _ in 0..n_kv {
             let key = r.string(file_len)?;
             let ty = r.u32()?;
             let value = r.value(ty, file_len)?;
+            keys.push(key.clone());
             metadata.insert(key, value);
         }
         let mut tensors = Vec::with_capacity(n_tensors);
@@ -273,6 +277,7 @@ impl GgufFile {
             path: path.to_path_buf(),
             version,
             metadata,
+            keys,
             tensors,
             data_start,
             file_len,

@@ -1,0 +1,192 @@
+//! Writing GGUF v3: metadata in insertion order, tensor infos, then the data section with every
+//! tensor at a multiple of `general.alignment` (32), written atomically (a temporary file renamed
+//! into place). The layout is the reader's (see the module above); gguf-py reads what this writes.
+
+use super::{DEFAULT_ALIGNMENT, GgmlType, GgufError, MAGIC, Value};
+use std::io::Write;
+use std::path::Path;
+
+/// ggml's limit on tensor names (`GGML_MAX_NAME` − 1).
+pub const MAX_NAME: usize = 63;
+
+struct PendingTensor {
+    name: String,
+    /// ggml's `ne`: the contiguous dimension first.
+    ne: Vec<u64>,
+    ty: GgmlType,
+    data: Vec<u8>,
+}
+
+/// A GGUF file being assembled in memory.
+#[derive(Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<PendingTensor>,
+}
+
+fn value_type(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_value(out: &mut Vec<u8>, v: &Value) -> Result<(), String> {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.push(*x as u8),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(s) => put_string(out, s),
+        Value::Array(items) => {
+            let inner = items.first().map_or(4, value_type);
+            if items.iter().any(|i| value_type(i) != inner) {
+                return Err("a GGUF array holds one type of value".into());
+            }
+            if inner == 9 {
+                return Err("GGUF arrays of arrays are not supported by llama.cpp".into());
+            }
+            out.extend_from_slice(&inner.to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            for i in items {
+                put_value(out, i)?;
+            }
+        }
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+    }
+    Ok(())
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets a metadata key (replacing an earlier value, keeping its position).
+    pub fn set(&mut self, key: &str, value: Value) {
+        match self.metadata.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.metadata.push((key.to_string(), value)),
+        }
+    }
+
+    /// Adds a tensor: `ne` in ggml order (a `(out, in)` matrix is `[in, out]`), `data` already in
+    /// `ty`'s layout.
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Result<(), String> {
+        if name.len() > MAX_NAME {
+            return Err(format!(
+                "tensor name {name:?} is longer than ggml's {MAX_NAME} bytes"
+            ));
+        }
+        if self.tensors.iter().any(|t| t.name == name) {
+            return Err(format!("tensor {name} is added twice"));
+        }
+        let n: u64 = ne.iter().product();
+        if ne.is_empty() || n % ty.block_size() as u64 != 0 {
+            return Err(format!(
+                "{name}: {n} values are not whole {ty:?} blocks of {}",
+                ty.block_size()
+            ));
+        }
+        if ne[0] % ty.block_size() as u64 != 0 {
+            return Err(format!(
+                "{name}: rows of {} values are not whole {ty:?} blocks of {}",
+                ne[0],
+                ty.block_size()
+            ));
+        }
+        if data.len() as u64 != ty.row_bytes(n) {
+            return Err(format!(
+                "{name}: {} bytes for {n} {ty:?} values (expected {})",
+                data.len(),
+                ty.row_bytes(n)
+            ));
+        }
+        self.tensors.push(PendingTensor {
+            name: name.to_string(),
+            ne: ne.to_vec(),
+            ty,
+            data,
+        });
+        Ok(())
+    }
+
+    /// Writes the file atomically; returns its size.
+    pub fn write(&self, path: &Path) -> Result<u64, GgufError> {
+        let err = |message: String| GgufError {
+            path: path.to_path_buf(),
+            message,
+        };
+        let align = match self.metadata.iter().find(|(k, _)| k == "general.alignment") {
+            Some((_, v)) => v
+                .as_u64()
+                .filter(|a| a.is_power_of_two())
+                .ok_or_else(|| err("general.alignment must be a power of two".into()))?,
+            None => DEFAULT_ALIGNMENT,
+        };
+        let pad = |n: u64| n.div_ceil(align) * align;
+        let mut head = Vec::new();
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&3u32.to_le_bytes());
+        head.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        head.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
+        for (k, v) in &self.metadata {
+            put_string(&mut head, k);
+            head.extend_from_slice(&value_type(v).to_le_bytes());
+            put_value(&mut head, v).map_err(|m| err(format!("metadata {k}: {m}")))?;
+        }
+        let mut offset = 0u64;
+        for t in &self.tensors {
+            put_string(&mut head, &t.name);
+            head.extend_from_slice(&(t.ne.len() as u32).to_le_bytes());
+            for d in &t.ne {
+                head.extend_from_slice(&d.to_le_bytes());
+            }
+            head.extend_from_slice(&t.ty.id().to_le_bytes());
+            head.extend_from_slice(&offset.to_le_bytes());
+            offset = pad(offset + t.data.len() as u64);
+        }
+        head.resize(pad(head.len() as u64) as usize, 0);
+        let tmp = path.with_extension("gguf.tmp");
+        let io = |e: std::io::Error| err(e.to_string());
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
+        f.write_all(&head).map_err(io)?;
+        for t in &self.tensors {
+            f.write_all(&t.data).map_err(io)?;
+            let padded = pad(t.data.len() as u64) as usize;
+            f.write_all(&vec![0u8; padded - t.data.len()]).map_err(io)?;
+        }
+        let f = f.into_inner().map_err(|e| err(e.to_string()))?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, path).map_err(io)?;
+        Ok(head.len() as u64 + offset)
+    }
+}
