@@ -6,6 +6,7 @@
 //! `general.alignment` (default 32), the data section the offsets point into. Strings are a u64
 //! length and UTF-8 bytes; everything is little-endian. [`writer::GgufWriter`] writes the same layout.
 
+pub mod mix;
 pub mod quantize;
 pub mod quants;
 pub mod writer;
