@@ -230,3 +230,31 @@ fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
     );
     std::fs::remove_file(&out).ok();
 }
+
+#[test]
+fn quantisers_are_byte_identical_to_ggml_including_k_quants() {
+    use k3mini_checkpoints::gguf::quantize::quantize;
+    // scripts/golden/ggml_quants.py: ggml's quantize_row_*_ref from llama-cpp-python 0.3.36.
+    let bytes = std::fs::read(golden("ggml_quants.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, ty) in [
+        ("q4_0", GgmlType::Q4_0),
+        ("q4_1", GgmlType::Q4_1),
+        ("q5_0", GgmlType::Q5_0),
+        ("q8_0", GgmlType::Q8_0),
+        ("q4_K", GgmlType::Q4K),
+        ("q6_K", GgmlType::Q6K),
+    ] {
+        let source = floats(&st, &format!("{name}.source"));
+        let want = st.tensor(&format!("{name}.bytes")).unwrap().data().to_vec();
+        let got = quantize(ty, &source).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            diff,
+            None,
+            "{name}: first differing byte (block {})",
+            diff.unwrap_or(0) / ty.block_bytes()
+        );
+    }
+}
