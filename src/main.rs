@@ -2,6 +2,7 @@
 
 mod bench;
 mod data_cmd;
+mod export_cmd;
 mod model_cmd;
 mod recipe_cmd;
 mod teacher_cmd;
@@ -35,6 +36,8 @@ enum Command {
     },
     /// Train from a recipe: plain next-token training, or distillation with [distill].
     Train(train_cmd::TrainArgs),
+    /// Export a trained student for other runtimes (transformers / vLLM / SGLang).
+    Export(export_cmd::ExportArgs),
     /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
     Compare {
         /// Run directories (each holds metrics.jsonl).
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Model { command } => model_cmd::run(command),
         Command::Train(args) => train_cmd::run(args),
+        Command::Export(args) => export_cmd::run(args),
         Command::Compare { runs } => runs
             .iter()
             .map(|r| k3mini::compare::summarise(r))

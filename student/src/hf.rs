@@ -146,6 +146,103 @@ pub fn config_from_kimi_linear(v: &Value) -> Result<ModelConfig, HfError> {
     Ok(config)
 }
 
+/// The Kimi Linear config.json of `cfg`, for transformers' `KimiLinearForCausalLM` (and vLLM /
+/// SGLang, which load it natively). Features Kimi Linear cannot express are refused, naming them.
+/// `special` holds the tokenizer's (bos, eos, pad) ids where it has them.
+pub fn config_to_kimi_linear(
+    cfg: &ModelConfig,
+    special: [Option<u32>; 3],
+) -> Result<Value, HfError> {
+    let refuse = |field: &str, feature: &str| {
+        Err(cfg_err(
+            field,
+            format!(
+                "{feature} has no Kimi Linear equivalent (transformers' KimiLinearForCausalLM)"
+            ),
+        ))
+    };
+    if cfg.attn_res.is_some() {
+        return refuse("attn_res", "Attention Residuals (AttnRes)");
+    }
+    if cfg.activation != Activation::Swiglu {
+        return refuse("activation", "the SiTU activation");
+    }
+    if cfg.mla.output_gate {
+        return refuse("mla.output_gate", "the MLA output gate");
+    }
+    if cfg.kda.gate_lower_bound.is_some() {
+        return refuse("kda.gate_lower_bound", "a KDA gate lower bound");
+    }
+    if cfg.kda.gate_rank != Some(cfg.kda.head_dim) {
+        return refuse("kda.gate_rank", "a KDA gate rank other than head_dim");
+    }
+    if cfg.moe.as_ref().is_some_and(|m| m.latent_dim.is_some()) {
+        return refuse("moe.latent_dim", "LatentMoE");
+    }
+    let kinds = cfg
+        .layer_kinds()
+        .map_err(|e| cfg_err(&e.field, e.message))?;
+    let layer_types: Vec<&str> = kinds
+        .iter()
+        .map(|k| match k {
+            crate::LayerKind::Kda => "linear_attention",
+            crate::LayerKind::Mla => "full_attention",
+        })
+        .collect();
+    let mlp_layer_types: Vec<&str> = (0..cfg.n_layers)
+        .map(|i| {
+            if cfg.is_moe_layer(i) {
+                "sparse"
+            } else {
+                "dense"
+            }
+        })
+        .collect();
+    let moe = cfg.moe.clone().unwrap_or(MoeConfig {
+        num_experts: 1,
+        top_k: 1,
+        num_shared_experts: 0,
+        expert_hidden: cfg.ffn_hidden,
+        routed_scaling_factor: 1.0,
+        latent_dim: None,
+        first_dense_layers: cfg.n_layers,
+        bias_update_rate: 0.0,
+    });
+    let [bos, eos, pad] = special;
+    Ok(serde_json::json!({
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_hidden,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_heads,
+        "kv_lora_rank": cfg.mla.kv_lora_rank,
+        "q_lora_rank": cfg.mla.q_lora_rank,
+        "qk_nope_head_dim": cfg.mla.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.mla.qk_rope_head_dim,
+        "v_head_dim": cfg.mla.v_head_dim,
+        "linear_num_heads": cfg.n_heads,
+        "linear_head_dim": cfg.kda.head_dim,
+        "linear_conv_kernel_dim": cfg.kda.conv_kernel,
+        "layer_types": layer_types,
+        "mlp_layer_types": mlp_layer_types,
+        "num_local_experts": moe.num_experts,
+        "num_experts_per_tok": moe.top_k,
+        "n_shared_experts": moe.num_shared_experts,
+        "moe_intermediate_size": moe.expert_hidden,
+        "routed_scaling_factor": moe.routed_scaling_factor,
+        "rms_norm_eps": cfg.rms_eps,
+        "max_position_embeddings": cfg.max_seq_len,
+        "tie_word_embeddings": false,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "torch_dtype": "float32",
+    }))
+}
+
 /// Loads transformers-named safetensors into `model`; every parameter must be present and used.
 pub fn load_hf_safetensors(model: &mut K3Mini, path: &Path) -> Result<(), HfError> {
     let load_err = |message: String| HfError::Load {

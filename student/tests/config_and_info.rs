@@ -193,3 +193,36 @@ fn recipes_override_presets_and_reject_unknown_keys() {
         "n_heads"
     );
 }
+
+#[test]
+fn kimi_linear_config_round_trips_and_refuses_what_it_cannot_express() {
+    use k3mini_student::hf::{config_from_kimi_linear, config_to_kimi_linear};
+    for name in ["tiny", "smoke-300m", "k3-mini-moe"] {
+        let cfg = k3mini_student::preset(name).unwrap();
+        let json = config_to_kimi_linear(&cfg, [Some(1), Some(2), None]).unwrap();
+        assert_eq!(json["model_type"], "kimi_linear");
+        assert_eq!(json["eos_token_id"], 2);
+        let back = config_from_kimi_linear(&json).unwrap();
+        assert_eq!(
+            back.layer_kinds().unwrap(),
+            cfg.layer_kinds().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            (
+                back.vocab_size,
+                back.d_model,
+                back.n_layers,
+                back.ffn_hidden
+            ),
+            (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.ffn_hidden)
+        );
+        assert_eq!((&back.mla, &back.moe), (&cfg.mla, &cfg.moe), "{name}");
+        assert_eq!(back.kda.head_dim, cfg.kda.head_dim);
+    }
+    // The full K3 Mini (AttnRes, MLA gate) is kimi-k3 only.
+    let e = config_to_kimi_linear(&k3mini_student::preset("k3-mini-3b").unwrap(), [None; 3])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no Kimi Linear equivalent"), "{e}");
+}
