@@ -9,10 +9,14 @@
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini_checkpoints::gguf::Value;
+use k3mini_checkpoints::gguf::mix::{FileType, tensor_types};
+use k3mini_checkpoints::gguf::quantize::quantize;
+use k3mini_checkpoints::gguf::writer::GgufWriter;
 use k3mini_data::Tokenizer;
 use k3mini_student::hf::{config_to_kimi_linear, load_hf_bytes};
 use k3mini_student::presets::from_recipe_toml;
-use k3mini_student::{K3Mini, ModelConfig};
+use k3mini_student::{K3Mini, LayerKind, ModelConfig};
 use std::path::{Path, PathBuf};
 
 /// A checkpoint's model: its config (from the recipe it was trained with) and weights.
@@ -184,4 +188,347 @@ pub fn check_out(ck: &Checkpoint, out: &Path) -> Result<()> {
         bail!("--out {} is the checkpoint itself", out.display());
     }
     Ok(())
+}
+
+/// The student's tensors by transformers name: (shape, f32 values).
+fn hf_tensors(
+    ck: &Checkpoint,
+) -> Result<std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>> {
+    let st = safetensors::SafeTensors::deserialize(&ck.weights)?;
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            anyhow::ensure!(
+                view.dtype() == safetensors::Dtype::F32,
+                "{name}: {:?}, expected F32",
+                view.dtype()
+            );
+            let values = view
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            Ok((name, (view.shape().to_vec(), values)))
+        })
+        .collect()
+}
+
+/// Checkpoint tensors not yet mapped.
+struct Source<'a> {
+    tensors: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
+    dir: &'a Path,
+}
+
+impl Source<'_> {
+    fn take(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        self.tensors
+            .remove(name)
+            .with_context(|| format!("checkpoint {}: no tensor {name}", self.dir.display()))
+    }
+}
+
+/// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
+type GgufTensor = (String, Vec<u64>, Vec<f32>);
+
+/// The dense K3 Mini hybrid as llama.cpp's `kimi-linear` architecture (metadata and f32 tensors),
+/// mapped as llama.cpp's converter (conversion/kimi_linear.py) maps Kimi Linear checkpoints:
+/// the fused KDA conv split into q/k/v, `ssm_a = −exp(A_log)`, `dt_bias` as `ssm_dt.bias`, and
+/// MLA's `kv_b` split per head into `attn_k_b` (transposed) and `attn_v_b`.
+pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTensor>)> {
+    let cfg = &ck.config;
+    // Kimi Linear's constraints first (config_to_kimi_linear names what cannot be expressed).
+    config_to_kimi_linear(cfg, [None; 3])?;
+    if cfg.moe.is_some() {
+        bail!("GGUF export of the MoE variant is not implemented yet (the dense student exports)");
+    }
+    if cfg.mla.q_lora_rank.is_some() {
+        bail!("llama.cpp's kimi-linear has no MLA q-LoRA: export with q_lora_rank unset");
+    }
+    let kinds = cfg.layer_kinds()?;
+    let mut src = Source {
+        tensors: hf_tensors(ck)?,
+        dir: &ck.dir,
+    };
+    let mut out: Vec<GgufTensor> = Vec::new();
+    let plain =
+        |src: &mut Source, out: &mut Vec<GgufTensor>, from: &str, to: String| -> Result<()> {
+            let (shape, v) = src.take(from)?;
+            // ggml's `ne` is the numpy shape reversed; the data layout is the same.
+            out.push((to, shape.iter().rev().map(|&d| d as u64).collect(), v));
+            Ok(())
+        };
+    plain(
+        &mut src,
+        &mut out,
+        "model.embed_tokens.weight",
+        "token_embd.weight".into(),
+    )?;
+    for (i, kind) in kinds.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let b = format!("blk.{i}");
+        plain(
+            &mut src,
+            &mut out,
+            &format!("{p}.input_layernorm.weight"),
+            format!("{b}.attn_norm.weight"),
+        )?;
+        let a = format!("{p}.self_attn");
+        match kind {
+            LayerKind::Kda => {
+                for (from, to) in [
+                    ("q_proj", "attn_q"),
+                    ("k_proj", "attn_k"),
+                    ("v_proj", "attn_v"),
+                ] {
+                    plain(
+                        &mut src,
+                        &mut out,
+                        &format!("{a}.{from}.weight"),
+                        format!("{b}.{to}.weight"),
+                    )?;
+                }
+                // conv1d [3D, 1, K] (channels q | k | v) → three [D, 1, K], ne [K, 1, D].
+                let (shape, v) = src.take(&format!("{a}.conv1d.weight"))?;
+                let (channels, k) = (shape[0], shape[2]);
+                let d = channels / 3;
+                for (j, name) in ["q", "k", "v"].iter().enumerate() {
+                    let part = v[j * d * k..(j + 1) * d * k].to_vec();
+                    out.push((
+                        format!("{b}.ssm_conv1d_{name}.weight"),
+                        vec![k as u64, 1, d as u64],
+                        part,
+                    ));
+                }
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.forget_gate.f_a_proj.weight"),
+                    format!("{b}.ssm_f_a.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.forget_gate.f_b_proj.weight"),
+                    format!("{b}.ssm_f_b.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.b_proj.weight"),
+                    format!("{b}.ssm_beta.weight"),
+                )?;
+                let (_, a_log) = src.take(&format!("{a}.forget_gate.A_log"))?;
+                let heads = a_log.len() as u64;
+                out.push((
+                    format!("{b}.ssm_a"),
+                    vec![1, heads],
+                    a_log.iter().map(|x| -x.exp()).collect(),
+                ));
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.forget_gate.dt_bias"),
+                    format!("{b}.ssm_dt.bias"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.g_a_proj.weight"),
+                    format!("{b}.ssm_g_a.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.g_b_proj.weight"),
+                    format!("{b}.ssm_g_b.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.o_norm.weight"),
+                    format!("{b}.ssm_norm.weight"),
+                )?;
+            }
+            LayerKind::Mla => {
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.q_proj.weight"),
+                    format!("{b}.attn_q.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.kv_a_proj_with_mqa.weight"),
+                    format!("{b}.attn_kv_a_mqa.weight"),
+                )?;
+                plain(
+                    &mut src,
+                    &mut out,
+                    &format!("{a}.kv_a_layernorm.weight"),
+                    format!("{b}.attn_kv_a_norm.weight"),
+                )?;
+                // kv_b [H·(nope + v), r] per head [nope | v] → k_b [H, r, nope] (transposed), v_b [H, v, r].
+                let (_, kv_b) = src.take(&format!("{a}.kv_b_proj.weight"))?;
+                let (h, r) = (cfg.n_heads, cfg.mla.kv_lora_rank);
+                let (nope, vd) = (cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim);
+                let (mut k_b, mut v_b) = (Vec::new(), Vec::new());
+                for head in 0..h {
+                    let rows = &kv_b[head * (nope + vd) * r..(head + 1) * (nope + vd) * r];
+                    for c in 0..r {
+                        k_b.extend((0..nope).map(|n| rows[n * r + c]));
+                    }
+                    v_b.extend_from_slice(&rows[nope * r..]);
+                }
+                out.push((
+                    format!("{b}.attn_k_b.weight"),
+                    vec![nope as u64, r as u64, h as u64],
+                    k_b,
+                ));
+                out.push((
+                    format!("{b}.attn_v_b.weight"),
+                    vec![r as u64, vd as u64, h as u64],
+                    v_b,
+                ));
+            }
+        }
+        plain(
+            &mut src,
+            &mut out,
+            &format!("{a}.o_proj.weight"),
+            format!("{b}.attn_output.weight"),
+        )?;
+        plain(
+            &mut src,
+            &mut out,
+            &format!("{p}.post_attention_layernorm.weight"),
+            format!("{b}.ffn_norm.weight"),
+        )?;
+        for (from, to) in [
+            ("gate_proj", "ffn_gate"),
+            ("up_proj", "ffn_up"),
+            ("down_proj", "ffn_down"),
+        ] {
+            plain(
+                &mut src,
+                &mut out,
+                &format!("{p}.mlp.{from}.weight"),
+                format!("{b}.{to}.weight"),
+            )?;
+        }
+    }
+    plain(
+        &mut src,
+        &mut out,
+        "model.norm.weight",
+        "output_norm.weight".into(),
+    )?;
+    plain(&mut src, &mut out, "lm_head.weight", "output.weight".into())?;
+    if let Some(left) = src.tensors.keys().next() {
+        bail!("checkpoint tensor {left} has no kimi-linear counterpart");
+    }
+    let arch = "kimi-linear";
+    let u = |x: usize| Value::U32(x as u32);
+    let k = |key: &str| format!("{arch}.{key}");
+    let (mla, kda) = (&cfg.mla, &cfg.kda);
+    let metadata = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        ("general.name".into(), Value::String("K3 Mini".into())),
+        (k("context_length"), u(cfg.max_seq_len)),
+        (k("embedding_length"), u(cfg.d_model)),
+        (k("block_count"), u(cfg.n_layers)),
+        (k("feed_forward_length"), u(cfg.ffn_hidden)),
+        (k("attention.head_count"), u(cfg.n_heads)),
+        (
+            k("attention.head_count_kv"),
+            Value::Array(
+                kinds
+                    .iter()
+                    .map(|k| u((*k == LayerKind::Mla) as usize))
+                    .collect(),
+            ),
+        ),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_eps as f32),
+        ),
+        (k("vocab_size"), u(cfg.vocab_size)),
+        (k("rope.dimension_count"), u(mla.qk_rope_head_dim)),
+        (k("attention.kv_lora_rank"), u(mla.kv_lora_rank)),
+        (
+            k("attention.key_length"),
+            u(mla.kv_lora_rank + mla.qk_rope_head_dim),
+        ),
+        (k("attention.value_length"), u(mla.kv_lora_rank)),
+        (
+            k("attention.key_length_mla"),
+            u(mla.qk_nope_head_dim + mla.qk_rope_head_dim),
+        ),
+        (k("attention.value_length_mla"), u(mla.v_head_dim)),
+        (k("ssm.conv_kernel"), u(kda.conv_kernel)),
+        (k("kda.head_dim"), u(kda.head_dim)),
+        (k("expert_feed_forward_length"), u(cfg.ffn_hidden)),
+        (k("expert_shared_count"), u(0)),
+        (k("leading_dense_block_count"), u(cfg.n_layers)),
+        (k("expert_weights_scale"), Value::F32(1.0)),
+        (k("expert_gating_func"), u(2)), // sigmoid, as Kimi's router
+    ];
+    Ok((metadata, out))
+}
+
+/// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the recipe's
+/// local GGUF teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`).
+pub fn gguf_tokenizer_metadata(recipe: &str) -> Result<Vec<(String, Value)>> {
+    let table: toml::Table = recipe.parse()?;
+    let spec = table
+        .get("data")
+        .and_then(|d| d.get("tokenizer"))
+        .and_then(|t| t.as_str())
+        .unwrap_or_default();
+    let model = table
+        .get("teacher")
+        .and_then(|t| t.get("model"))
+        .and_then(|m| m.as_str());
+    let (crate::recipe::TEACHER_TOKENIZER, Some(model)) = (spec, model) else {
+        bail!(
+            "GGUF export ships the tokenizer as GGUF metadata, which k3mini copies from a local GGUF \
+             teacher whose tokenizer the student uses (data.tokenizer = \"teacher\"); this recipe's \
+             tokenizer is {spec:?}"
+        );
+    };
+    let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(model)?)?;
+    Ok(file
+        .keys
+        .iter()
+        .filter(|k| k.starts_with("tokenizer."))
+        .map(|k| (k.clone(), file.get(k).expect("listed").clone()))
+        .collect())
+}
+
+/// Writes the student as a llama.cpp GGUF of file type `ftype`; returns the bytes written.
+pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> {
+    let (metadata, tensors) = kimi_linear_gguf(ck)?;
+    let tokenizer = gguf_tokenizer_metadata(&ck.recipe)?;
+    let mut w = GgufWriter::new();
+    for (k, v) in metadata.into_iter().chain(tokenizer) {
+        w.set(&k, v);
+    }
+    w.set("general.file_type", Value::U32(ftype.id()));
+    if ftype != FileType::F32 && ftype != FileType::F16 {
+        w.set("general.quantization_version", Value::U32(2));
+    }
+    let shapes: Vec<(&str, &[u64])> = tensors
+        .iter()
+        .map(|(n, ne, _)| (n.as_str(), &ne[..]))
+        .collect();
+    let types = tensor_types(&shapes, ck.config.n_layers, ftype);
+    for ((name, ne, values), ty) in tensors.iter().zip(types) {
+        let bytes = quantize(ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+        w.add_tensor(name, ne, ty, bytes)
+            .map_err(anyhow::Error::msg)?;
+    }
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    Ok(w.write(out)?)
 }

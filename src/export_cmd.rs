@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use k3mini::export::{check_out, export_hf, open_checkpoint, recipe_tokenizer};
+use k3mini::export::{check_out, export_gguf, export_hf, open_checkpoint, recipe_tokenizer};
+use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_data::Tokenizer;
 use std::path::PathBuf;
 
@@ -10,6 +11,8 @@ use std::path::PathBuf;
 enum Format {
     /// safetensors + config.json (+ tokenizer.json) for transformers' KimiLinearForCausalLM.
     Hf,
+    /// A llama.cpp GGUF (architecture kimi-linear), quantised per --quant.
+    Gguf,
 }
 
 #[derive(Args)]
@@ -18,9 +21,12 @@ pub struct ExportArgs {
     checkpoint: PathBuf,
     #[arg(long, value_enum)]
     format: Format,
-    /// Output directory.
+    /// Output directory (hf) or file (gguf).
     #[arg(long)]
     out: PathBuf,
+    /// GGUF file type: q4_k_m, q4_0, q8_0, f16 or f32.
+    #[arg(long, default_value = "q4_k_m")]
+    quant: String,
     /// The tokenizer to ship (default: the recipe's, where it can be found from here).
     #[arg(long)]
     tokenizer: Option<String>,
@@ -42,6 +48,16 @@ pub fn run(args: ExportArgs) -> Result<()> {
         );
     }
     match args.format {
+        Format::Gguf => {
+            let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
+            let bytes = export_gguf(&ck, ftype, &args.out)?;
+            println!(
+                "{} ({:.1} MB, {})",
+                args.out.display(),
+                bytes as f64 / 1e6,
+                args.quant
+            );
+        }
         Format::Hf => {
             for f in export_hf(&ck, tokenizer.as_ref(), &args.out, args.with_reference)? {
                 println!("{}", f.display());

@@ -2,13 +2,19 @@
 //! load back into the same model (transformers' own check is scripts/interop/check_hf.py), and
 //! what Kimi Linear cannot express is refused.
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use k3mini::export::{export_hf, load_model, open_checkpoint};
+use k3mini::export::{export_gguf, export_hf, load_model, open_checkpoint};
+use k3mini_checkpoints::gguf::mix::FileType;
+use k3mini_checkpoints::gguf::{GgmlType, GgufFile, Value};
 use k3mini_student::K3Mini;
 use k3mini_student::hf::{config_from_kimi_linear, load_hf_safetensors, to_hf_bytes};
 
 fn checkpoint(dir: &std::path::Path, model_table: &str) -> K3Mini {
-    let recipe =
-        format!("[run]\nname = \"e\"\n[model]\n{model_table}\n[data]\ntokenizer = \"none.json\"\n");
+    checkpoint_with(dir, model_table, "[data]\ntokenizer = \"none.json\"\n")
+}
+
+/// A checkpoint of a freshly initialised model whose recipe has `model_table` and then `rest`.
+fn checkpoint_with(dir: &std::path::Path, model_table: &str, rest: &str) -> K3Mini {
+    let recipe = format!("[run]\nname = \"e\"\n[model]\n{model_table}\n{rest}");
     let cfg = k3mini_student::presets::from_recipe_toml(&recipe).unwrap();
     let device = Device::default();
     device.seed(3);
@@ -87,5 +93,83 @@ fn hf_export_loads_back_into_the_same_model_and_refuses_kimi_k3_features() {
         e.contains("neither a checkpoint nor a run directory"),
         "{e}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
+    // llama.cpp's own check of these files is scripts/interop/check_gguf.py (README: Export).
+    let dir = std::env::temp_dir().join(format!("k3mini-gguf-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let run = dir.join("run");
+    let teacher = "[data]\ntokenizer = \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n";
+    let model = checkpoint_with(
+        &run,
+        "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64",
+        teacher,
+    );
+    let ck = open_checkpoint(&run).unwrap();
+    let f32_path = dir.join("m-f32.gguf");
+    export_gguf(&ck, FileType::F32, &f32_path).unwrap();
+    let f = GgufFile::open(&f32_path).unwrap();
+    assert_eq!(
+        f.get("general.architecture").and_then(Value::as_str),
+        Some("kimi-linear")
+    );
+    // Per-layer KV heads: 0 marks KDA, 1 MLA (tiny is KKKM).
+    let kv: Vec<u64> = f
+        .get("kimi-linear.attention.head_count_kv")
+        .and_then(Value::as_array)
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(kv, [0, 0, 0, 1]);
+    assert!(f.get("tokenizer.ggml.tokens").is_some() && f.get("tokenizer.ggml.merges").is_some());
+    // Weights arrive unchanged where they are copied, transformed where llama.cpp wants it.
+    let (embd, ne) = f.dequantize("token_embd.weight").unwrap();
+    assert_eq!(ne, [64, 49152]);
+    let want = model
+        .model
+        .embed_tokens
+        .weight
+        .val()
+        .into_data()
+        .try_into_vec::<f32>()
+        .unwrap();
+    assert_eq!(embd, want);
+    let (a, ne) = f.dequantize("blk.0.ssm_a").unwrap();
+    assert_eq!(ne, [1, 2]);
+    assert!(a.iter().all(|&x| x < 0.0), "ssm_a = -exp(A_log)");
+    assert_eq!(
+        f.tensor("blk.0.ssm_conv1d_q.weight").unwrap().dims,
+        [4, 1, 128]
+    );
+    assert_eq!(f.tensor("blk.3.attn_k_b.weight").unwrap().dims.len(), 3);
+    // Q4_K_M follows llama.cpp's mix: the output Q6_K, norms F32, 64-wide rows Q5_0.
+    let q_path = dir.join("m-q4km.gguf");
+    export_gguf(&ck, FileType::Q4KM, &q_path).unwrap();
+    let q = GgufFile::open(&q_path).unwrap();
+    let ty = |n: &str| q.tensor(n).unwrap().ty;
+    assert_eq!(
+        ty("output.weight"),
+        GgmlType::Q8_0,
+        "64-wide rows: Q6_K falls back to Q8_0"
+    );
+    assert_eq!(ty("blk.0.attn_norm.weight"), GgmlType::F32);
+    assert_eq!(ty("blk.0.ffn_gate.weight"), GgmlType::Q5_0);
+    assert_eq!(q.get("general.file_type"), Some(&Value::U32(15)));
+    // A student whose tokenizer is not a GGUF teacher's cannot ship one yet: refused, nothing written.
+    let own = dir.join("own");
+    checkpoint(&own, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");
+    let e = export_gguf(
+        &open_checkpoint(&own).unwrap(),
+        FileType::F32,
+        &dir.join("own.gguf"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("tokenizer"), "{e}");
+    assert!(!dir.join("own.gguf").exists());
     std::fs::remove_dir_all(&dir).ok();
 }

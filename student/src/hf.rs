@@ -240,6 +240,23 @@ pub fn config_to_kimi_linear(
         "eos_token_id": eos,
         "pad_token_id": pad,
         "torch_dtype": "float32",
+        // Moonshot's original field names, which vLLM and llama.cpp's converter read.
+        "linear_attn_config": {
+            "full_attn_layers": kinds.iter().enumerate()
+                .filter(|(_, k)| **k == crate::LayerKind::Mla)
+                .map(|(i, _)| i + 1)
+                .collect::<Vec<_>>(),
+            "kda_layers": kinds.iter().enumerate()
+                .filter(|(_, k)| **k == crate::LayerKind::Kda)
+                .map(|(i, _)| i + 1)
+                .collect::<Vec<_>>(),
+            "head_dim": cfg.kda.head_dim,
+            "num_heads": cfg.n_heads,
+            "short_conv_kernel_size": cfg.kda.conv_kernel,
+        },
+        "first_k_dense_replace": moe.first_dense_layers,
+        "num_shared_experts": moe.num_shared_experts,
+        "num_experts": moe.num_experts,
     }))
 }
 
