@@ -1,11 +1,12 @@
 """Runs a `k3mini export --format gguf` file in llama.cpp (llama-cpp-python 0.3.36, CPU) on the
 reference inputs of a `k3mini export --format hf --with-reference` directory and compares the
 logits with k3mini's: max |Δ logit|, top-1 agreement and the mean KL(k3mini ‖ llama.cpp).
-Exits non-zero when max |Δ| exceeds --tol (use a loose --tol for quantised files, whose error is
-set by the quantisation; top-1 and KL are what to read there).
+Exits non-zero when max |Δ| exceeds --tol or the KL exceeds --max-kl. The default --tol is 5e-4:
+llama.cpp's own F32 forward of the distilled student is 1.2e-4 from a float64 transformers forward,
+while k3mini's is 1.2e-5. For quantised files the error is the quantisation's: gate on --max-kl.
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36 numpy safetensors
-    python scripts/interop/check_gguf.py MODEL.gguf REFERENCE_DIR [--tol 1e-4]
+    python scripts/interop/check_gguf.py MODEL.gguf REFERENCE_DIR [--tol 5e-4] [--max-kl X]
 """
 import argparse
 import sys
@@ -24,7 +25,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
     ap.add_argument("reference_dir")
-    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--tol", type=float, default=5e-4)
+    ap.add_argument("--max-kl", type=float, default=float("inf"))
     args = ap.parse_args()
     ref = load_file(f"{args.reference_dir}/k3mini_reference.safetensors")
     ids, want = ref["input_ids"], ref["logits"]
@@ -40,9 +42,9 @@ def main():
     top1 = (got.argmax(-1) == want.argmax(-1)).mean()
     p = log_softmax(want.astype(np.float64))
     kl = (np.exp(p) * (p - log_softmax(got.astype(np.float64)))).sum(-1).mean()
-    print(f"llama.cpp vs k3mini: max |Δ logit| = {diff:.3e}, top-1 agreement {top1:.4f}, "
-          f"mean KL(k3mini ‖ llama.cpp) = {kl:.3e} over {ids.size} positions")
-    sys.exit(0 if diff <= args.tol else 1)
+    print(f"llama.cpp vs reference: max |Δ logit| = {diff:.3e}, top-1 agreement {top1:.4f}, "
+          f"mean KL(reference ‖ llama.cpp) = {kl:.3e} over {ids.size} positions")
+    sys.exit(0 if diff <= args.tol and kl <= args.max_kl else 1)
 
 
 if __name__ == "__main__":
