@@ -98,6 +98,37 @@ fn quiet() -> TrainOptions {
 
 /// The newest checkpoint's tensors: the safetensors header without its `__metadata__` (burn writes
 /// that map in hash order) and the data bytes.
+/// Runs `k3mini teacher COMMAND --quiet RECIPE` and insists it succeeds.
+fn teacher(command: &str, recipe: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["teacher", command, "--quiet"])
+        .arg(recipe)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Trains `recipe` straight, and again stopped after `stop` steps then resumed into `name`: the
+/// two end with the same tensors. Returns the straight run's directory.
+fn resumes_exactly(recipe: &recipe::LoadedRecipe, dir: &Path, name: &str, stop: usize) -> PathBuf {
+    let straight = train(recipe, &quiet()).unwrap();
+    let split_dir = dir.join("runs").join(name);
+    let split = |resume, stop_after| TrainOptions {
+        out_dir: Some(split_dir.clone()),
+        resume,
+        stop_after,
+        quiet: true,
+    };
+    train(recipe, &split(false, Some(stop))).unwrap();
+    train(recipe, &split(true, None)).unwrap();
+    assert_eq!(weights(&straight.out_dir), weights(&split_dir), "{name}");
+    straight.out_dir
+}
+
 fn weights(out: &Path) -> (serde_json::Value, Vec<u8>) {
     let (_, dir) = k3mini_checkpoints::latest(out).unwrap().unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -129,40 +160,19 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     // Training before scoring says what to run.
     let e = train(&main, &quiet()).unwrap_err().to_string();
     assert!(e.contains("k3mini teacher score"), "{e}");
-    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args(["teacher", "score", "--quiet"])
-        .arg(dir.join("kd.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    teacher("score", &dir.join("kd.toml"));
 
     // Straight, and stopped after 2 steps then resumed: the same weights and metrics.
-    let straight = train(&main, &quiet()).unwrap();
-    assert_eq!(straight.last_step, 4);
+    let straight = resumes_exactly(&main, &dir, "split", 2);
     let split_dir = dir.join("runs/split");
-    let split = |resume, stop_after| TrainOptions {
-        out_dir: Some(split_dir.clone()),
-        resume,
-        stop_after,
-        quiet: true,
-    };
-    train(&main, &split(false, Some(2))).unwrap();
-    train(&main, &split(true, None)).unwrap();
-    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
     let strip = |ms: Vec<StepMetrics>| -> Vec<(usize, u64, Option<u64>)> {
         ms.into_iter()
             .map(|m| (m.step, m.loss.to_bits(), m.eval_loss.map(f64::to_bits)))
             .collect()
     };
-    assert_eq!(
-        strip(metrics(&straight.out_dir)),
-        strip(metrics(&split_dir))
-    );
-    let m = metrics(&straight.out_dir);
+    assert_eq!(strip(metrics(&straight)), strip(metrics(&split_dir)));
+    let m = metrics(&straight);
+    assert_eq!(m.last().unwrap().step, 4);
     let last = m.last().unwrap();
     assert!(last.loss.is_finite() && last.eval_loss.is_some());
     let (top1, kl) = (last.eval_top1.unwrap(), last.eval_kl.unwrap());
@@ -188,7 +198,7 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     let ce = write_recipe(&dir, "ce", r#"[{ kind = "ce" }]"#, 4);
     let ce_run = train(&ce, &quiet()).unwrap();
     let t = table(&[
-        summarise(&straight.out_dir).unwrap(),
+        summarise(&straight).unwrap(),
         summarise(&ce_run.out_dir).unwrap(),
     ]);
     assert_eq!(t.lines().count(), 4, "{t}");
@@ -197,47 +207,18 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     let seq = write_recipe(&dir, "seq", kd, 2);
     let e = train(&seq, &quiet()).unwrap_err().to_string();
     assert!(e.contains("k3mini teacher generate"), "{e}");
-    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args(["teacher", "generate", "--quiet"])
-        .arg(dir.join("seq.toml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    teacher("generate", &dir.join("seq.toml"));
     let s = train(&seq, &quiet()).unwrap();
     assert!(s.last_loss.unwrap().is_finite() && s.eval_loss.unwrap().is_finite());
     // The teacher in the loop: no shards read, and a resumed run asks for the same batches.
     let online = write_recipe(&dir, "online", kd, 2);
-    let straight = train(&online, &quiet()).unwrap();
-    let split_dir = dir.join("runs/online-split");
-    let split = |resume, stop_after| TrainOptions {
-        out_dir: Some(split_dir.clone()),
-        resume,
-        stop_after,
-        quiet: true,
-    };
-    train(&online, &split(false, Some(1))).unwrap();
-    train(&online, &split(true, None)).unwrap();
-    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
-    let last = metrics(&straight.out_dir).pop().unwrap();
+    let straight = resumes_exactly(&online, &dir, "online-split", 1);
+    let last = metrics(&straight).pop().unwrap();
     assert!(last.eval_top1.is_some() && last.loss.is_finite());
     // On-policy: the student samples, the teacher scores; resumable like the rest.
     let onp = write_recipe(&dir, "onpolicy", kd, 3);
-    let straight = train(&onp, &quiet()).unwrap();
-    let split_dir = dir.join("runs/onpolicy-split");
-    let split = |resume, stop_after| TrainOptions {
-        out_dir: Some(split_dir.clone()),
-        resume,
-        stop_after,
-        quiet: true,
-    };
-    train(&onp, &split(false, Some(1))).unwrap();
-    train(&onp, &split(true, None)).unwrap();
-    assert_eq!(weights(&straight.out_dir), weights(&split_dir));
-    let m = metrics(&straight.out_dir);
+    let straight = resumes_exactly(&onp, &dir, "onpolicy-split", 1);
+    let m = metrics(&straight);
     assert!(
         m.iter().any(|s| s.on_policy_kl.is_some_and(f64::is_finite)),
         "some micro-batch was on-policy"

@@ -123,29 +123,39 @@ fn floats(st: &safetensors::SafeTensors, name: &str) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn quantisers_are_byte_identical_to_gguf_py() {
+/// `quantize` reproduces every `<name>.bytes` of a golden file from its `<name>.source`.
+fn assert_byte_identical(file: &str, cases: &[(&str, GgmlType)]) {
     use k3mini_checkpoints::gguf::quantize::quantize;
-    let bytes = std::fs::read(golden("gguf_quants.safetensors")).unwrap();
+    let bytes = std::fs::read(golden(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    for (name, ty) in [
-        ("Q4_0", GgmlType::Q4_0),
-        ("Q4_1", GgmlType::Q4_1),
-        ("Q5_0", GgmlType::Q5_0),
-        ("Q8_0", GgmlType::Q8_0),
-    ] {
+    for &(name, ty) in cases {
         let source = floats(&st, &format!("{name}.source"));
         let want = st.tensor(&format!("{name}.bytes")).unwrap().data().to_vec();
         let got = quantize(ty, &source).unwrap();
-        assert_eq!(got.len(), want.len(), "{name}");
-        let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
-        assert_eq!(first_diff, None, "{name}: first differing byte");
+        assert_eq!(got.len(), want.len(), "{file} {name}");
+        let diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            diff,
+            None,
+            "{file} {name}: first differing byte (block {})",
+            diff.unwrap_or(0) / ty.block_bytes()
+        );
     }
-    assert!(
-        quantize(GgmlType::Q4K, &[0.0; 100])
-            .unwrap_err()
-            .contains("multiple of 256")
+}
+
+#[test]
+fn quantisers_are_byte_identical_to_gguf_py() {
+    assert_byte_identical(
+        "gguf_quants.safetensors",
+        &[
+            ("Q4_0", GgmlType::Q4_0),
+            ("Q4_1", GgmlType::Q4_1),
+            ("Q5_0", GgmlType::Q5_0),
+            ("Q8_0", GgmlType::Q8_0),
+        ],
     );
+    let e = k3mini_checkpoints::gguf::quantize::quantize(GgmlType::Q4K, &[0.0; 100]).unwrap_err();
+    assert!(e.contains("multiple of 256"), "{e}");
 }
 
 #[test]
@@ -233,28 +243,16 @@ fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
 
 #[test]
 fn quantisers_are_byte_identical_to_ggml_including_k_quants() {
-    use k3mini_checkpoints::gguf::quantize::quantize;
     // scripts/golden/ggml_quants.py: ggml's quantize_row_*_ref from llama-cpp-python 0.3.36.
-    let bytes = std::fs::read(golden("ggml_quants.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    for (name, ty) in [
-        ("q4_0", GgmlType::Q4_0),
-        ("q4_1", GgmlType::Q4_1),
-        ("q5_0", GgmlType::Q5_0),
-        ("q8_0", GgmlType::Q8_0),
-        ("q4_K", GgmlType::Q4K),
-        ("q6_K", GgmlType::Q6K),
-    ] {
-        let source = floats(&st, &format!("{name}.source"));
-        let want = st.tensor(&format!("{name}.bytes")).unwrap().data().to_vec();
-        let got = quantize(ty, &source).unwrap();
-        assert_eq!(got.len(), want.len(), "{name}");
-        let diff = got.iter().zip(&want).position(|(a, b)| a != b);
-        assert_eq!(
-            diff,
-            None,
-            "{name}: first differing byte (block {})",
-            diff.unwrap_or(0) / ty.block_bytes()
-        );
-    }
+    assert_byte_identical(
+        "ggml_quants.safetensors",
+        &[
+            ("q4_0", GgmlType::Q4_0),
+            ("q4_1", GgmlType::Q4_1),
+            ("q5_0", GgmlType::Q5_0),
+            ("q8_0", GgmlType::Q8_0),
+            ("q4_K", GgmlType::Q4K),
+            ("q6_K", GgmlType::Q6K),
+        ],
+    );
 }
