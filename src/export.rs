@@ -230,6 +230,50 @@ impl Source<'_> {
 /// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
 type GgufTensor = (String, Vec<u64>, Vec<f32>);
 
+/// An MoE block: the router, its score-correction bias, the routed experts stacked as 3-D tensors
+/// (transformers' fused `gate_up_proj [E, 2I, d]` split into gate and up) and the shared expert.
+fn moe_layer(src: &mut Source, out: &mut Vec<GgufTensor>, p: &str, b: &str) -> Result<()> {
+    let m = format!("{p}.mlp");
+    let (shape, router) = src.take(&format!("{m}.gate.weight"))?;
+    out.push((
+        format!("{b}.ffn_gate_inp.weight"),
+        vec![shape[1] as u64, shape[0] as u64],
+        router,
+    ));
+    let (shape, bias) = src.take(&format!("{m}.gate.e_score_correction_bias"))?;
+    out.push((format!("{b}.exp_probs_b.bias"), vec![shape[0] as u64], bias));
+    let (shape, gate_up) = src.take(&format!("{m}.experts.gate_up_proj"))?;
+    let (e, two_i, d) = (shape[0], shape[1], shape[2]);
+    let i = two_i / 2;
+    let (mut gate, mut up) = (Vec::new(), Vec::new());
+    for expert in gate_up.chunks_exact(two_i * d) {
+        gate.extend_from_slice(&expert[..i * d]);
+        up.extend_from_slice(&expert[i * d..]);
+    }
+    let ne = vec![d as u64, i as u64, e as u64];
+    out.push((format!("{b}.ffn_gate_exps.weight"), ne.clone(), gate));
+    out.push((format!("{b}.ffn_up_exps.weight"), ne, up));
+    let (shape, down) = src.take(&format!("{m}.experts.down_proj"))?;
+    out.push((
+        format!("{b}.ffn_down_exps.weight"),
+        shape.iter().rev().map(|&x| x as u64).collect(),
+        down,
+    ));
+    for (from, to) in [
+        ("gate_proj", "gate"),
+        ("up_proj", "up"),
+        ("down_proj", "down"),
+    ] {
+        let (shape, v) = src.take(&format!("{m}.shared_experts.{from}.weight"))?;
+        out.push((
+            format!("{b}.ffn_{to}_shexp.weight"),
+            shape.iter().rev().map(|&x| x as u64).collect(),
+            v,
+        ));
+    }
+    Ok(())
+}
+
 /// The dense K3 Mini hybrid as llama.cpp's `kimi-linear` architecture (metadata and f32 tensors),
 /// mapped as llama.cpp's converter (conversion/kimi_linear.py) maps Kimi Linear checkpoints:
 /// the fused KDA conv split into q/k/v, `ssm_a = −exp(A_log)`, `dt_bias` as `ssm_dt.bias`, and
@@ -238,9 +282,6 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
     let cfg = &ck.config;
     // Kimi Linear's constraints first (config_to_kimi_linear names what cannot be expressed).
     config_to_kimi_linear(cfg, [None; 3])?;
-    if cfg.moe.is_some() {
-        bail!("GGUF export of the MoE variant is not implemented yet (the dense student exports)");
-    }
     if cfg.mla.q_lora_rank.is_some() {
         bail!("llama.cpp's kimi-linear has no MLA q-LoRA: export with q_lora_rank unset");
     }
@@ -404,6 +445,10 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
             &format!("{p}.post_attention_layernorm.weight"),
             format!("{b}.ffn_norm.weight"),
         )?;
+        if cfg.is_moe_layer(i) {
+            moe_layer(&mut src, &mut out, &p, &b)?;
+            continue;
+        }
         for (from, to) in [
             ("gate_proj", "ffn_gate"),
             ("up_proj", "ffn_up"),
@@ -467,12 +512,35 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
         (k("attention.value_length_mla"), u(mla.v_head_dim)),
         (k("ssm.conv_kernel"), u(kda.conv_kernel)),
         (k("kda.head_dim"), u(kda.head_dim)),
-        (k("expert_feed_forward_length"), u(cfg.ffn_hidden)),
-        (k("expert_shared_count"), u(0)),
-        (k("leading_dense_block_count"), u(cfg.n_layers)),
-        (k("expert_weights_scale"), Value::F32(1.0)),
-        (k("expert_gating_func"), u(2)), // sigmoid, as Kimi's router
     ];
+    // Dense students still give the MoE keys llama.cpp requires, with every block dense.
+    let moe = cfg.moe.as_ref();
+    let mut metadata = metadata;
+    metadata.extend([
+        (
+            k("expert_feed_forward_length"),
+            u(moe.map_or(cfg.ffn_hidden, |m| m.expert_hidden)),
+        ),
+        (
+            k("expert_shared_count"),
+            u(moe.map_or(0, |m| m.num_shared_experts)),
+        ),
+        (
+            k("leading_dense_block_count"),
+            u(moe.map_or(cfg.n_layers, |m| m.first_dense_layers)),
+        ),
+        (
+            k("expert_weights_scale"),
+            Value::F32(moe.map_or(1.0, |m| m.routed_scaling_factor) as f32),
+        ),
+        (k("expert_gating_func"), u(2)), // sigmoid, as Kimi's router
+    ]);
+    if let Some(m) = moe {
+        metadata.extend([
+            (k("expert_count"), u(m.num_experts)),
+            (k("expert_used_count"), u(m.top_k)),
+        ]);
+    }
     Ok((metadata, out))
 }
 

@@ -159,6 +159,41 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     assert_eq!(ty("blk.0.attn_norm.weight"), GgmlType::F32);
     assert_eq!(ty("blk.0.ffn_gate.weight"), GgmlType::Q5_0);
     assert_eq!(q.get("general.file_type"), Some(&Value::U32(15)));
+    // The MoE variant: routed experts stacked per layer, the router and its bias, shared experts.
+    let moe_run = dir.join("moe");
+    let moe_table = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
+                     n_heads = 2\nffn_hidden = 128\n[model.kda]\nhead_dim = 32\ngate_rank = 32\n\
+                     [model.mla]\nkv_lora_rank = 32\nqk_nope_head_dim = 16\nqk_rope_head_dim = 8\n\
+                     v_head_dim = 16\n[model.moe]\nnum_experts = 4\ntop_k = 2\nexpert_hidden = 32";
+    checkpoint_with(&moe_run, moe_table, teacher);
+    let moe_path = dir.join("moe.gguf");
+    export_gguf(
+        &open_checkpoint(&moe_run).unwrap(),
+        FileType::F32,
+        &moe_path,
+    )
+    .unwrap();
+    let m = GgufFile::open(&moe_path).unwrap();
+    assert_eq!(m.get("kimi-linear.expert_count"), Some(&Value::U32(4)));
+    assert_eq!(
+        m.get("kimi-linear.leading_dense_block_count"),
+        Some(&Value::U32(1))
+    );
+    assert!(
+        m.tensor("blk.0.ffn_gate.weight").is_some(),
+        "the first layer is dense"
+    );
+    assert_eq!(
+        m.tensor("blk.1.ffn_gate_exps.weight").unwrap().dims,
+        [64, 32, 4]
+    );
+    assert_eq!(
+        m.tensor("blk.1.ffn_down_exps.weight").unwrap().dims,
+        [32, 64, 4]
+    );
+    assert_eq!(m.tensor("blk.1.ffn_gate_inp.weight").unwrap().dims, [64, 4]);
+    assert_eq!(m.tensor("blk.1.exp_probs_b.bias").unwrap().dims, [4]);
+    assert!(m.tensor("blk.1.ffn_up_shexp.weight").is_some());
     // A student whose tokenizer is not a GGUF teacher's cannot ship one yet: refused, nothing written.
     let own = dir.join("own");
     checkpoint(&own, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");

@@ -12,15 +12,41 @@ trap 'rm -rf "$W"' EXIT
 head -c 2000 recipes/corpus/shakespeare/hamlet.txt > "$W/a.txt"
 head -c 2000 recipes/corpus/shakespeare/macbeth.txt > "$W/b.txt"
 head -c 2000 recipes/corpus/shakespeare/tempest.txt > "$W/c.txt"
-cat > "$W/interop.toml" <<TOML
+# A dense student and a small MoE student, each distilled 6 steps from the same shards.
+DENSE='preset = "tiny"
+vocab_size = 49152
+d_model = 64'
+MOE='preset = "k3-mini-moe"
+vocab_size = 49152
+d_model = 64
+n_layers = 4
+n_heads = 2
+ffn_hidden = 128
+max_seq_len = 512
+[model.kda]
+head_dim = 32
+gate_rank = 32
+[model.mla]
+kv_lora_rank = 32
+qk_nope_head_dim = 16
+qk_rope_head_dim = 8
+v_head_dim = 16
+[model.moe]
+num_experts = 4
+top_k = 2
+expert_hidden = 32'
+for student in dense moe; do
+  if [ "$student" = dense ]; then MODEL="$DENSE"; else MODEL="$MOE"; fi
+  R="$W/$student"
+  mkdir -p "$R"
+  cp "$W"/*.txt "$R/"
+cat > "$R/interop.toml" <<TOML
 [run]
 name = "interop"
 seed = 3
-out_dir = "$W/run"
+out_dir = "$R/run"
 [model]
-preset = "tiny"
-vocab_size = 49152
-d_model = 64
+$MODEL
 [data]
 tokenizer = "teacher"
 seq_len = 64
@@ -50,16 +76,17 @@ micro_batch = 4
 eval_every = 6
 eval_batches = 1
 TOML
-"$BIN" teacher score "$W/interop.toml" --quiet
-"$BIN" train "$W/interop.toml" --quiet > /dev/null
-"$BIN" export "$W/run" --format hf --out "$W/hf" --with-reference > /dev/null
-"$VENVS/hf/bin/python" scripts/interop/check_hf.py "$W/hf" 2>&1 | grep -E "^transformers vs" 
+"$BIN" teacher score "$R/interop.toml" --quiet
+"$BIN" train "$R/interop.toml" --quiet > /dev/null
+"$BIN" export "$R/run" --format hf --out "$R/hf" --with-reference > /dev/null
+"$VENVS/hf/bin/python" scripts/interop/check_hf.py "$R/hf" 2>&1 | grep -E "^transformers vs" 
 for q in f32 q8_0 q4_k_m; do
-  "$BIN" export "$W/run" --format gguf --quant "$q" --out "$W/$q.gguf"
+  "$BIN" export "$R/run" --format gguf --quant "$q" --out "$R/$q.gguf"
   case "$q" in
     f32) args=(--tol 5e-4) ;;
     *) args=(--tol 1e9 --max-kl 0.1) ;;
   esac
-  "$VENVS/llama/bin/python" scripts/interop/check_gguf.py "$W/$q.gguf" "$W/hf" "${args[@]}"
+  "$VENVS/llama/bin/python" scripts/interop/check_gguf.py "$R/$q.gguf" "$R/hf" "${args[@]}"
+done
 done
 echo "interop: transformers and llama.cpp agree with k3mini"

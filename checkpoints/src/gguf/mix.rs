@@ -8,7 +8,8 @@
 //!   mixes; Q8_0 when its rows are not whole 256-blocks.
 //! - Q4_K_M: Q4_K by default; Q6_K for attention-value tensors (`attn_v`, `attn_qkv`, `attn_kv_b`)
 //!   where `use_more_bits(i, n)` holds over their running count, and for `ffn_down` where it holds
-//!   over the layer index: `use_more_bits(i, n) = i < n/8 ∨ i ≥ 7n/8 ∨ (i − n/8) mod 3 = 2`.
+//!   over the layer index (a running count; with experts, the `blk.N` of the name):
+//!   `use_more_bits(i, n) = i < n/8 ∨ i ≥ 7n/8 ∨ (i − n/8) mod 3 = 2`.
 //! - Rows that are not whole blocks fall back: Q4_K → Q5_0, Q6_K → Q8_0, then F16 if those do
 //!   not fit either.
 
@@ -85,6 +86,13 @@ pub fn tensor_types(tensors: &[(&str, &[u64])], n_layers: usize, ftype: FileType
     let default = ftype.default_type();
     let has_output = tensors.iter().any(|(n, _)| *n == "output.weight");
     let n_attn_v = tensors.iter().filter(|(n, _)| is_attn_v(n)).count();
+    // With experts, llama.cpp takes ffn_down's layer from its name (`blk.N.`), not a running count.
+    let has_experts = tensors.iter().any(|(n, _)| n.contains("_exps"));
+    let layer_of = |name: &str| {
+        name.strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|n| n.parse::<usize>().ok())
+    };
     let (mut i_attn_v, mut i_ffn_down) = (0, 0);
     tensors
         .iter()
@@ -114,7 +122,11 @@ pub fn tensor_types(tensors: &[(&str, &[u64])], n_layers: usize, ftype: FileType
                 }
                 i_attn_v += 1;
             } else if name.contains("ffn_down") {
-                if ftype == FileType::Q4KM && use_more_bits(i_ffn_down, n_layers) {
+                let layer = match (has_experts, layer_of(name)) {
+                    (true, Some(l)) => l,
+                    _ => i_ffn_down,
+                };
+                if ftype == FileType::Q4KM && use_more_bits(layer, n_layers) {
                     t = GgmlType::Q6K;
                 }
                 i_ffn_down += 1;
