@@ -9,6 +9,7 @@
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
+//! [train.qat] format = "q4_0" | "mxfp4", start_step
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
 //!             objectives = [{kind, weight, beta | alpha | samples}], temperature
@@ -356,6 +357,19 @@ pub struct TrainConfig {
     /// Consecutive non-finite steps (skipped) before the run stops.
     #[serde(default = "default_max_bad")]
     pub max_bad_steps: usize,
+    /// Quantisation-aware training: fake-quantised linear weights from a step on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qat: Option<QatConfig>,
+}
+
+/// `[train.qat]`: from `start_step` on, the forward pass sees every linear weight quantised to
+/// `format` (blocks of 32), with a straight-through gradient (see `train::qat`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QatConfig {
+    pub format: crate::train::qat::QatFormat,
+    #[serde(default)]
+    pub start_step: usize,
 }
 
 fn yes() -> bool {

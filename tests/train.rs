@@ -332,3 +332,31 @@ fn chat_sources_train_on_the_answer_and_thinking_only() {
     let out = s.0.join("run");
     assert_eq!(train(&r, &opts(&out)).unwrap().last_step, 3);
 }
+
+#[test]
+fn qat_engages_at_its_start_step() {
+    let (plain, p_path) = setup("qat-off", 3, "");
+    let (qat, q_path) = setup(
+        "qat-on",
+        3,
+        "[train.qat]\nformat = \"q4_0\"\nstart_step = 1\n",
+    );
+    let run = |path: &Path, out: PathBuf| {
+        train(&recipe::load(path).unwrap(), &opts(&out)).unwrap();
+        loss_bits(&out)
+    };
+    let (a, b) = (
+        run(&p_path, plain.0.join("out")),
+        run(&q_path, qat.0.join("out")),
+    );
+    assert_eq!(
+        a[0], b[0],
+        "step 1 is before start_step: the same f32 forward"
+    );
+    assert_ne!(a[1], b[1], "from step 2 the forward sees Q4_0 weights");
+    assert!(
+        metrics(&qat.0.join("out"))
+            .iter()
+            .all(|m| m.loss.is_finite())
+    );
+}

@@ -5,5 +5,6 @@ pub mod distill;
 pub mod on_policy;
 pub mod online;
 pub mod optim;
+pub mod qat;
 pub mod schedule;
 pub mod trainer;

@@ -13,6 +13,7 @@ use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
 use crate::train::on_policy::{OnPolicy, OnPolicyStats, SamplingSpec};
 use crate::train::online::{OnlineSpec, OnlineStream, score_batch, split_segments};
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
+use crate::train::qat::fake_quantized;
 use crate::train::schedule::lr_at;
 use anyhow::{Context, Result, bail};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer, OptimizerRecord};
@@ -630,9 +631,15 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         // Σ reverse-KL estimate · tokens, and tokens, over this step's on-policy micro-batches.
         let mut on_policy = (0.0f64, 0usize);
         for micro in 0..recipe.accumulation {
+            // QAT: the forward pass sees fake-quantised linear weights (rebuilt per micro-batch:
+            // each backward consumes its graph); gradients reach `model`'s f32 weights.
+            let forward_model = match &r.train.qat {
+                Some(q) if state.step >= q.start_step => fake_quantized(&model, q.format),
+                _ => model.clone(),
+            };
             // Seeds what a micro-batch samples (sampled-KD targets): a function of the step.
             let seed = r.run.seed ^ ((state.step * recipe.accumulation + micro) as u64 + 1);
-            let (loss, stats) = data.micro_loss(&model, recipe, seed)?;
+            let (loss, stats) = data.micro_loss(&forward_model, recipe, seed)?;
             let loss = loss / recipe.accumulation as f64;
             if let Some(s) = stats {
                 on_policy.0 += s.reverse_kl * s.tokens as f64;
