@@ -62,8 +62,8 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
     })
 }
 
-/// The student tokenizer named by the recipe, where it can be found from here: a built-in
-/// vocabulary, a built-in teacher's (`tokenizer = "teacher"`), or a file relative to the working
+/// The student tokenizer named by the recipe as a shippable tokenizer.json, where it can be found
+/// from here: a built-in teacher's (`tokenizer = "teacher"`) or a file relative to the working
 /// directory.
 pub fn recipe_tokenizer(recipe: &str) -> Option<Tokenizer> {
     let table: toml::Table = recipe.parse().ok()?;
@@ -75,6 +75,10 @@ pub fn recipe_tokenizer(recipe: &str) -> Option<Tokenizer> {
         return k3mini_teacher::gguf::load_tokenizer(&file)
             .ok()
             .map(|t| t.0);
+    }
+    // Built-in vocabularies (Kimi's tiktoken) have no tokenizer.json to ship.
+    if Tokenizer::builtin(spec).is_some() {
+        return None;
     }
     Tokenizer::load(spec).ok()
 }

@@ -27,7 +27,7 @@ pub struct ExportArgs {
     /// GGUF file type: q4_k_m, q4_0, q8_0, f16 or f32.
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
-    /// The tokenizer to ship (default: the recipe's, where it can be found from here).
+    /// The tokenizer.json to ship with --format hf (default: the recipe's, where it can be found).
     #[arg(long)]
     tokenizer: Option<String>,
     /// Also write k3mini's logits for fixed inputs (scripts/interop/check_hf.py compares them).
@@ -38,15 +38,6 @@ pub struct ExportArgs {
 pub fn run(args: ExportArgs) -> Result<()> {
     let ck = open_checkpoint(&args.checkpoint)?;
     check_out(&ck, &args.out)?;
-    let tokenizer = match &args.tokenizer {
-        Some(spec) => Some(Tokenizer::load(spec)?),
-        None => recipe_tokenizer(&ck.recipe),
-    };
-    if tokenizer.is_none() {
-        eprintln!(
-            "note: the recipe's tokenizer was not found from here; pass --tokenizer to ship one"
-        );
-    }
     match args.format {
         Format::Gguf => {
             let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
@@ -59,6 +50,16 @@ pub fn run(args: ExportArgs) -> Result<()> {
             );
         }
         Format::Hf => {
+            let tokenizer = match &args.tokenizer {
+                Some(spec) => Some(Tokenizer::load(spec)?),
+                None => recipe_tokenizer(&ck.recipe),
+            };
+            if tokenizer.is_none() {
+                eprintln!(
+                    "note: no tokenizer.json to ship (the recipe's tokenizer is built in, or not found from \
+                 here); pass --tokenizer FILE to ship one"
+                );
+            }
             for f in export_hf(&ck, tokenizer.as_ref(), &args.out, args.with_reference)? {
                 println!("{}", f.display());
             }
