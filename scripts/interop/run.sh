@@ -5,7 +5,7 @@
 # Needs the environments scripts/interop/setup.sh builds; takes about a minute.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENVS="${K3MINI_CACHE:-$HOME/.cache/k3mini}/venvs"
+VENVS="${K3MINI_CACHE:-${HOME:-}/.cache/k3mini}/venvs"
 BIN="${K3MINI_BIN:-target/debug/k3mini}"
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT

@@ -5,7 +5,7 @@
 # advertised but faults on these VMs, hence GGML_NATIVE=OFF). scripts/interop/run.sh and .ci/run
 # use them when they exist.
 set -euo pipefail
-VENVS="${K3MINI_CACHE:-$HOME/.cache/k3mini}/venvs"
+VENVS="${K3MINI_CACHE:-${HOME:-}/.cache/k3mini}/venvs"
 mkdir -p "$VENVS"
 if [ ! -x "$VENVS/hf/bin/python" ]; then
   python3 -m venv "$VENVS/hf"
