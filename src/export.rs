@@ -66,21 +66,33 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
 /// from here: a built-in teacher's (`tokenizer = "teacher"`) or a file relative to the working
 /// directory.
 pub fn recipe_tokenizer(recipe: &str) -> Option<Tokenizer> {
-    let table: toml::Table = recipe.parse().ok()?;
-    let spec = table.get("data")?.get("tokenizer")?.as_str()?;
-    if spec == crate::recipe::TEACHER_TOKENIZER {
-        let model = table.get("teacher")?.get("model")?.as_str()?;
-        let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(model).ok()?)
-            .ok()?;
-        return k3mini_teacher::gguf::load_tokenizer(&file)
-            .ok()
-            .map(|t| t.0);
+    let (spec, teacher) = tokenizer_of(recipe).ok()?;
+    if let Some(model) = teacher {
+        return crate::teachers::resolve(&model)
+            .and_then(|p| crate::teachers::gguf_tokenizer(&p))
+            .ok();
     }
     // Built-in vocabularies (Kimi's tiktoken) have no tokenizer.json to ship.
-    if Tokenizer::builtin(spec).is_some() {
+    if Tokenizer::builtin(&spec).is_some() {
         return None;
     }
-    Tokenizer::load(spec).ok()
+    Tokenizer::load(&spec).ok()
+}
+
+/// A checkpointed recipe's `data.tokenizer`, and its local teacher's `model` when the student
+/// uses the teacher's tokenizer (`data.tokenizer = "teacher"`).
+fn tokenizer_of(recipe: &str) -> Result<(String, Option<String>)> {
+    let table: toml::Table = recipe.parse()?;
+    let text = |section: &str, key: &str| {
+        table
+            .get(section)
+            .and_then(|t| t.get(key))
+            .and_then(|v| v.as_str())
+            .map(String::from)
+    };
+    let spec = text("data", "tokenizer").unwrap_or_default();
+    let teacher = text("teacher", "model").filter(|_| spec == crate::recipe::TEACHER_TOKENIZER);
+    Ok((spec, teacher))
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -551,24 +563,15 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
 /// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the recipe's
 /// local GGUF teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`).
 pub fn gguf_tokenizer_metadata(recipe: &str) -> Result<Vec<(String, Value)>> {
-    let table: toml::Table = recipe.parse()?;
-    let spec = table
-        .get("data")
-        .and_then(|d| d.get("tokenizer"))
-        .and_then(|t| t.as_str())
-        .unwrap_or_default();
-    let model = table
-        .get("teacher")
-        .and_then(|t| t.get("model"))
-        .and_then(|m| m.as_str());
-    let (crate::recipe::TEACHER_TOKENIZER, Some(model)) = (spec, model) else {
+    let (spec, teacher) = tokenizer_of(recipe)?;
+    let Some(model) = teacher else {
         bail!(
             "GGUF export ships the tokenizer as GGUF metadata, which k3mini copies from a local GGUF \
              teacher whose tokenizer the student uses (data.tokenizer = \"teacher\"); this recipe's \
              tokenizer is {spec:?}"
         );
     };
-    let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(model)?)?;
+    let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(&model)?)?;
     Ok(file
         .keys
         .iter()

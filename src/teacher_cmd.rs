@@ -3,7 +3,7 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::teachers::{recipe_prompts, recipe_teacher, resolve};
+use k3mini::teachers::{gguf_tokenizer, recipe_prompts, recipe_teacher, resolve};
 use k3mini::train::trainer::tokenized_documents;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
@@ -86,8 +86,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             quiet,
         } => generate(&recipe, out, limit, quiet),
         TeacherCommand::Tokenizer { teacher, out } => {
-            let file = k3mini_checkpoints::gguf::GgufFile::open(&resolve(&teacher)?)?;
-            let (tokenizer, _) = k3mini_teacher::gguf::load_tokenizer(&file)?;
+            let tokenizer = gguf_tokenizer(&resolve(&teacher)?)?;
             tokenizer.save(&out)?;
             println!(
                 "{} ({} ids, fingerprint {})",

@@ -31,6 +31,12 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
+/// The tokenizer stored in a GGUF teacher's metadata.
+pub fn gguf_tokenizer(path: &Path) -> Result<k3mini_data::Tokenizer> {
+    let file = k3mini_checkpoints::gguf::GgufFile::open(path)?;
+    Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
+}
+
 /// `teacher.model` of a recipe: a built-in name, or a path relative to the recipe.
 pub fn local_teacher_path(recipe: &LoadedRecipe, model: &str) -> Result<PathBuf> {
     if fetch::known(model, Kind::Teacher).is_some() {

@@ -11,13 +11,14 @@
 //! - `mxfp4` (OCP MX): a power-of-two scale `2^(⌊log₂ amax⌋ − 2)` (UE8M0) per block and E2M1
 //!   elements `±{0, 0.5, 1, 1.5, 2, 3, 4, 6}`, rounded to nearest (ties to even), saturating at 6.
 
-use burn::module::{Module, ModuleMapper, Param};
+use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
 use k3mini_checkpoints::gguf::GgmlType;
 use k3mini_checkpoints::gguf::quantize::quantize;
 use k3mini_checkpoints::gguf::quants::dequantize;
 use k3mini_student::K3Mini;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// The fake-quantisation format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,15 +75,40 @@ pub fn fake_quantize_rows(rows: &[f32], format: QatFormat) -> Vec<f32> {
     }
 }
 
-/// Replaces every `Linear` weight (burn's `[in, out]`, `in` a multiple of 32) with its
-/// straight-through fake-quantised value.
-struct FakeQuant {
+/// Fake-quantises a model's `Linear` weights (burn's `[in, out]`, `in` a multiple of 32) for one
+/// optimizer step: the quantised values are computed once (the weights do not change within a
+/// step) and each `apply` builds a fresh straight-through graph over them, since every
+/// micro-batch's backward consumes its own.
+pub struct FakeQuantizer {
     format: QatFormat,
+    /// Quantised values of each weight, `[out, in]` row-major, by parameter.
+    cache: HashMap<ParamId, Vec<f32>>,
+}
+
+impl FakeQuantizer {
+    pub fn new(format: QatFormat) -> Self {
+        Self {
+            format,
+            cache: HashMap::new(),
+        }
+    }
+
+    /// The model whose linear weights are fake-quantised (gradients reach the original weights).
+    pub fn apply(&mut self, model: &K3Mini) -> K3Mini {
+        model.clone().map(&mut FakeQuant {
+            quantizer: self,
+            containers: Vec::new(),
+        })
+    }
+}
+
+struct FakeQuant<'a> {
+    quantizer: &'a mut FakeQuantizer,
     /// Container types entered, innermost last.
     containers: Vec<String>,
 }
 
-impl ModuleMapper for FakeQuant {
+impl ModuleMapper for FakeQuant<'_> {
     fn enter_module(&mut self, _name: &str, container_type: &str) {
         self.containers.push(container_type.to_string());
     }
@@ -96,36 +122,31 @@ impl ModuleMapper for FakeQuant {
         if D != 2 || !in_linear {
             return param;
         }
-        let format = self.format;
+        let (format, id) = (self.quantizer.format, param.id);
+        let cache = &mut self.quantizer.cache;
         param.map(|w| {
             let [d_in, d_out] = [w.dims()[0], w.dims()[1]];
             if d_in % 32 != 0 {
                 return w;
             }
             // ggml's rows run along the input dimension: quantise w^T [out, in].
-            let rows: Vec<f32> = w
-                .clone()
-                .transpose()
-                .into_data()
-                .convert::<f32>()
-                .try_into_vec()
-                .expect("f32 weights");
-            let q = fake_quantize_rows(&rows, format);
+            let q = cache.entry(id).or_insert_with(|| {
+                let rows: Vec<f32> = w
+                    .clone()
+                    .transpose()
+                    .into_data()
+                    .convert::<f32>()
+                    .try_into_vec()
+                    .expect("f32 weights");
+                fake_quantize_rows(&rows, format)
+            });
             let q: Tensor<D> =
-                Tensor::<2>::from_data(TensorData::new(q, [d_out, d_in]), &w.device())
+                Tensor::<2>::from_data(TensorData::new(q.clone(), [d_out, d_in]), &w.device())
                     .transpose()
                     .reshape(w.dims());
             w.clone() + (q - w).detach()
         })
     }
-}
-
-/// The model whose linear weights are fake-quantised (gradients reach the original weights).
-pub fn fake_quantized(model: &K3Mini, format: QatFormat) -> K3Mini {
-    model.clone().map(&mut FakeQuant {
-        format,
-        containers: Vec::new(),
-    })
 }
 
 #[cfg(test)]
@@ -173,7 +194,7 @@ mod tests {
         );
         for format in [QatFormat::Q4_0, QatFormat::Mxfp4] {
             // The STE model, and a model whose weights simply are the quantised values.
-            let fq = fake_quantized(&model, format);
+            let fq = FakeQuantizer::new(format).apply(&model);
             let loss = fq.forward(ids.clone()).powi_scalar(2).mean();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             let hard = fq.clone().valid();

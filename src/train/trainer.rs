@@ -13,7 +13,7 @@ use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
 use crate::train::on_policy::{OnPolicy, OnPolicyStats, SamplingSpec};
 use crate::train::online::{OnlineSpec, OnlineStream, score_batch, split_segments};
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
-use crate::train::qat::fake_quantized;
+use crate::train::qat::FakeQuantizer;
 use crate::train::schedule::lr_at;
 use anyhow::{Context, Result, bail};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer, OptimizerRecord};
@@ -413,9 +413,7 @@ fn teacher_tokenizer_or(recipe: &LoadedRecipe) -> Result<Tokenizer> {
         .as_ref()
         .and_then(|t| t.model.as_ref())
         .expect("the recipe check requires a local [teacher] for tokenizer = \"teacher\"");
-    let path = crate::teachers::local_teacher_path(recipe, model)?;
-    let file = k3mini_checkpoints::gguf::GgufFile::open(&path)?;
-    Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
+    crate::teachers::gguf_tokenizer(&crate::teachers::local_teacher_path(recipe, model)?)
 }
 
 /// The on-policy sampler: `[teacher.generate]`'s prompts that leave room for a completion.
@@ -630,12 +628,15 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
         let mut loss_sum = 0.0f64;
         // Σ reverse-KL estimate · tokens, and tokens, over this step's on-policy micro-batches.
         let mut on_policy = (0.0f64, 0usize);
+        // QAT: the forward pass sees fake-quantised linear weights; gradients reach `model`'s.
+        let mut qat = match &r.train.qat {
+            Some(q) if state.step >= q.start_step => Some(FakeQuantizer::new(q.format)),
+            _ => None,
+        };
         for micro in 0..recipe.accumulation {
-            // QAT: the forward pass sees fake-quantised linear weights (rebuilt per micro-batch:
-            // each backward consumes its graph); gradients reach `model`'s f32 weights.
-            let forward_model = match &r.train.qat {
-                Some(q) if state.step >= q.start_step => fake_quantized(&model, q.format),
-                _ => model.clone(),
+            let forward_model = match &mut qat {
+                Some(q) => q.apply(&model),
+                None => model.clone(),
             };
             // Seeds what a micro-batch samples (sampled-KD targets): a function of the step.
             let seed = r.run.seed ^ ((state.step * recipe.accumulation + micro) as u64 + 1);
