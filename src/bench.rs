@@ -4,7 +4,9 @@ use crate::model_cmd::bytes;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::{Args, Subcommand, ValueEnum};
+use k3mini::export::bench_export;
 use k3mini::train::bench::bench_recipe;
+use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
 use k3mini_student::info::training_memory;
@@ -35,6 +37,19 @@ pub enum BenchCommand {
         seq_len: usize,
         #[arg(long, default_value_t = 8)]
         segments: usize,
+    },
+    /// `export --format gguf` of a freshly initialised preset: seconds and file size per file type.
+    Export {
+        #[arg(long, default_value = "smoke-300m")]
+        preset: String,
+        /// Comma-separated file types.
+        #[arg(long, default_value = "f32,q8_0,q4_0,q4_k_m")]
+        quant: String,
+        /// Where the checkpoint and the GGUF files go (kept, e.g. for scripts/bench/decode.py).
+        #[arg(long, default_value = "bench-export")]
+        out: std::path::PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// The README's table: tiny and ~50M, chunked and naive, each in its own process.
     All {
@@ -106,6 +121,37 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 println!(
                     "| {} | {} | {} x {} | {:.1} | {:.1} |",
                     r.kernel, r.seq_len, r.heads, r.head_dim, r.forward_ms, r.forward_backward_ms
+                );
+            }
+            Ok(())
+        }
+        BenchCommand::Export {
+            preset,
+            quant,
+            out,
+            json,
+        } => {
+            let quants = quant
+                .split(',')
+                .map(|q| FileType::parse(q.trim()).map_err(anyhow::Error::msg))
+                .collect::<Result<Vec<_>>>()?;
+            let rows = bench_export(&preset, &quants, &out)?;
+            if json {
+                println!("{}", serde_json::to_string(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "| preset | params | file type | arch | export s | size | file |\n|---|---|---|---|---|---|---|"
+            );
+            for r in rows {
+                println!(
+                    "| {preset} | {:.1}M | {} | {} | {:.1} | {} | {} |",
+                    r.params as f64 / 1e6,
+                    r.quant,
+                    r.arch,
+                    r.seconds,
+                    bytes(r.bytes as usize),
+                    r.path.display()
                 );
             }
             Ok(())

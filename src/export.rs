@@ -6,6 +6,11 @@
 //! `tokenizer.json`. Every file is written atomically. `--with-reference` adds
 //! `k3mini_reference.safetensors`: fixed input ids and k3mini's logits for them, which
 //! `scripts/interop/check_hf.py` compares with transformers' forward of the export.
+//!
+//! `--format gguf` maps the student to llama.cpp's `kimi-linear` or, for students with K3
+//! features, `kimi-k3` ([`GgufArch`]), quantised with ggml's own quantisers in llama.cpp's
+//! tensor-type mix; its `--with-reference` writes `FILE.reference.safetensors` for
+//! `scripts/interop/check_gguf.py`.
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -14,7 +19,9 @@ use k3mini_checkpoints::gguf::mix::{FileType, tensor_types};
 use k3mini_checkpoints::gguf::quantize::quantize;
 use k3mini_checkpoints::gguf::writer::GgufWriter;
 use k3mini_data::Tokenizer;
-use k3mini_student::hf::{config_to_kimi_linear, load_hf_bytes};
+use k3mini_student::config::Activation;
+use k3mini_student::hf::{config_to_kimi_linear, kimi_linear_gap, load_hf_bytes};
+use k3mini_student::mlp::{SITU_BETA, SITU_LINEAR_BETA};
 use k3mini_student::presets::from_recipe_toml;
 use k3mini_student::{K3Mini, LayerKind, ModelConfig};
 use std::path::{Path, PathBuf};
@@ -147,6 +154,11 @@ pub fn export_hf(
     Ok(written)
 }
 
+/// Writes [`reference_logits`] to `path` (atomically).
+pub fn write_reference(ck: &Checkpoint, path: &Path) -> Result<()> {
+    write_atomic(path, &reference_logits(ck)?)
+}
+
 /// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors.
 fn reference_logits(ck: &Checkpoint) -> Result<Vec<u8>> {
     let device = Device::default();
@@ -229,240 +241,328 @@ fn hf_tensors(
         .collect()
 }
 
-/// Checkpoint tensors not yet mapped.
-struct Source<'a> {
-    tensors: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
-    dir: &'a Path,
+/// The llama.cpp architecture a student maps to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufArch {
+    /// `kimi-linear`: Kimi Linear's own graph, for students without K3 features.
+    KimiLinear,
+    /// `kimi-k3`: adds AttnRes, SiTU, the MLA output gate and q-LoRA, the full-rank and safe KDA
+    /// gates, and LatentMoE.
+    KimiK3,
 }
 
-impl Source<'_> {
+impl GgufArch {
+    /// `kimi-linear` where it expresses the student (the graph more llama.cpp builds have),
+    /// `kimi-k3` otherwise.
+    pub fn for_config(cfg: &ModelConfig) -> Self {
+        if kimi_linear_gap(cfg).is_none() && cfg.mla.q_lora_rank.is_none() {
+            Self::KimiLinear
+        } else {
+            Self::KimiK3
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::KimiLinear => "kimi-linear",
+            Self::KimiK3 => "kimi-k3",
+        }
+    }
+}
+
+/// kimi-k3 applies SiTU in every FFN. SwiGLU is its limit as the caps go to infinity: with
+/// β = 1e6, `β·tanh(g/β) = g·(1 − (g/β)²/3 + …)` equals `g` to f32 rounding for |g| < 100, and a
+/// linear β of 0 turns the up-branch cap off (llama.cpp's convention).
+const SWIGLU_AS_SITU: (f32, f32) = (1e6, 0.0);
+
+/// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
+type GgufTensor = (String, Vec<u64>, Vec<f32>);
+
+/// Moves checkpoint tensors (transformers names) into GGUF tensors, so that a tensor left over at
+/// the end is one the mapping forgot.
+struct Mapper<'a> {
+    tensors: std::collections::HashMap<String, (Vec<usize>, Vec<f32>)>,
+    dir: &'a Path,
+    out: Vec<GgufTensor>,
+}
+
+impl Mapper<'_> {
     fn take(&mut self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
         self.tensors
             .remove(name)
             .with_context(|| format!("checkpoint {}: no tensor {name}", self.dir.display()))
     }
+
+    fn push(&mut self, name: String, ne: Vec<u64>, values: Vec<f32>) {
+        self.out.push((name, ne, values));
+    }
+
+    /// Same data under a new name; ggml's `ne` is the numpy shape reversed.
+    fn plain(&mut self, from: &str, to: String) -> Result<()> {
+        let (shape, v) = self.take(from)?;
+        self.push(to, shape.iter().rev().map(|&d| d as u64).collect(), v);
+        Ok(())
+    }
+
+    /// An AttnRes point as kimi-k3's score vector: `w · RMSNorm_γ(v) = (γ ⊙ w) · v̂`, so llama.cpp
+    /// stores the product of the pseudo-query and the key norm's weight.
+    fn res_score(&mut self, from: &str, to: String) -> Result<()> {
+        let (_, query) = self.take(&format!("{from}.query"))?;
+        let (_, gamma) = self.take(&format!("{from}.key_norm.weight"))?;
+        let score = query.iter().zip(&gamma).map(|(w, g)| w * g).collect();
+        self.push(to, vec![query.len() as u64], score);
+        Ok(())
+    }
+
+    /// An MoE block: the router, its score-correction bias, the routed experts stacked as 3-D
+    /// tensors (transformers' fused `gate_up_proj [E, 2I, d]` split into gate and up), LatentMoE's
+    /// projections and norm, and the shared expert.
+    fn moe(&mut self, p: &str, b: &str) -> Result<()> {
+        let m = format!("{p}.mlp");
+        self.plain(
+            &format!("{m}.gate.weight"),
+            format!("{b}.ffn_gate_inp.weight"),
+        )?;
+        self.plain(
+            &format!("{m}.gate.e_score_correction_bias"),
+            format!("{b}.exp_probs_b.bias"),
+        )?;
+        let (shape, gate_up) = self.take(&format!("{m}.experts.gate_up_proj"))?;
+        let (e, two_i, d) = (shape[0], shape[1], shape[2]);
+        let i = two_i / 2;
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
+        for expert in gate_up.chunks_exact(two_i * d) {
+            gate.extend_from_slice(&expert[..i * d]);
+            up.extend_from_slice(&expert[i * d..]);
+        }
+        let ne = vec![d as u64, i as u64, e as u64];
+        self.push(format!("{b}.ffn_gate_exps.weight"), ne.clone(), gate);
+        self.push(format!("{b}.ffn_up_exps.weight"), ne, up);
+        self.plain(
+            &format!("{m}.experts.down_proj"),
+            format!("{b}.ffn_down_exps.weight"),
+        )?;
+        if self
+            .tensors
+            .contains_key(&format!("{m}.latent_down_proj.weight"))
+        {
+            for (from, to) in [
+                ("latent_down_proj.weight", "ffn_routed_down.weight"),
+                ("latent_norm.weight", "ffn_routed_norm.weight"),
+                ("latent_up_proj.weight", "ffn_routed_up.weight"),
+            ] {
+                self.plain(&format!("{m}.{from}"), format!("{b}.{to}"))?;
+            }
+        }
+        for (from, to) in [
+            ("gate_proj", "gate"),
+            ("up_proj", "up"),
+            ("down_proj", "down"),
+        ] {
+            self.plain(
+                &format!("{m}.shared_experts.{from}.weight"),
+                format!("{b}.ffn_{to}_shexp.weight"),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A KDA mixer, mapped as llama.cpp's converters map Kimi Linear and K3 checkpoints: the fused
+    /// conv split into q/k/v, `ssm_a = −exp(A_log)` and `dt_bias` as `ssm_dt.bias`. kimi-linear
+    /// keeps the low-rank output gate `g_b·g_a`; kimi-k3 has one full-rank `ssm_g`, which a
+    /// low-rank student fills with the product.
+    fn kda(&mut self, a: &str, b: &str, arch: GgufArch) -> Result<()> {
+        for (from, to) in [
+            ("q_proj", "attn_q"),
+            ("k_proj", "attn_k"),
+            ("v_proj", "attn_v"),
+        ] {
+            self.plain(&format!("{a}.{from}.weight"), format!("{b}.{to}.weight"))?;
+        }
+        // conv1d [3D, 1, K] (channels q | k | v) → three [D, 1, K], ne [K, 1, D].
+        let (shape, v) = self.take(&format!("{a}.conv1d.weight"))?;
+        let (channels, k) = (shape[0], shape[2]);
+        let d = channels / 3;
+        for (j, name) in ["q", "k", "v"].iter().enumerate() {
+            let part = v[j * d * k..(j + 1) * d * k].to_vec();
+            self.push(
+                format!("{b}.ssm_conv1d_{name}.weight"),
+                vec![k as u64, 1, d as u64],
+                part,
+            );
+        }
+        let g = format!("{a}.forget_gate");
+        self.plain(
+            &format!("{g}.f_a_proj.weight"),
+            format!("{b}.ssm_f_a.weight"),
+        )?;
+        self.plain(
+            &format!("{g}.f_b_proj.weight"),
+            format!("{b}.ssm_f_b.weight"),
+        )?;
+        self.plain(
+            &format!("{a}.b_proj.weight"),
+            format!("{b}.ssm_beta.weight"),
+        )?;
+        let (_, a_log) = self.take(&format!("{g}.A_log"))?;
+        let heads = a_log.len() as u64;
+        // kimi-linear's ssm_a is [1, H] (as its checkpoints); K3's a plain [H].
+        let ne = match arch {
+            GgufArch::KimiLinear => vec![1, heads],
+            GgufArch::KimiK3 => vec![heads],
+        };
+        self.push(
+            format!("{b}.ssm_a"),
+            ne,
+            a_log.iter().map(|x| -x.exp()).collect(),
+        );
+        self.plain(&format!("{g}.dt_bias"), format!("{b}.ssm_dt.bias"))?;
+        let low_rank = format!("{a}.g_a_proj.weight");
+        match (arch, self.tensors.contains_key(&low_rank)) {
+            (GgufArch::KimiLinear, _) => {
+                self.plain(&low_rank, format!("{b}.ssm_g_a.weight"))?;
+                self.plain(
+                    &format!("{a}.g_b_proj.weight"),
+                    format!("{b}.ssm_g_b.weight"),
+                )?;
+            }
+            (GgufArch::KimiK3, true) => {
+                let (sa, ga) = self.take(&low_rank)?; // [r, d]
+                let (sb, gb) = self.take(&format!("{a}.g_b_proj.weight"))?; // [HD, r]
+                let (r, dm, hd) = (sa[0], sa[1], sb[0]);
+                let mut full = vec![0f32; hd * dm]; // [HD, d] = g_b · g_a
+                for (row, out) in full.chunks_exact_mut(dm).enumerate() {
+                    for j in 0..r {
+                        let w = gb[row * r + j];
+                        for (o, x) in out.iter_mut().zip(&ga[j * dm..(j + 1) * dm]) {
+                            *o += w * x;
+                        }
+                    }
+                }
+                self.push(
+                    format!("{b}.ssm_g.weight"),
+                    vec![dm as u64, hd as u64],
+                    full,
+                );
+            }
+            (GgufArch::KimiK3, false) => {
+                self.plain(&format!("{a}.g_b_proj.weight"), format!("{b}.ssm_g.weight"))?;
+            }
+        }
+        self.plain(
+            &format!("{a}.o_norm.weight"),
+            format!("{b}.ssm_norm.weight"),
+        )
+    }
+
+    /// A Gated MLA mixer: q (or K3's q-LoRA), the compressed KV, `kv_b` split per head into
+    /// `attn_k_b` (transposed) and `attn_v_b`, and K3's output gate.
+    fn mla(&mut self, a: &str, b: &str, cfg: &ModelConfig) -> Result<()> {
+        if cfg.mla.q_lora_rank.is_some() {
+            for (from, to) in [
+                ("q_a_proj.weight", "attn_q_a.weight"),
+                ("q_a_layernorm.weight", "attn_q_a_norm.weight"),
+                ("q_b_proj.weight", "attn_q_b.weight"),
+            ] {
+                self.plain(&format!("{a}.{from}"), format!("{b}.{to}"))?;
+            }
+        } else {
+            self.plain(&format!("{a}.q_proj.weight"), format!("{b}.attn_q.weight"))?;
+        }
+        self.plain(
+            &format!("{a}.kv_a_proj_with_mqa.weight"),
+            format!("{b}.attn_kv_a_mqa.weight"),
+        )?;
+        self.plain(
+            &format!("{a}.kv_a_layernorm.weight"),
+            format!("{b}.attn_kv_a_norm.weight"),
+        )?;
+        // kv_b [H·(nope + v), r] per head [nope | v] → k_b [H, r, nope] (transposed), v_b [H, v, r].
+        let (_, kv_b) = self.take(&format!("{a}.kv_b_proj.weight"))?;
+        let (h, r) = (cfg.n_heads, cfg.mla.kv_lora_rank);
+        let (nope, vd) = (cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim);
+        let (mut k_b, mut v_b) = (Vec::new(), Vec::new());
+        for head in 0..h {
+            let rows = &kv_b[head * (nope + vd) * r..(head + 1) * (nope + vd) * r];
+            for c in 0..r {
+                k_b.extend((0..nope).map(|n| rows[n * r + c]));
+            }
+            v_b.extend_from_slice(&rows[nope * r..]);
+        }
+        self.push(
+            format!("{b}.attn_k_b.weight"),
+            vec![nope as u64, r as u64, h as u64],
+            k_b,
+        );
+        self.push(
+            format!("{b}.attn_v_b.weight"),
+            vec![r as u64, vd as u64, h as u64],
+            v_b,
+        );
+        if cfg.mla.output_gate {
+            self.plain(
+                &format!("{a}.g_proj.weight"),
+                format!("{b}.attn_gate.weight"),
+            )?;
+        }
+        Ok(())
+    }
 }
 
-/// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
-type GgufTensor = (String, Vec<u64>, Vec<f32>);
-
-/// An MoE block: the router, its score-correction bias, the routed experts stacked as 3-D tensors
-/// (transformers' fused `gate_up_proj [E, 2I, d]` split into gate and up) and the shared expert.
-fn moe_layer(src: &mut Source, out: &mut Vec<GgufTensor>, p: &str, b: &str) -> Result<()> {
-    let m = format!("{p}.mlp");
-    let (shape, router) = src.take(&format!("{m}.gate.weight"))?;
-    out.push((
-        format!("{b}.ffn_gate_inp.weight"),
-        vec![shape[1] as u64, shape[0] as u64],
-        router,
-    ));
-    let (shape, bias) = src.take(&format!("{m}.gate.e_score_correction_bias"))?;
-    out.push((format!("{b}.exp_probs_b.bias"), vec![shape[0] as u64], bias));
-    let (shape, gate_up) = src.take(&format!("{m}.experts.gate_up_proj"))?;
-    let (e, two_i, d) = (shape[0], shape[1], shape[2]);
-    let i = two_i / 2;
-    let (mut gate, mut up) = (Vec::new(), Vec::new());
-    for expert in gate_up.chunks_exact(two_i * d) {
-        gate.extend_from_slice(&expert[..i * d]);
-        up.extend_from_slice(&expert[i * d..]);
-    }
-    let ne = vec![d as u64, i as u64, e as u64];
-    out.push((format!("{b}.ffn_gate_exps.weight"), ne.clone(), gate));
-    out.push((format!("{b}.ffn_up_exps.weight"), ne, up));
-    let (shape, down) = src.take(&format!("{m}.experts.down_proj"))?;
-    out.push((
-        format!("{b}.ffn_down_exps.weight"),
-        shape.iter().rev().map(|&x| x as u64).collect(),
-        down,
-    ));
-    for (from, to) in [
-        ("gate_proj", "gate"),
-        ("up_proj", "up"),
-        ("down_proj", "down"),
-    ] {
-        let (shape, v) = src.take(&format!("{m}.shared_experts.{from}.weight"))?;
-        out.push((
-            format!("{b}.ffn_{to}_shexp.weight"),
-            shape.iter().rev().map(|&x| x as u64).collect(),
-            v,
-        ));
-    }
-    Ok(())
-}
-
-/// The dense K3 Mini hybrid as llama.cpp's `kimi-linear` architecture (metadata and f32 tensors),
-/// mapped as llama.cpp's converter (conversion/kimi_linear.py) maps Kimi Linear checkpoints:
-/// the fused KDA conv split into q/k/v, `ssm_a = −exp(A_log)`, `dt_bias` as `ssm_dt.bias`, and
-/// MLA's `kv_b` split per head into `attn_k_b` (transposed) and `attn_v_b`.
-pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTensor>)> {
+/// The student as a llama.cpp GGUF (metadata and f32 tensors) of architecture
+/// [`GgufArch::for_config`], mapped as llama.cpp's converters (conversion/kimi_linear.py,
+/// kimi_k3.py) map Moonshot's checkpoints. What neither architecture expresses is refused by name.
+pub fn student_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTensor>)> {
     let cfg = &ck.config;
-    // Kimi Linear's constraints first (config_to_kimi_linear names what cannot be expressed).
-    config_to_kimi_linear(cfg, [None; 3])?;
-    if cfg.mla.q_lora_rank.is_some() {
-        bail!("llama.cpp's kimi-linear has no MLA q-LoRA: export with q_lora_rank unset");
+    let arch = GgufArch::for_config(cfg);
+    if let Some(ar) = &cfg.attn_res
+        && ar.block_size == 1
+    {
+        bail!(
+            "attn_res.block_size = 1 (full AttnRes) has no llama.cpp equivalent: kimi-k3 mixes \
+             over blocks of whole layers (an even block_size)"
+        );
     }
     let kinds = cfg.layer_kinds()?;
-    let mut src = Source {
+    let mut m = Mapper {
         tensors: hf_tensors(ck)?,
         dir: &ck.dir,
+        out: Vec::new(),
     };
-    let mut out: Vec<GgufTensor> = Vec::new();
-    let plain =
-        |src: &mut Source, out: &mut Vec<GgufTensor>, from: &str, to: String| -> Result<()> {
-            let (shape, v) = src.take(from)?;
-            // ggml's `ne` is the numpy shape reversed; the data layout is the same.
-            out.push((to, shape.iter().rev().map(|&d| d as u64).collect(), v));
-            Ok(())
-        };
-    plain(
-        &mut src,
-        &mut out,
-        "model.embed_tokens.weight",
-        "token_embd.weight".into(),
-    )?;
+    m.plain("model.embed_tokens.weight", "token_embd.weight".into())?;
     for (i, kind) in kinds.iter().enumerate() {
         let p = format!("model.layers.{i}");
         let b = format!("blk.{i}");
-        plain(
-            &mut src,
-            &mut out,
+        if cfg.attn_res.is_some() {
+            let score = format!("{b}.attn_res_score.weight");
+            if i == 0 {
+                // Layer 0's mixer reads the embedding alone, so k3mini has no depth attention
+                // there and llama.cpp skips the mix; its loader still wants the tensor.
+                m.push(score, vec![cfg.d_model as u64], vec![0.0; cfg.d_model]);
+            } else {
+                m.res_score(&format!("{p}.attn_res"), score)?;
+            }
+            m.res_score(&format!("{p}.mlp_res"), format!("{b}.ffn_res_score.weight"))?;
+        }
+        m.plain(
             &format!("{p}.input_layernorm.weight"),
             format!("{b}.attn_norm.weight"),
         )?;
         let a = format!("{p}.self_attn");
         match kind {
-            LayerKind::Kda => {
-                for (from, to) in [
-                    ("q_proj", "attn_q"),
-                    ("k_proj", "attn_k"),
-                    ("v_proj", "attn_v"),
-                ] {
-                    plain(
-                        &mut src,
-                        &mut out,
-                        &format!("{a}.{from}.weight"),
-                        format!("{b}.{to}.weight"),
-                    )?;
-                }
-                // conv1d [3D, 1, K] (channels q | k | v) → three [D, 1, K], ne [K, 1, D].
-                let (shape, v) = src.take(&format!("{a}.conv1d.weight"))?;
-                let (channels, k) = (shape[0], shape[2]);
-                let d = channels / 3;
-                for (j, name) in ["q", "k", "v"].iter().enumerate() {
-                    let part = v[j * d * k..(j + 1) * d * k].to_vec();
-                    out.push((
-                        format!("{b}.ssm_conv1d_{name}.weight"),
-                        vec![k as u64, 1, d as u64],
-                        part,
-                    ));
-                }
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.forget_gate.f_a_proj.weight"),
-                    format!("{b}.ssm_f_a.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.forget_gate.f_b_proj.weight"),
-                    format!("{b}.ssm_f_b.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.b_proj.weight"),
-                    format!("{b}.ssm_beta.weight"),
-                )?;
-                let (_, a_log) = src.take(&format!("{a}.forget_gate.A_log"))?;
-                let heads = a_log.len() as u64;
-                out.push((
-                    format!("{b}.ssm_a"),
-                    vec![1, heads],
-                    a_log.iter().map(|x| -x.exp()).collect(),
-                ));
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.forget_gate.dt_bias"),
-                    format!("{b}.ssm_dt.bias"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.g_a_proj.weight"),
-                    format!("{b}.ssm_g_a.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.g_b_proj.weight"),
-                    format!("{b}.ssm_g_b.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.o_norm.weight"),
-                    format!("{b}.ssm_norm.weight"),
-                )?;
-            }
-            LayerKind::Mla => {
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.q_proj.weight"),
-                    format!("{b}.attn_q.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.kv_a_proj_with_mqa.weight"),
-                    format!("{b}.attn_kv_a_mqa.weight"),
-                )?;
-                plain(
-                    &mut src,
-                    &mut out,
-                    &format!("{a}.kv_a_layernorm.weight"),
-                    format!("{b}.attn_kv_a_norm.weight"),
-                )?;
-                // kv_b [H·(nope + v), r] per head [nope | v] → k_b [H, r, nope] (transposed), v_b [H, v, r].
-                let (_, kv_b) = src.take(&format!("{a}.kv_b_proj.weight"))?;
-                let (h, r) = (cfg.n_heads, cfg.mla.kv_lora_rank);
-                let (nope, vd) = (cfg.mla.qk_nope_head_dim, cfg.mla.v_head_dim);
-                let (mut k_b, mut v_b) = (Vec::new(), Vec::new());
-                for head in 0..h {
-                    let rows = &kv_b[head * (nope + vd) * r..(head + 1) * (nope + vd) * r];
-                    for c in 0..r {
-                        k_b.extend((0..nope).map(|n| rows[n * r + c]));
-                    }
-                    v_b.extend_from_slice(&rows[nope * r..]);
-                }
-                out.push((
-                    format!("{b}.attn_k_b.weight"),
-                    vec![nope as u64, r as u64, h as u64],
-                    k_b,
-                ));
-                out.push((
-                    format!("{b}.attn_v_b.weight"),
-                    vec![r as u64, vd as u64, h as u64],
-                    v_b,
-                ));
-            }
+            LayerKind::Kda => m.kda(&a, &b, arch)?,
+            LayerKind::Mla => m.mla(&a, &b, cfg)?,
         }
-        plain(
-            &mut src,
-            &mut out,
+        m.plain(
             &format!("{a}.o_proj.weight"),
             format!("{b}.attn_output.weight"),
         )?;
-        plain(
-            &mut src,
-            &mut out,
+        m.plain(
             &format!("{p}.post_attention_layernorm.weight"),
             format!("{b}.ffn_norm.weight"),
         )?;
         if cfg.is_moe_layer(i) {
-            moe_layer(&mut src, &mut out, &p, &b)?;
+            m.moe(&p, &b)?;
             continue;
         }
         for (from, to) in [
@@ -470,30 +570,37 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
             ("up_proj", "ffn_up"),
             ("down_proj", "ffn_down"),
         ] {
-            plain(
-                &mut src,
-                &mut out,
+            m.plain(
                 &format!("{p}.mlp.{from}.weight"),
                 format!("{b}.{to}.weight"),
             )?;
         }
     }
-    plain(
-        &mut src,
-        &mut out,
-        "model.norm.weight",
-        "output_norm.weight".into(),
-    )?;
-    plain(&mut src, &mut out, "lm_head.weight", "output.weight".into())?;
-    if let Some(left) = src.tensors.keys().next() {
-        bail!("checkpoint tensor {left} has no kimi-linear counterpart");
+    if cfg.attn_res.is_some() {
+        m.res_score("model.final_res", "output_res_score.weight".into())?;
     }
-    let arch = "kimi-linear";
+    m.plain("model.norm.weight", "output_norm.weight".into())?;
+    m.plain("lm_head.weight", "output.weight".into())?;
+    if let Some(left) = m.tensors.keys().next() {
+        bail!(
+            "checkpoint tensor {left} has no {} counterpart",
+            arch.name()
+        );
+    }
+    Ok((gguf_metadata(cfg, arch, &kinds), m.out))
+}
+
+/// The architecture's hyperparameter keys.
+fn gguf_metadata(cfg: &ModelConfig, arch: GgufArch, kinds: &[LayerKind]) -> Vec<(String, Value)> {
+    let name = arch.name();
     let u = |x: usize| Value::U32(x as u32);
-    let k = |key: &str| format!("{arch}.{key}");
+    let k = |key: &str| format!("{name}.{key}");
     let (mla, kda) = (&cfg.mla, &cfg.kda);
-    let metadata = vec![
-        ("general.architecture".into(), Value::String(arch.into())),
+    // Dense students still give the MoE keys llama.cpp requires, with every block dense.
+    let moe = cfg.moe.as_ref();
+    let head_count_kv = kinds.iter().map(|k| u((*k == LayerKind::Mla) as usize));
+    let mut metadata = vec![
+        ("general.architecture".into(), Value::String(name.into())),
         ("general.name".into(), Value::String("K3 Mini".into())),
         (k("context_length"), u(cfg.max_seq_len)),
         (k("embedding_length"), u(cfg.d_model)),
@@ -502,12 +609,7 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
         (k("attention.head_count"), u(cfg.n_heads)),
         (
             k("attention.head_count_kv"),
-            Value::Array(
-                kinds
-                    .iter()
-                    .map(|k| u((*k == LayerKind::Mla) as usize))
-                    .collect(),
-            ),
+            Value::Array(head_count_kv.collect()),
         ),
         (
             k("attention.layer_norm_rms_epsilon"),
@@ -528,11 +630,6 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
         (k("attention.value_length_mla"), u(mla.v_head_dim)),
         (k("ssm.conv_kernel"), u(kda.conv_kernel)),
         (k("kda.head_dim"), u(kda.head_dim)),
-    ];
-    // Dense students still give the MoE keys llama.cpp requires, with every block dense.
-    let moe = cfg.moe.as_ref();
-    let mut metadata = metadata;
-    metadata.extend([
         (
             k("expert_feed_forward_length"),
             u(moe.map_or(cfg.ffn_hidden, |m| m.expert_hidden)),
@@ -550,14 +647,39 @@ pub fn kimi_linear_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<Gg
             Value::F32(moe.map_or(1.0, |m| m.routed_scaling_factor) as f32),
         ),
         (k("expert_gating_func"), u(2)), // sigmoid, as Kimi's router
-    ]);
+    ];
     if let Some(m) = moe {
         metadata.extend([
             (k("expert_count"), u(m.num_experts)),
             (k("expert_used_count"), u(m.top_k)),
         ]);
     }
-    Ok((metadata, out))
+    if arch == GgufArch::KimiK3 {
+        let (beta, linear_beta) = match cfg.activation {
+            Activation::Situ => (SITU_BETA as f32, SITU_LINEAR_BETA as f32),
+            Activation::Swiglu => SWIGLU_AS_SITU,
+        };
+        metadata.extend([
+            // llama.cpp counts AttnRes blocks in layers, k3mini in sub-layers; 0 = off.
+            (
+                k("attn_res.block_size"),
+                u(cfg.attn_res.as_ref().map_or(0, |a| a.block_size / 2)),
+            ),
+            (k("activation.situ_beta"), Value::F32(beta)),
+            (k("activation.situ_linear_beta"), Value::F32(linear_beta)),
+            (k("expert_weights_norm"), Value::Bool(true)),
+        ]);
+        if let Some(r) = mla.q_lora_rank {
+            metadata.push((k("attention.q_lora_rank"), u(r)));
+        }
+        if let Some(lb) = kda.gate_lower_bound {
+            metadata.push((k("kda.gate_lower_bound"), Value::F32(lb as f32)));
+        }
+        if let Some(l) = moe.and_then(|m| m.latent_dim) {
+            metadata.push((k("expert_latent_length"), u(l)));
+        }
+    }
+    metadata
 }
 
 /// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the recipe's
@@ -582,7 +704,7 @@ pub fn gguf_tokenizer_metadata(recipe: &str) -> Result<Vec<(String, Value)>> {
 
 /// Writes the student as a llama.cpp GGUF of file type `ftype`; returns the bytes written.
 pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> {
-    let (metadata, tensors) = kimi_linear_gguf(ck)?;
+    let (metadata, tensors) = student_gguf(ck)?;
     let tokenizer = gguf_tokenizer_metadata(&ck.recipe)?;
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {
@@ -606,4 +728,61 @@ pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> 
         std::fs::create_dir_all(dir)?;
     }
     Ok(w.write(out)?)
+}
+
+/// One export of [`bench_export`].
+#[derive(Debug, serde::Serialize)]
+pub struct ExportTiming {
+    pub quant: String,
+    pub arch: &'static str,
+    pub params: usize,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub path: PathBuf,
+}
+
+/// Times `k3mini export --format gguf` of a freshly initialised `preset` student (the export's
+/// cost does not depend on the weights' values) for each file type, writing the files into `dir`.
+/// The checkpoint's recipe names the SmolLM2 teacher's tokenizer, so the preset's vocabulary must
+/// be SmolLM2's (`smoke-300m`, `tiny` with `vocab_size = 49152`).
+pub fn bench_export(preset: &str, quants: &[FileType], dir: &Path) -> Result<Vec<ExportTiming>> {
+    let recipe = format!(
+        "[run]\nname = \"bench-export\"\n[model]\npreset = \"{preset}\"\n[data]\ntokenizer = \
+         \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n"
+    );
+    let cfg = from_recipe_toml(&recipe)?;
+    let device = Device::default();
+    let model = K3Mini::new(&cfg, &device)?;
+    let params = k3mini_student::info::param_breakdown(&cfg).total();
+    let ck_dir = dir.join("checkpoint");
+    k3mini_checkpoints::write(
+        &ck_dir,
+        0,
+        &[
+            (
+                "model.safetensors",
+                k3mini_student::hf::to_hf_bytes(&model).map_err(anyhow::Error::msg)?,
+            ),
+            ("recipe.toml", recipe.into_bytes()),
+        ],
+        1,
+    )?;
+    drop(model);
+    let ck = open_checkpoint(&ck_dir)?;
+    quants
+        .iter()
+        .map(|&q| {
+            let path = dir.join(format!("{preset}.{}.gguf", q.name()));
+            let t0 = std::time::Instant::now();
+            let bytes = export_gguf(&ck, q, &path)?;
+            Ok(ExportTiming {
+                quant: q.name().into(),
+                arch: GgufArch::for_config(&ck.config).name(),
+                params,
+                seconds: t0.elapsed().as_secs_f64(),
+                bytes,
+                path,
+            })
+        })
+        .collect()
 }

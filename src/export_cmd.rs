@@ -2,7 +2,9 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
-use k3mini::export::{check_out, export_gguf, export_hf, open_checkpoint, recipe_tokenizer};
+use k3mini::export::{
+    GgufArch, check_out, export_gguf, export_hf, open_checkpoint, recipe_tokenizer, write_reference,
+};
 use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_data::Tokenizer;
 use std::path::PathBuf;
@@ -11,7 +13,7 @@ use std::path::PathBuf;
 enum Format {
     /// safetensors + config.json (+ tokenizer.json) for transformers' KimiLinearForCausalLM.
     Hf,
-    /// A llama.cpp GGUF (architecture kimi-linear), quantised per --quant.
+    /// A llama.cpp GGUF (kimi-linear, or kimi-k3 for K3 features), quantised per --quant.
     Gguf,
 }
 
@@ -30,7 +32,8 @@ pub struct ExportArgs {
     /// The tokenizer.json to ship with --format hf (default: the recipe's, where it can be found).
     #[arg(long)]
     tokenizer: Option<String>,
-    /// Also write k3mini's logits for fixed inputs (scripts/interop/check_hf.py compares them).
+    /// Also write k3mini's logits for fixed inputs: into the hf directory, or next to the GGUF as
+    /// FILE.reference.safetensors (scripts/interop/check_hf.py and check_gguf.py compare them).
     #[arg(long)]
     with_reference: bool,
 }
@@ -43,11 +46,17 @@ pub fn run(args: ExportArgs) -> Result<()> {
             let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
             let bytes = export_gguf(&ck, ftype, &args.out)?;
             println!(
-                "{} ({:.1} MB, {})",
+                "{} ({:.1} MB, {}, {})",
                 args.out.display(),
                 bytes as f64 / 1e6,
+                GgufArch::for_config(&ck.config).name(),
                 args.quant
             );
+            if args.with_reference {
+                let reference = args.out.with_extension("reference.safetensors");
+                write_reference(&ck, &reference)?;
+                println!("{}", reference.display());
+            }
         }
         Format::Hf => {
             let tokenizer = match &args.tokenizer {

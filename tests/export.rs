@@ -208,3 +208,125 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     assert!(!dir.join("own.gguf").exists());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn gguf_export_maps_k3_features_to_kimi_k3_and_refuses_full_attn_res() {
+    // llama.cpp runs these files in scripts/interop/run.sh (students `k3` and `k3moe`).
+    let dir = std::env::temp_dir().join(format!("k3mini-gguf-k3-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let teacher = "[data]\ntokenizer = \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n";
+    let k3 = "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64\n\
+              [model.kda]\nhead_dim = 64\ngate_rank = 16\ngate_lower_bound = -5.0\n\
+              [model.mla]\nq_lora_rank = 48\nkv_lora_rank = 32\nqk_nope_head_dim = 16\n\
+              qk_rope_head_dim = 8\nv_head_dim = 16\noutput_gate = true\n\
+              [model.attn_res]\nblock_size = 4";
+    let model = checkpoint_with(&dir.join("k3"), k3, teacher);
+    let path = dir.join("k3.gguf");
+    export_gguf(
+        &open_checkpoint(&dir.join("k3")).unwrap(),
+        FileType::F32,
+        &path,
+    )
+    .unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let key = |k: &str| f.get(&format!("kimi-k3.{k}")).cloned();
+    assert_eq!(
+        f.get("general.architecture").and_then(Value::as_str),
+        Some("kimi-k3")
+    );
+    assert_eq!(
+        key("attn_res.block_size"),
+        Some(Value::U32(2)),
+        "4 sub-layers = 2 layers"
+    );
+    assert_eq!(key("kda.gate_lower_bound"), Some(Value::F32(-5.0)));
+    assert_eq!(key("attention.q_lora_rank"), Some(Value::U32(48)));
+    assert_eq!(
+        key("activation.situ_linear_beta"),
+        Some(Value::F32(0.0)),
+        "SwiGLU as SiTU"
+    );
+    for name in [
+        "blk.0.attn_res_score.weight",
+        "blk.0.ffn_res_score.weight",
+        "output_res_score.weight",
+        "blk.3.attn_q_a.weight",
+        "blk.3.attn_q_a_norm.weight",
+        "blk.3.attn_q_b.weight",
+        "blk.3.attn_gate.weight",
+    ] {
+        assert!(f.tensor(name).is_some(), "{name}");
+    }
+    assert_eq!(
+        f.dequantize("blk.0.ssm_a").unwrap().1,
+        [2],
+        "K3's ssm_a is 1-D"
+    );
+    // The low-rank output gate becomes kimi-k3's full-rank ssm_g = g_b · g_a.
+    let (g, ne) = f.dequantize("blk.0.ssm_g.weight").unwrap();
+    assert_eq!(ne, [64, 128]);
+    let kda = match &model.model.layers[0].self_attn {
+        k3mini_student::model::Mixer::Kda(k) => k,
+        _ => unreachable!("tiny starts with KDA"),
+    };
+    let product = kda
+        .g_b_proj
+        .weight
+        .val()
+        .transpose()
+        .matmul(kda.g_a_proj.as_ref().unwrap().weight.val().transpose());
+    let want: Vec<f32> = product.into_data().try_into_vec().unwrap();
+    let err = g
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(err < 1e-6, "ssm_g differs from g_b·g_a by {err}");
+    // LatentMoE and SiTU: routed experts in the latent width, SiTU's own caps.
+    let moe = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
+               n_heads = 2\nffn_hidden = 128\nactivation = \"situ\"\n[model.kda]\nhead_dim = 32\n\
+               gate_rank = 32\n[model.mla]\nkv_lora_rank = 32\nqk_nope_head_dim = 16\n\
+               qk_rope_head_dim = 8\nv_head_dim = 16\n[model.moe]\nnum_experts = 4\ntop_k = 2\n\
+               expert_hidden = 32\nlatent_dim = 16";
+    checkpoint_with(&dir.join("moe"), moe, teacher);
+    let path = dir.join("moe.gguf");
+    export_gguf(
+        &open_checkpoint(&dir.join("moe")).unwrap(),
+        FileType::F32,
+        &path,
+    )
+    .unwrap();
+    let m = GgufFile::open(&path).unwrap();
+    assert_eq!(m.get("kimi-k3.expert_latent_length"), Some(&Value::U32(16)));
+    assert_eq!(
+        m.get("kimi-k3.activation.situ_beta"),
+        Some(&Value::F32(4.0))
+    );
+    assert_eq!(
+        m.tensor("blk.1.ffn_gate_exps.weight").unwrap().dims,
+        [16, 32, 4]
+    );
+    assert_eq!(
+        m.tensor("blk.1.ffn_routed_down.weight").unwrap().dims,
+        [64, 16]
+    );
+    assert_eq!(
+        m.tensor("blk.1.ffn_routed_up.weight").unwrap().dims,
+        [16, 64]
+    );
+    assert_eq!(m.tensor("blk.1.ffn_routed_norm.weight").unwrap().dims, [16]);
+    // Full AttnRes (every sub-layer its own block) has no llama.cpp graph: refused by name.
+    let full =
+        "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64\n[model.attn_res]\nblock_size = 1";
+    checkpoint_with(&dir.join("full"), full, teacher);
+    let e = export_gguf(
+        &open_checkpoint(&dir.join("full")).unwrap(),
+        FileType::F32,
+        &dir.join("full.gguf"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("attn_res.block_size = 1"), "{e}");
+    assert!(!dir.join("full.gguf").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,14 +1,16 @@
 """Runs a `k3mini export --format gguf` file in llama.cpp (llama-cpp-python 0.3.36, CPU) on the
-reference inputs of a `k3mini export --format hf --with-reference` directory and compares the
+reference inputs written by `k3mini export --with-reference` (an hf directory, or the
+FILE.reference.safetensors next to a GGUF) and compares the
 logits with k3mini's: max |Δ logit|, top-1 agreement and the mean KL(k3mini ‖ llama.cpp).
 Exits non-zero when max |Δ| exceeds --tol or the KL exceeds --max-kl. The default --tol is 5e-4:
 llama.cpp's own F32 forward of the distilled student is 1.2e-4 from a float64 transformers forward,
 while k3mini's is 1.2e-5. For quantised files the error is the quantisation's: gate on --max-kl.
 
     CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install llama-cpp-python==0.3.36 numpy safetensors
-    python scripts/interop/check_gguf.py MODEL.gguf REFERENCE_DIR [--tol 5e-4] [--max-kl X]
+    python scripts/interop/check_gguf.py MODEL.gguf REFERENCE [--tol 5e-4] [--max-kl X]
 """
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -24,11 +26,14 @@ def log_softmax(x):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
-    ap.add_argument("reference_dir")
+    ap.add_argument("reference", help="an hf export directory or a .safetensors reference file")
     ap.add_argument("--tol", type=float, default=5e-4)
     ap.add_argument("--max-kl", type=float, default=float("inf"))
     args = ap.parse_args()
-    ref = load_file(f"{args.reference_dir}/k3mini_reference.safetensors")
+    ref_path = args.reference
+    if os.path.isdir(ref_path):
+        ref_path = os.path.join(ref_path, "k3mini_reference.safetensors")
+    ref = load_file(ref_path)
     ids, want = ref["input_ids"], ref["logits"]
     llm = Llama(model_path=args.gguf, logits_all=True, n_ctx=max(64, ids.shape[1]), n_batch=ids.shape[1],
                 n_threads=2, verbose=False)

@@ -146,6 +146,25 @@ pub fn config_from_kimi_linear(v: &Value) -> Result<ModelConfig, HfError> {
     Ok(config)
 }
 
+/// The first K3 feature of `cfg` that Kimi Linear cannot express, as (config field, feature name).
+pub fn kimi_linear_gap(cfg: &ModelConfig) -> Option<(&'static str, &'static str)> {
+    if cfg.attn_res.is_some() {
+        Some(("attn_res", "Attention Residuals (AttnRes)"))
+    } else if cfg.activation != Activation::Swiglu {
+        Some(("activation", "the SiTU activation"))
+    } else if cfg.mla.output_gate {
+        Some(("mla.output_gate", "the MLA output gate"))
+    } else if cfg.kda.gate_lower_bound.is_some() {
+        Some(("kda.gate_lower_bound", "a KDA gate lower bound"))
+    } else if cfg.kda.gate_rank != Some(cfg.kda.head_dim) {
+        Some(("kda.gate_rank", "a KDA gate rank other than head_dim"))
+    } else if cfg.moe.as_ref().is_some_and(|m| m.latent_dim.is_some()) {
+        Some(("moe.latent_dim", "LatentMoE"))
+    } else {
+        None
+    }
+}
+
 /// The Kimi Linear config.json of `cfg`, for transformers' `KimiLinearForCausalLM` (and vLLM /
 /// SGLang, which load it natively). Features Kimi Linear cannot express are refused, naming them.
 /// `special` holds the tokenizer's (bos, eos, pad) ids where it has them.
@@ -153,31 +172,13 @@ pub fn config_to_kimi_linear(
     cfg: &ModelConfig,
     special: [Option<u32>; 3],
 ) -> Result<Value, HfError> {
-    let refuse = |field: &str, feature: &str| {
-        Err(cfg_err(
+    if let Some((field, feature)) = kimi_linear_gap(cfg) {
+        return Err(cfg_err(
             field,
             format!(
                 "{feature} has no Kimi Linear equivalent (transformers' KimiLinearForCausalLM)"
             ),
-        ))
-    };
-    if cfg.attn_res.is_some() {
-        return refuse("attn_res", "Attention Residuals (AttnRes)");
-    }
-    if cfg.activation != Activation::Swiglu {
-        return refuse("activation", "the SiTU activation");
-    }
-    if cfg.mla.output_gate {
-        return refuse("mla.output_gate", "the MLA output gate");
-    }
-    if cfg.kda.gate_lower_bound.is_some() {
-        return refuse("kda.gate_lower_bound", "a KDA gate lower bound");
-    }
-    if cfg.kda.gate_rank != Some(cfg.kda.head_dim) {
-        return refuse("kda.gate_rank", "a KDA gate rank other than head_dim");
-    }
-    if cfg.moe.as_ref().is_some_and(|m| m.latent_dim.is_some()) {
-        return refuse("moe.latent_dim", "LatentMoE");
+        ));
     }
     let kinds = cfg
         .layer_kinds()

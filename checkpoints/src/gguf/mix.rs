@@ -26,19 +26,29 @@ pub enum FileType {
 }
 
 impl FileType {
+    /// Every file type with the name `--quant` takes.
+    pub const ALL: [(&'static str, Self); 5] = [
+        ("f32", Self::F32),
+        ("f16", Self::F16),
+        ("q8_0", Self::Q8_0),
+        ("q4_0", Self::Q4_0),
+        ("q4_k_m", Self::Q4KM),
+    ];
+
     pub fn parse(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "f32" => Self::F32,
-            "f16" => Self::F16,
-            "q8_0" => Self::Q8_0,
-            "q4_0" => Self::Q4_0,
-            "q4_k_m" => Self::Q4KM,
-            other => {
-                return Err(format!(
-                    "unknown quantisation {other:?}: f32, f16, q8_0, q4_0 or q4_k_m"
-                ));
-            }
-        })
+        Self::ALL
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|&(_, t)| t)
+            .ok_or_else(|| format!("unknown quantisation {s:?}: f32, f16, q8_0, q4_0 or q4_k_m"))
+    }
+
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, t)| *t == self)
+            .expect("listed")
+            .0
     }
 
     /// `general.file_type`.
