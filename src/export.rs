@@ -702,6 +702,32 @@ pub fn gguf_tokenizer_metadata(recipe: &str) -> Result<Vec<(String, Value)>> {
         .collect())
 }
 
+/// `f` over `items` on every core (tensors quantise independently; K-quants are slow), in order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers.min(items.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("quantiser thread panicked"))
+            .collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
 /// Writes the student as a llama.cpp GGUF of file type `ftype`; returns the bytes written.
 pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> {
     let (metadata, tensors) = student_gguf(ck)?;
@@ -719,9 +745,21 @@ pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> 
         .map(|(n, ne, _)| (n.as_str(), &ne[..]))
         .collect();
     let types = tensor_types(&shapes, ck.config.n_layers, ftype);
-    for ((name, ne, values), ty) in tensors.iter().zip(types) {
-        let bytes = quantize(ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
-        w.add_tensor(name, ne, ty, bytes)
+    let jobs: Vec<_> = tensors.iter().zip(types).collect();
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "quantising {bar:30} {pos}/{len} tensors {elapsed}",
+        )
+        .expect("template"),
+    );
+    let quantised = parallel_map(&jobs, |((name, _, values), ty)| {
+        let bytes = quantize(*ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"));
+        bar.inc(1);
+        bytes
+    });
+    bar.finish_and_clear();
+    for (((name, ne, _), ty), bytes) in jobs.iter().zip(quantised) {
+        w.add_tensor(name, ne, *ty, bytes?)
             .map_err(anyhow::Error::msg)?;
     }
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {

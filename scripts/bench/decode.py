@@ -3,7 +3,7 @@ CPU): for each file and context length, prefill that many tokens, then decode --
 a time (greedy), and report prefill tokens/s, decode tokens/s and the bytes of the sequence's state
 (llama.cpp's KV cache plus, for KDA layers, the fixed recurrent state).
 
-    python scripts/bench/decode.py A.gguf [B.gguf ...] [--contexts 512,8192] [--tokens 32] [--threads 2]
+    python scripts/bench/decode.py A.gguf [B.gguf ...] [--contexts 512,8192] [--tokens 32] [--threads 2] [--flash-attn]
 """
 import argparse
 import json
@@ -14,9 +14,9 @@ import numpy as np
 from llama_cpp import Llama
 
 
-def run(path, ctx, tokens, threads):
+def run(path, ctx, tokens, threads, flash_attn):
     llm = Llama(model_path=path, n_ctx=ctx + tokens, n_batch=512, n_threads=threads,
-                n_threads_batch=threads, verbose=False)
+                n_threads_batch=threads, flash_attn=flash_attn, verbose=False)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, llm.n_vocab(), size=ctx)]
     t0 = time.perf_counter()
@@ -24,7 +24,8 @@ def run(path, ctx, tokens, threads):
     prefill = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(tokens):
-        llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        last = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))  # the last token's
+        llm.eval([int(np.argmax(last))])
     decode = time.perf_counter() - t0
     state = llama_cpp.llama_state_seq_get_size(llm.ctx, 0)
     return {"file": path, "context": ctx, "prefill_tok_s": ctx / prefill, "decode_tok_s": tokens / decode,
@@ -37,9 +38,10 @@ def main():
     ap.add_argument("--contexts", default="512,8192")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--flash-attn", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    rows = [run(p, int(c), args.tokens, args.threads) for p in args.gguf for c in args.contexts.split(",")]
+    rows = [run(p, int(c), args.tokens, args.threads, args.flash_attn) for p in args.gguf for c in args.contexts.split(",")]
     if args.json:
         print(json.dumps(rows, indent=2))
         return
