@@ -144,7 +144,10 @@ pub fn export_hf(
         serde_json::to_string_pretty(&config)?.as_bytes(),
     )?;
     if with_reference {
-        put("k3mini_reference.safetensors", &reference_logits(ck)?)?;
+        put(
+            "k3mini_reference.safetensors",
+            &reference_logits(ck, tokenizer)?,
+        )?;
     }
     if let Some(t) = tokenizer {
         let path = out.join("tokenizer.json");
@@ -155,12 +158,17 @@ pub fn export_hf(
 }
 
 /// Writes [`reference_logits`] to `path` (atomically).
-pub fn write_reference(ck: &Checkpoint, path: &Path) -> Result<()> {
-    write_atomic(path, &reference_logits(ck)?)
+pub fn write_reference(ck: &Checkpoint, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<()> {
+    write_atomic(path, &reference_logits(ck, tokenizer)?)
 }
 
-/// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors.
-fn reference_logits(ck: &Checkpoint) -> Result<Vec<u8>> {
+/// A text with spaces, newlines, punctuation, digits and non-ASCII, for tokenizer checks.
+const REFERENCE_TEXT: &str =
+    "To be, or not to be: that is the question.\n  Whether 'tis nobler — Act III, 1603.\n";
+
+/// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors; with a
+/// tokenizer, also `text_ids`, its encoding of the `text` in the metadata.
+fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Vec<u8>> {
     let device = Device::default();
     let model = load_model(ck, &device)?;
     let (rows, t) = (2usize, 40usize);
@@ -189,7 +197,11 @@ fn reference_logits(ck: &Checkpoint) -> Result<Vec<u8>> {
             .iter()
             .for_each(|x| b.extend_from_slice(&x.to_le_bytes()))
     });
-    let views = [
+    let text_ids: Option<Vec<u8>> = tokenizer
+        .map(|t| t.encode(REFERENCE_TEXT))
+        .transpose()?
+        .map(|ids| ids.iter().flat_map(|&i| (i as i64).to_le_bytes()).collect());
+    let mut views = vec![
         (
             "input_ids",
             safetensors::tensor::TensorView::new(
@@ -207,7 +219,14 @@ fn reference_logits(ck: &Checkpoint) -> Result<Vec<u8>> {
             )?,
         ),
     ];
-    Ok(safetensors::serialize(views, None)?)
+    let mut metadata = None;
+    if let Some(b) = &text_ids {
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![b.len() / 8], b)?;
+        views.push(("text_ids", view));
+        metadata = Some([("text".to_string(), REFERENCE_TEXT.to_string())].into());
+    }
+    Ok(safetensors::serialize(views, metadata)?)
 }
 
 /// Refuses an output path that would overwrite the checkpoint itself.
@@ -683,23 +702,136 @@ fn gguf_metadata(cfg: &ModelConfig, arch: GgufArch, kinds: &[LayerKind]) -> Vec<
 }
 
 /// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the recipe's
-/// local GGUF teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`).
-pub fn gguf_tokenizer_metadata(recipe: &str) -> Result<Vec<(String, Value)>> {
+/// local GGUF teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`), else
+/// converted from the student's tokenizer.json (`tokenizer`, or the recipe's where it can be
+/// found from here).
+pub fn gguf_tokenizer_metadata(
+    recipe: &str,
+    tokenizer: Option<&Tokenizer>,
+    n_vocab: usize,
+) -> Result<Vec<(String, Value)>> {
     let (spec, teacher) = tokenizer_of(recipe)?;
-    let Some(model) = teacher else {
+    if let (Some(model), None) = (teacher, tokenizer) {
+        let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(&model)?)?;
+        return Ok(file
+            .keys
+            .iter()
+            .filter(|k| k.starts_with("tokenizer."))
+            .map(|k| (k.clone(), file.get(k).expect("listed").clone()))
+            .collect());
+    }
+    let found = tokenizer.cloned().or_else(|| recipe_tokenizer(recipe));
+    let json = found.as_ref().and_then(Tokenizer::json).with_context(|| {
+        format!(
+            "the GGUF carries the tokenizer, and the recipe's ({spec:?}) is not a tokenizer.json \
+             found from here: pass --tokenizer FILE"
+        )
+    })?;
+    bpe_tokenizer_metadata(&serde_json::from_str(&json)?, n_vocab)
+}
+
+/// A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer, as convert_hf_to_gguf.py
+/// writes it: tokens by id (ids the model has beyond the vocabulary as `[PAD{i}]`, unused),
+/// special added tokens as control tokens, merges as "a b", and the GPT-2 pre-tokenizer (`gpt-2`), which is
+/// what a `ByteLevel` pre-tokenizer with `use_regex` splits by. Anything else is refused by name.
+pub fn bpe_tokenizer_metadata(
+    json: &serde_json::Value,
+    n_vocab: usize,
+) -> Result<Vec<(String, Value)>> {
+    const NORMAL: i32 = 1;
+    const CONTROL: i32 = 3;
+    const USER_DEFINED: i32 = 4;
+    const UNUSED: i32 = 5;
+    let model = &json["model"];
+    if model["type"] != "BPE" {
         bail!(
-            "GGUF export ships the tokenizer as GGUF metadata, which k3mini copies from a local GGUF \
-             teacher whose tokenizer the student uses (data.tokenizer = \"teacher\"); this recipe's \
-             tokenizer is {spec:?}"
+            "tokenizer model {}: only byte-level BPE converts to GGUF",
+            model["type"]
         );
-    };
-    let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(&model)?)?;
-    Ok(file
-        .keys
+    }
+    let pre = &json["pre_tokenizer"];
+    if pre["type"] != "ByteLevel" || pre["use_regex"] == false || !json["normalizer"].is_null() {
+        bail!(
+            "tokenizer pre-tokenizer {pre} / normalizer {}: llama.cpp's gpt2 pre-tokenizer is \
+             ByteLevel with use_regex and no normalizer",
+            json["normalizer"]
+        );
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .context("tokenizer.json: no model.vocab")?;
+    let mut tokens: Vec<Option<String>> = vec![None; n_vocab];
+    let mut types = vec![NORMAL; tokens.len()];
+    for (piece, id) in vocab {
+        let id = id.as_u64().context("tokenizer.json: a non-integer id")? as usize;
+        anyhow::ensure!(
+            id < n_vocab,
+            "tokenizer token {piece:?} has id {id}, past the student's {n_vocab} ids"
+        );
+        tokens[id] = Some(piece.clone());
+    }
+    let mut eos = None;
+    for added in json["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(content)) = (added["id"].as_u64(), added["content"].as_str()) else {
+            bail!("tokenizer.json: malformed added token {added}");
+        };
+        let id = id as usize;
+        anyhow::ensure!(
+            id < n_vocab,
+            "tokenizer token {content:?} has id {id}, past the student's {n_vocab} ids"
+        );
+        tokens[id] = Some(content.into());
+        types[id] = if added["special"] == true {
+            CONTROL
+        } else {
+            USER_DEFINED
+        };
+        if content == k3mini_data::tokenizer::BPE_EOS {
+            eos = Some(id as u32);
+        }
+    }
+    let tokens: Vec<Value> = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Value::String(t.unwrap_or_else(|| {
+                types[i] = UNUSED;
+                format!("[PAD{i}]")
+            }))
+        })
+        .collect();
+    let merges = model["merges"]
+        .as_array()
+        .context("tokenizer.json: no model.merges")?
         .iter()
-        .filter(|k| k.starts_with("tokenizer."))
-        .map(|k| (k.clone(), file.get(k).expect("listed").clone()))
-        .collect())
+        .map(|m| match (m.as_str(), m.as_array()) {
+            (Some(s), _) => Ok(Value::String(s.into())),
+            (_, Some(pair)) if pair.len() == 2 => Ok(Value::String(format!(
+                "{} {}",
+                pair[0].as_str().unwrap_or_default(),
+                pair[1].as_str().unwrap_or_default()
+            ))),
+            _ => bail!("tokenizer.json: malformed merge {m}"),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut metadata = vec![
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        ("tokenizer.ggml.merges".into(), Value::Array(merges)),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ];
+    if let Some(id) = eos {
+        metadata.extend([
+            ("tokenizer.ggml.bos_token_id".into(), Value::U32(id)),
+            ("tokenizer.ggml.eos_token_id".into(), Value::U32(id)),
+        ]);
+    }
+    Ok(metadata)
 }
 
 /// `f` over `items` on every core (tensors quantise independently; K-quants are slow), in order.
@@ -728,10 +860,16 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
     out.into_iter().map(|(_, r)| r).collect()
 }
 
-/// Writes the student as a llama.cpp GGUF of file type `ftype`; returns the bytes written.
-pub fn export_gguf(ck: &Checkpoint, ftype: FileType, out: &Path) -> Result<u64> {
+/// Writes the student as a llama.cpp GGUF of file type `ftype` with its tokenizer (see
+/// [`gguf_tokenizer_metadata`]); returns the bytes written.
+pub fn export_gguf(
+    ck: &Checkpoint,
+    ftype: FileType,
+    tokenizer: Option<&Tokenizer>,
+    out: &Path,
+) -> Result<u64> {
     let (metadata, tensors) = student_gguf(ck)?;
-    let tokenizer = gguf_tokenizer_metadata(&ck.recipe)?;
+    let tokenizer = gguf_tokenizer_metadata(&ck.recipe, tokenizer, ck.config.vocab_size)?;
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {
         w.set(&k, v);
@@ -812,7 +950,7 @@ pub fn bench_export(preset: &str, quants: &[FileType], dir: &Path) -> Result<Vec
         .map(|&q| {
             let path = dir.join(format!("{preset}.{}.gguf", q.name()));
             let t0 = std::time::Instant::now();
-            let bytes = export_gguf(&ck, q, &path)?;
+            let bytes = export_gguf(&ck, q, None, &path)?;
             Ok(ExportTiming {
                 quant: q.name().into(),
                 arch: GgufArch::for_config(&ck.config).name(),

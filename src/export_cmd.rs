@@ -29,7 +29,8 @@ pub struct ExportArgs {
     /// GGUF file type: q4_k_m, q4_0, q8_0, f16 or f32.
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
-    /// The tokenizer.json to ship with --format hf (default: the recipe's, where it can be found).
+    /// The student's tokenizer.json, to ship (default: the recipe's, where it can be found from here;
+    /// a GGUF teacher's for `data.tokenizer = "teacher"`).
     #[arg(long)]
     tokenizer: Option<String>,
     /// Also write k3mini's logits for fixed inputs: into the hf directory, or next to the GGUF as
@@ -41,10 +42,12 @@ pub struct ExportArgs {
 pub fn run(args: ExportArgs) -> Result<()> {
     let ck = open_checkpoint(&args.checkpoint)?;
     check_out(&ck, &args.out)?;
+    let given = args.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
+    let tokenizer = given.clone().or_else(|| recipe_tokenizer(&ck.recipe));
     match args.format {
         Format::Gguf => {
             let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
-            let bytes = export_gguf(&ck, ftype, &args.out)?;
+            let bytes = export_gguf(&ck, ftype, given.as_ref(), &args.out)?;
             println!(
                 "{} ({:.1} MB, {}, {})",
                 args.out.display(),
@@ -54,15 +57,11 @@ pub fn run(args: ExportArgs) -> Result<()> {
             );
             if args.with_reference {
                 let reference = args.out.with_extension("reference.safetensors");
-                write_reference(&ck, &reference)?;
+                write_reference(&ck, tokenizer.as_ref(), &reference)?;
                 println!("{}", reference.display());
             }
         }
         Format::Hf => {
-            let tokenizer = match &args.tokenizer {
-                Some(spec) => Some(Tokenizer::load(spec)?),
-                None => recipe_tokenizer(&ck.recipe),
-            };
             if tokenizer.is_none() {
                 eprintln!(
                     "note: no tokenizer.json to ship (the recipe's tokenizer is built in, or not found from \

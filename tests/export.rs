@@ -110,7 +110,7 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     );
     let ck = open_checkpoint(&run).unwrap();
     let f32_path = dir.join("m-f32.gguf");
-    export_gguf(&ck, FileType::F32, &f32_path).unwrap();
+    export_gguf(&ck, FileType::F32, None, &f32_path).unwrap();
     let f = GgufFile::open(&f32_path).unwrap();
     assert_eq!(
         f.get("general.architecture").and_then(Value::as_str),
@@ -148,7 +148,7 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     assert_eq!(f.tensor("blk.3.attn_k_b.weight").unwrap().dims.len(), 3);
     // Q4_K_M follows llama.cpp's mix: the output Q6_K, norms F32, 64-wide rows Q5_0.
     let q_path = dir.join("m-q4km.gguf");
-    export_gguf(&ck, FileType::Q4KM, &q_path).unwrap();
+    export_gguf(&ck, FileType::Q4KM, None, &q_path).unwrap();
     let q = GgufFile::open(&q_path).unwrap();
     let ty = |n: &str| q.tensor(n).unwrap().ty;
     assert_eq!(
@@ -170,6 +170,7 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     export_gguf(
         &open_checkpoint(&moe_run).unwrap(),
         FileType::F32,
+        None,
         &moe_path,
     )
     .unwrap();
@@ -194,18 +195,50 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     assert_eq!(m.tensor("blk.1.ffn_gate_inp.weight").unwrap().dims, [64, 4]);
     assert_eq!(m.tensor("blk.1.exp_probs_b.bias").unwrap().dims, [4]);
     assert!(m.tensor("blk.1.ffn_up_shexp.weight").is_some());
-    // A student whose tokenizer is not a GGUF teacher's cannot ship one yet: refused, nothing written.
+    // A student with a tokenizer of its own: its tokenizer.json becomes llama.cpp's gpt2 tokenizer.
     let own = dir.join("own");
-    checkpoint(&own, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");
+    checkpoint(&own, "preset = \"tiny\"\nvocab_size = 4096\nd_model = 64");
+    let own_ck = open_checkpoint(&own).unwrap();
+    let e = export_gguf(&own_ck, FileType::F32, None, &dir.join("own.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("pass --tokenizer FILE"), "{e}");
+    assert!(!dir.join("own.gguf").exists(), "nothing written on refusal");
+    let bpe = k3mini_data::Tokenizer::load(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/recipes/corpus/shakespeare-bpe4k.json"
+    ))
+    .unwrap();
+    export_gguf(&own_ck, FileType::F32, Some(&bpe), &dir.join("own.gguf")).unwrap();
+    let o = GgufFile::open(&dir.join("own.gguf")).unwrap();
+    assert_eq!(
+        o.get("tokenizer.ggml.model").and_then(Value::as_str),
+        Some("gpt2")
+    );
+    let tokens = o
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_array)
+        .unwrap();
+    assert_eq!(tokens.len(), 4096);
+    assert_eq!(tokens[0].as_str(), Some("<|endoftext|>"));
+    assert_eq!(o.get("tokenizer.ggml.eos_token_id"), Some(&Value::U32(0)));
+    let merges = o
+        .get("tokenizer.ggml.merges")
+        .and_then(Value::as_array)
+        .unwrap();
+    assert_eq!(merges[0].as_str(), Some("Ġ t"));
+    // A tokenizer with more ids than the student has rows is refused.
+    let small = dir.join("small");
+    checkpoint(&small, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");
     let e = export_gguf(
-        &open_checkpoint(&own).unwrap(),
+        &open_checkpoint(&small).unwrap(),
         FileType::F32,
-        &dir.join("own.gguf"),
+        Some(&bpe),
+        &dir.join("s.gguf"),
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("tokenizer"), "{e}");
-    assert!(!dir.join("own.gguf").exists());
+    assert!(e.contains("past the student's 512 ids"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -225,6 +258,7 @@ fn gguf_export_maps_k3_features_to_kimi_k3_and_refuses_full_attn_res() {
     export_gguf(
         &open_checkpoint(&dir.join("k3")).unwrap(),
         FileType::F32,
+        None,
         &path,
     )
     .unwrap();
@@ -293,6 +327,7 @@ fn gguf_export_maps_k3_features_to_kimi_k3_and_refuses_full_attn_res() {
     export_gguf(
         &open_checkpoint(&dir.join("moe")).unwrap(),
         FileType::F32,
+        None,
         &path,
     )
     .unwrap();
@@ -322,6 +357,7 @@ fn gguf_export_maps_k3_features_to_kimi_k3_and_refuses_full_attn_res() {
     let e = export_gguf(
         &open_checkpoint(&dir.join("full")).unwrap(),
         FileType::F32,
+        None,
         &dir.join("full.gguf"),
     )
     .unwrap_err()

@@ -148,6 +148,14 @@ impl Tokenizer {
         std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))
     }
 
+    /// The `tokenizer.json` text of a file-backed tokenizer; `None` for built-in vocabularies.
+    pub fn json(&self) -> Option<String> {
+        match self {
+            Self::Hf { tokenizer, .. } => tokenizer.to_string(false).ok(),
+            Self::Tiktoken { .. } => None,
+        }
+    }
+
     /// Where the tokenizer came from.
     pub fn name(&self) -> &str {
         match self {

@@ -2,7 +2,9 @@
 reference inputs written by `k3mini export --with-reference` (an hf directory, or the
 FILE.reference.safetensors next to a GGUF) and compares the
 logits with k3mini's: max |Δ logit|, top-1 agreement and the mean KL(k3mini ‖ llama.cpp).
-Exits non-zero when max |Δ| exceeds --tol or the KL exceeds --max-kl. The default --tol is 5e-4:
+Where the reference carries k3mini's encoding of a text (`text_ids`), llama.cpp must tokenise the
+text to the same ids. Exits non-zero on a tokenisation difference, when max |Δ| exceeds --tol, or
+when the KL exceeds --max-kl. The default --tol is 5e-4:
 llama.cpp's own F32 forward of the distilled student is 1.2e-4 from a float64 transformers forward,
 while k3mini's is 1.2e-5. For quantised files the error is the quantisation's: gate on --max-kl.
 
@@ -15,6 +17,7 @@ import sys
 
 import numpy as np
 from llama_cpp import Llama
+from safetensors import safe_open
 from safetensors.numpy import load_file
 
 
@@ -37,6 +40,14 @@ def main():
     ids, want = ref["input_ids"], ref["logits"]
     llm = Llama(model_path=args.gguf, logits_all=True, n_ctx=max(64, ids.shape[1]), n_batch=ids.shape[1],
                 n_threads=2, verbose=False)
+    if "text_ids" in ref:
+        with safe_open(ref_path, "np") as f:
+            text = f.metadata()["text"]
+        got_ids = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        if got_ids != ref["text_ids"].tolist():
+            print(f"tokenizer: llama.cpp {got_ids} != k3mini {ref['text_ids'].tolist()} for {text!r}")
+            sys.exit(1)
+        print(f"tokenizer: llama.cpp encodes the reference text to k3mini's {len(got_ids)} ids")
     got = []
     for row in ids:
         llm.reset()

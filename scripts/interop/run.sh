@@ -59,8 +59,13 @@ latent_dim = 32
 block_size = 2"
 K3MOE="${K3MOE/max_seq_len = 512/max_seq_len = 512
 activation = \"situ\"}"
-for student in dense moe k3 k3moe; do
+# And a student with a tokenizer of its own (byte-level BPE, 4096 ids), trained on plain text.
+OWN='preset = "tiny"
+vocab_size = 4096
+d_model = 64'
+for student in dense moe k3 k3moe own; do
   case "$student" in
+    own) MODEL="$OWN" ;;
     dense) MODEL="$DENSE" ;;
     moe) MODEL="$MOE" ;;
     k3) MODEL="$K3" ;;
@@ -69,6 +74,18 @@ for student in dense moe k3 k3moe; do
   R="$W/$student"
   mkdir -p "$R"
   cp "$W"/*.txt "$R/"
+  TOKENIZER=teacher
+  DISTILL='[teacher]
+model = "smollm2"
+k = 8
+segments_per_shard = 8
+shards_dir = "'"$W"'/shards"
+[distill]
+objectives = [{ kind = "forward_kl", weight = 0.5 }, { kind = "ce", weight = 0.5 }]'
+  if [ "$student" = own ]; then
+    TOKENIZER="$PWD/recipes/corpus/shakespeare-bpe4k.json"
+    DISTILL=""
+  fi
 cat > "$R/interop.toml" <<TOML
 [run]
 name = "interop"
@@ -77,7 +94,7 @@ out_dir = "$R/run"
 [model]
 $MODEL
 [data]
-tokenizer = "teacher"
+tokenizer = "$TOKENIZER"
 seq_len = 64
 held_out_fraction = 0.34
 [[data.sources]]
@@ -86,13 +103,7 @@ path = "a.txt"
 path = "b.txt"
 [[data.sources]]
 path = "c.txt"
-[teacher]
-model = "smollm2"
-k = 8
-segments_per_shard = 8
-shards_dir = "$W/shards"
-[distill]
-objectives = [{ kind = "forward_kl", weight = 0.5 }, { kind = "ce", weight = 0.5 }]
+$DISTILL
 [optim]
 lr = 3e-3
 [schedule]
@@ -105,10 +116,10 @@ micro_batch = 4
 eval_every = 6
 eval_batches = 1
 TOML
-"$BIN" teacher score "$R/interop.toml" --quiet
+[ -n "$DISTILL" ] && "$BIN" teacher score "$R/interop.toml" --quiet
 "$BIN" train "$R/interop.toml" --quiet > /dev/null
 case "$student" in
-  dense|moe)
+  dense|moe|own)
     "$BIN" export "$R/run" --format hf --out "$R/hf" --with-reference > /dev/null
     "$VENVS/hf/bin/python" scripts/interop/check_hf.py "$R/hf" 2>&1 | grep -E "^transformers vs" ;;
   *)
