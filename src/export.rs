@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 /// A checkpoint's model: its config (from the recipe it was trained with) and weights.
 pub struct Checkpoint {
     pub dir: PathBuf,
+    /// The optimizer steps it was written after.
+    pub step: usize,
     pub config: ModelConfig,
     /// transformers-named safetensors.
     pub weights: Vec<u8>,
@@ -38,17 +40,21 @@ pub struct Checkpoint {
 
 /// A checkpoint directory, or a run directory (its newest checkpoint), read and verified.
 pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
-    let dir = if path.join("model.safetensors").is_file() {
-        path.to_path_buf()
+    let (step, dir) = if path.join("model.safetensors").is_file() {
+        // A checkpoint directory is named step-NNNNNNNN.
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let digits = name.as_deref().and_then(|n| n.rsplit('-').next());
+        (
+            digits.and_then(|d| d.parse().ok()).unwrap_or(0),
+            path.to_path_buf(),
+        )
     } else {
-        k3mini_checkpoints::latest(path)?
-            .map(|(_, d)| d)
-            .with_context(|| {
-                format!(
-                    "{}: neither a checkpoint nor a run directory with checkpoints",
-                    path.display()
-                )
-            })?
+        k3mini_checkpoints::latest(path)?.with_context(|| {
+            format!(
+                "{}: neither a checkpoint nor a run directory with checkpoints",
+                path.display()
+            )
+        })?
     };
     let mut files = k3mini_checkpoints::read(&dir)?;
     let mut take = |name: &str| {
@@ -63,6 +69,7 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
         .map_err(|e| anyhow::anyhow!("checkpoint {}: recipe.toml: {e}", dir.display()))?;
     Ok(Checkpoint {
         dir,
+        step,
         config,
         weights,
         recipe,

@@ -2,6 +2,7 @@
 //! `main.rs` only parses arguments and calls these functions.
 
 pub mod compare;
+pub mod evaluate;
 pub mod export;
 pub mod recipe;
 pub mod teachers;

@@ -2,6 +2,7 @@
 
 mod bench;
 mod data_cmd;
+mod eval_cmd;
 mod export_cmd;
 mod model_cmd;
 mod recipe_cmd;
@@ -38,6 +39,10 @@ enum Command {
     Train(train_cmd::TrainArgs),
     /// Export a trained student for other runtimes (transformers / vLLM / SGLang).
     Export(export_cmd::ExportArgs),
+    /// Evaluate checkpoints: held-out perplexity and bits per byte, agreement with the teacher,
+    /// passkey retrieval, exact-match reasoning, memory against context, decode speed; a report
+    /// with plots.
+    Eval(eval_cmd::EvalArgs),
     /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
     Compare {
         /// Run directories (each holds metrics.jsonl).
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
         Command::Model { command } => model_cmd::run(command),
         Command::Train(args) => train_cmd::run(args),
         Command::Export(args) => export_cmd::run(args),
+        Command::Eval(args) => eval_cmd::run(args),
         Command::Compare { runs } => runs
             .iter()
             .map(|r| k3mini::compare::summarise(r))

@@ -37,6 +37,21 @@ pub fn gguf_tokenizer(path: &Path) -> Result<k3mini_data::Tokenizer> {
     Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
 }
 
+/// The student's tokenizer: the recipe's, or for `data.tokenizer = "teacher"` the local GGUF
+/// teacher's.
+pub fn student_tokenizer(recipe: &LoadedRecipe) -> Result<k3mini_data::Tokenizer> {
+    if recipe.recipe.data.tokenizer != crate::recipe::TEACHER_TOKENIZER {
+        return Ok(recipe.tokenizer()?);
+    }
+    let model = recipe
+        .recipe
+        .teacher
+        .as_ref()
+        .and_then(|t| t.model.as_ref())
+        .expect("the recipe check requires a local [teacher] for tokenizer = \"teacher\"");
+    gguf_tokenizer(&local_teacher_path(recipe, model)?)
+}
+
 /// `teacher.model` of a recipe: a built-in name, or a path relative to the recipe.
 pub fn local_teacher_path(recipe: &LoadedRecipe, model: &str) -> Result<PathBuf> {
     if fetch::known(model, Kind::Teacher).is_some() {

@@ -12,6 +12,7 @@ use k3mini_data::pack::splitmix64;
 use k3mini_data::signals::{SignalCursor, take_in_epoch_order};
 use k3mini_student::K3Mini;
 use k3mini_student::distill::on_policy_loss;
+use k3mini_student::generate::{argmax, decode};
 use k3mini_teacher::generate::PromptIds;
 use k3mini_teacher::score::score_many;
 use k3mini_teacher::{Teacher, sample};
@@ -30,39 +31,17 @@ pub struct SamplingSpec {
 
 /// Up to `max_tokens` ids the student draws after `prompt` (incremental decoding, no gradient).
 pub fn student_sample(model: &K3Mini, prompt: &[u32], spec: &SamplingSpec, seed: u64) -> Vec<u32> {
-    let device = model.lm_head.weight.device();
-    let mut state = model.empty_state(1, &device);
-    let ids = |v: &[u32]| {
-        let data = TensorData::new(v.iter().map(|&i| i as i64).collect(), [1, v.len()]);
-        Tensor::<2, Int>::from_data(data, &device)
-    };
-    let last_row = |logits: Tensor<3>| -> Vec<f32> {
-        let [_, t, v] = logits.dims();
-        logits
-            .narrow(1, t - 1, 1)
-            .reshape([v])
-            .into_data()
-            .try_into_vec()
-            .expect("f32 logits")
-    };
-    let mut row = last_row(model.forward_with(ids(prompt), Some(&mut state)).logits);
-    let (mut out, mut rng) = (Vec::new(), seed);
     let budget = spec
         .max_tokens
         .min(spec.seq_len.saturating_sub(prompt.len()));
-    while out.len() < budget {
-        let id = if spec.temperature <= 0.0 {
-            k3mini_teacher::top_k(&row, 1)[0].0
+    let mut rng = seed;
+    decode(model, prompt, budget, &spec.stop, |row| {
+        if spec.temperature <= 0.0 {
+            argmax(row)
         } else {
-            sample(&row, spec.temperature, 1.0, &mut rng)
-        };
-        out.push(id);
-        if spec.stop.contains(&id) || out.len() == budget {
-            break;
+            sample(row, spec.temperature, 1.0, &mut rng)
         }
-        row = last_row(model.forward_with(ids(&[id]), Some(&mut state)).logits);
-    }
-    out
+    })
 }
 
 /// The on-policy half of a run.

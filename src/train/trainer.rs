@@ -8,7 +8,7 @@
 
 use crate::recipe::LoadedRecipe;
 use crate::recipe::{DistillConfig, DistillMode};
-use crate::teachers::{recipe_prompts, recipe_teacher};
+use crate::teachers::{recipe_prompts, recipe_teacher, student_tokenizer};
 use crate::train::distill::{SignalEval, distill_loss, signal_data, signal_eval};
 use crate::train::on_policy::{OnPolicy, OnPolicyStats, SamplingSpec};
 use crate::train::online::{OnlineSpec, OnlineStream, score_batch, split_segments};
@@ -221,6 +221,9 @@ impl Data {
     }
 }
 
+/// A run directory's record of the recipe file it was trained from.
+pub const RECIPE_SOURCE: &str = "recipe-source";
+
 const WEIGHTS: &str = "model.safetensors";
 const IDS: &str = "param_ids.json";
 const OPTIMIZER: &str = "optimizer.bpk";
@@ -403,19 +406,6 @@ fn truncate_metrics(path: &Path, step: usize) -> Result<()> {
 }
 
 /// The student's tokenizer: the recipe's, or the local teacher's own for `tokenizer = "teacher"`.
-fn teacher_tokenizer_or(recipe: &LoadedRecipe) -> Result<Tokenizer> {
-    if recipe.recipe.data.tokenizer != crate::recipe::TEACHER_TOKENIZER {
-        return Ok(recipe.tokenizer()?);
-    }
-    let model = recipe
-        .recipe
-        .teacher
-        .as_ref()
-        .and_then(|t| t.model.as_ref())
-        .expect("the recipe check requires a local [teacher] for tokenizer = \"teacher\"");
-    crate::teachers::gguf_tokenizer(&crate::teachers::local_teacher_path(recipe, model)?)
-}
-
 /// The on-policy sampler: `[teacher.generate]`'s prompts that leave room for a completion.
 fn open_on_policy(
     recipe: &LoadedRecipe,
@@ -539,6 +529,69 @@ fn open_data(
     })
 }
 
+/// A checkpoint on its recipe's held-out data, as training evaluates it, plus what bits per byte
+/// need: the evaluated tokens and the UTF-8 bytes they spell.
+pub struct HeldOut {
+    pub eval: SignalEval,
+    pub tokens: usize,
+    pub bytes: usize,
+}
+
+/// Evaluates `model` on `batches` held-out micro-batches of `recipe` (its split and seed): teacher
+/// shards for offline and sequence distillation (with top-1 agreement and KL), its documents
+/// otherwise.
+pub fn held_out(recipe: &LoadedRecipe, model: &K3Mini, batches: usize) -> Result<HeldOut> {
+    let r = &recipe.recipe;
+    let tokenizer = student_tokenizer(recipe)?;
+    let count =
+        |ids: &[u32]| -> Result<(usize, usize)> { Ok((ids.len(), tokenizer.decode(ids)?.len())) };
+    let from_shards = r
+        .distill
+        .as_ref()
+        .is_some_and(|d| d.mode != DistillMode::Online);
+    let (eval, (tokens, bytes)) = if from_shards {
+        let held =
+            signal_data(recipe, &tokenizer)?.held_out_batches(batches, r.train.micro_batch)?;
+        anyhow::ensure!(
+            !held.is_empty(),
+            "{}: no held-out teacher segments",
+            recipe.path.display()
+        );
+        let ids: Vec<u32> = held
+            .iter()
+            .flat_map(|b| b.tokens.iter().map(|&t| t as u32))
+            .collect();
+        let tau = r.teacher.as_ref().map_or(1.0, |t| t.temperature as f64);
+        (signal_eval(model, &held, tau), count(&ids)?)
+    } else {
+        let docs = tokenized_documents(recipe, &tokenizer)?;
+        let (_, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
+        anyhow::ensure!(
+            !held_idx.is_empty(),
+            "{}: no held-out documents",
+            recipe.path.display()
+        );
+        let held = Arc::new(
+            held_idx
+                .iter()
+                .map(|&i| docs[i].clone())
+                .collect::<Vec<_>>(),
+        );
+        let ids: Vec<u32> = held.iter().flat_map(|d| d.ids.iter().copied()).collect();
+        let eval = SignalEval {
+            loss: eval_loss(model, &held, recipe, batches),
+            top1: f64::NAN,
+            kl: f64::NAN,
+        };
+        (eval, count(&ids)?)
+    };
+    Ok(HeldOut {
+        eval,
+        tokens,
+        bytes,
+    })
+}
+
 /// Runs (or resumes) a recipe.
 pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary> {
     let r = &recipe.recipe;
@@ -551,7 +604,11 @@ pub fn train(recipe: &LoadedRecipe, opts: &TrainOptions) -> Result<TrainSummary>
     }
     let out = opts.out_dir.clone().unwrap_or_else(|| recipe.out_dir());
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let tokenizer = teacher_tokenizer_or(recipe)?;
+    // `k3mini eval RUN` finds the recipe (its data, held-out split and shards) through this.
+    let source = std::path::absolute(&recipe.path)?;
+    std::fs::write(out.join(RECIPE_SOURCE), source.display().to_string())
+        .with_context(|| format!("writing {}", out.join(RECIPE_SOURCE).display()))?;
+    let tokenizer = student_tokenizer(recipe)?;
     if tokenizer.vocab_size() > recipe.model.vocab_size {
         bail!(
             "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",

@@ -9,6 +9,7 @@ pub mod attnres;
 pub mod bench;
 pub mod config;
 pub mod distill;
+pub mod generate;
 pub mod hf;
 pub mod info;
 pub mod kda;

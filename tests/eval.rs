@@ -1,0 +1,116 @@
+//! `k3mini eval` on a real (briefly trained) run: the held-out numbers are the trainer's own, the
+//! memory rows are measured states with the hybrid's growth a quarter of the all-MLA twin's, and
+//! the report's files are written.
+use k3mini::evaluate::{Suite, evaluate};
+use k3mini::recipe;
+use k3mini::train::trainer::{TrainOptions, train};
+use k3mini_eval::report::write_report;
+use std::path::Path;
+
+#[test]
+fn eval_measures_a_run_and_writes_its_report() {
+    let dir = std::env::temp_dir().join(format!("k3mini-eval-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes/corpus");
+    for play in ["hamlet", "macbeth"] {
+        let text = std::fs::read_to_string(root.join(format!("shakespeare/{play}.txt"))).unwrap();
+        std::fs::write(dir.join(format!("{play}.txt")), &text[..20_000]).unwrap();
+    }
+    let recipe_text = format!(
+        r#"[run]
+name = "e"
+seed = 5
+[model]
+preset = "tiny"
+vocab_size = 4096
+d_model = 64
+[data]
+tokenizer = "{}"
+seq_len = 128
+held_out_fraction = 0.3
+[[data.sources]]
+path = "hamlet.txt"
+[[data.sources]]
+path = "macbeth.txt"
+[optim]
+lr = 3e-3
+[schedule]
+kind = "constant"
+warmup_steps = 0
+[train]
+steps = 4
+batch_tokens = 512
+micro_batch = 4
+eval_every = 4
+eval_batches = 2
+"#,
+        root.join("shakespeare-bpe4k.json").display()
+    );
+    let path = dir.join("recipe.toml");
+    std::fs::write(&path, recipe_text).unwrap();
+    let run = dir.join("run");
+    let opts = TrainOptions {
+        out_dir: Some(run.clone()),
+        quiet: true,
+        ..Default::default()
+    };
+    train(&recipe::load(&path).unwrap(), &opts).unwrap();
+
+    let (report, curves) = evaluate(&run, Suite::Quick).unwrap();
+    // The quick suite evaluates the batches training evaluated: the same loss.
+    let logged = k3mini::compare::read_metrics(&run)
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|m| m.eval_loss)
+        .unwrap();
+    assert!(
+        (report.loss - logged).abs() < 1e-4,
+        "{} vs {logged}",
+        report.loss
+    );
+    assert!((report.ppl - report.loss.exp()).abs() < 1e-9 * report.ppl);
+    assert!(
+        report.bits_per_byte > 0.0 && report.bits_per_byte < report.loss / std::f64::consts::LN_2
+    );
+    assert_eq!(report.step, 4);
+    assert!(report.teacher_top1.is_none(), "a plain run has no teacher");
+    assert_eq!(report.passkey.len(), 6, "2 lengths x 3 depths");
+    assert!(
+        report
+            .passkey
+            .iter()
+            .all(|c| c.context <= 1024 && c.key.len() == 5)
+    );
+    assert!(
+        report.exact_match.is_empty(),
+        "no [teacher.generate] prompts"
+    );
+    // tiny is KKKM: one MLA layer in four, so the hybrid's state grows a quarter as fast.
+    let (a, b) = (&report.memory[0], &report.memory[2]);
+    assert_eq!((a.context, b.context), (512, 8192));
+    assert!(b.all_mla_bytes > b.hybrid_bytes);
+    assert_eq!(
+        4 * (b.hybrid_bytes - a.hybrid_bytes),
+        b.all_mla_bytes - a.all_mla_bytes
+    );
+    assert!(report.decode_tokens_per_s > 0.0);
+    assert_eq!(curves.train_loss.len(), 4);
+
+    let out = dir.join("report");
+    let md = write_report(&out, &[report], &[curves]).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("eval.json")).unwrap()).unwrap();
+    assert!(json[0]["ppl"].as_f64().unwrap() > 1.0);
+    let md = std::fs::read_to_string(md).unwrap();
+    assert!(
+        md.contains("| run | step | held-out ppl")
+            && md.contains("![memory against context](memory.svg)")
+    );
+    for svg in ["loss.svg", "memory.svg"] {
+        let text = std::fs::read_to_string(out.join(svg)).unwrap();
+        assert!(text.starts_with("<svg"), "{svg}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
