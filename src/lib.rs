@@ -4,6 +4,7 @@
 pub mod compare;
 pub mod evaluate;
 pub mod export;
+pub mod quickstart;
 pub mod recipe;
 pub mod teachers;
 pub mod train;

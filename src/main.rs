@@ -43,6 +43,16 @@ enum Command {
     /// passkey retrieval, exact-match reasoning, memory against context, decode speed; a report
     /// with plots.
     Eval(eval_cmd::EvalArgs),
+    /// The whole pipeline on a laptop: teacher, shards, distilled student and CE baseline, their
+    /// evaluation report, a Q4_K_M GGUF. Re-running skips finished stages.
+    Quickstart {
+        /// The small variant (under 10 minutes on 2 cores).
+        #[arg(long)]
+        fast: bool,
+        /// Where everything goes (default: quickstart, or quickstart-fast).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
     /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
     Compare {
         /// Run directories (each holds metrics.jsonl).
@@ -78,6 +88,18 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::run(args),
         Command::Export(args) => export_cmd::run(args),
         Command::Eval(args) => eval_cmd::run(args),
+        Command::Quickstart { fast, out } => {
+            let out = out.unwrap_or_else(|| {
+                if fast {
+                    "quickstart-fast"
+                } else {
+                    "quickstart"
+                }
+                .into()
+            });
+            k3mini::quickstart::quickstart(&out, fast)
+                .map(|o| print!("{}", k3mini::quickstart::summary(&o)))
+        }
         Command::Compare { runs } => runs
             .iter()
             .map(|r| k3mini::compare::summarise(r))

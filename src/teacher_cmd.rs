@@ -3,14 +3,11 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::teachers::{gguf_tokenizer, recipe_prompts, recipe_teacher, resolve};
-use k3mini::train::trainer::tokenized_documents;
+use k3mini::teachers::{gguf_tokenizer, recipe_prompts, recipe_teacher, resolve, score_recipe};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
-use k3mini_data::shards::ShardMeta;
 use k3mini_teacher::generate::{GenerateJob, generate_trajectories};
 use k3mini_teacher::local::LocalTeacher;
-use k3mini_teacher::score::{ScoreJob, score_corpus};
 use k3mini_teacher::server::serve;
 use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
@@ -166,34 +163,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
 
 fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
     let recipe = k3mini::recipe::load(recipe_path)?;
-    let (tc, teacher, tokenizer) = recipe_teacher(&recipe)?;
-    anyhow::ensure!(
-        tc.temperature == 1.0,
-        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
-         logprobs happens in the distillation loss)",
-        tc.temperature
-    );
-    let docs: Vec<Vec<u32>> = tokenized_documents(&recipe, &tokenizer)?
-        .into_iter()
-        .map(|d| d.ids)
-        .collect();
-    let job = ScoreJob {
-        out_dir: out
-            .or_else(|| recipe.shards_dir())
-            .expect("a [teacher] recipe has a shard dir"),
-        meta: ShardMeta {
-            teacher: teacher.name().to_string(),
-            tokenizer_sha256: tokenizer.fingerprint(),
-            k: tc.k,
-            temperature: tc.temperature,
-        },
-        seq_len: recipe.recipe.data.seq_len,
-        segments_per_shard: tc.segments_per_shard,
-        concurrency: tc.concurrency,
-    };
     let bar = progress_bar(quiet, "segments");
     let started = std::time::Instant::now();
-    let manifest = score_corpus(teacher.as_ref(), &docs, &job, &mut |p| {
+    let (manifest, dir) = score_recipe(&recipe, out, &mut |p| {
         bar.set_length(p.segments_total as u64);
         bar.set_position(p.segments_done as u64);
         bar.set_message(format!(
@@ -213,7 +185,7 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         manifest.job.k,
         bytes as f64 / 1e6,
         bytes as f64 / positions.max(1) as f64,
-        job.out_dir.display()
+        dir.display()
     );
     Ok(())
 }

@@ -5,11 +5,14 @@ use crate::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
 use anyhow::Result;
 use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
+use k3mini_data::shards::ShardMeta;
 use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
 use k3mini_teacher::generate::PromptIds;
 use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::manifest::Manifest;
+use k3mini_teacher::score::{ScoreJob, ScoreManifestJob, ScoreProgress, score_corpus};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -175,4 +178,40 @@ pub fn recipe_prompts(
             })
         })
         .collect()
+}
+
+/// Scores the recipe's corpus with its teacher into shards under `out` (default: the recipe's
+/// shards directory); a rerun skips finished shards. Returns the manifest and the directory.
+pub fn score_recipe(
+    recipe: &LoadedRecipe,
+    out: Option<PathBuf>,
+    on_progress: &mut dyn FnMut(ScoreProgress),
+) -> Result<(Manifest<ScoreManifestJob>, PathBuf)> {
+    let (tc, teacher, tokenizer) = recipe_teacher(recipe)?;
+    anyhow::ensure!(
+        tc.temperature == 1.0,
+        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
+         logprobs happens in the distillation loss)",
+        tc.temperature
+    );
+    let docs: Vec<Vec<u32>> = crate::train::trainer::tokenized_documents(recipe, &tokenizer)?
+        .into_iter()
+        .map(|d| d.ids)
+        .collect();
+    let job = ScoreJob {
+        out_dir: out
+            .or_else(|| recipe.shards_dir())
+            .expect("a [teacher] recipe has a shard dir"),
+        meta: ShardMeta {
+            teacher: teacher.name().to_string(),
+            tokenizer_sha256: tokenizer.fingerprint(),
+            k: tc.k,
+            temperature: tc.temperature,
+        },
+        seq_len: recipe.recipe.data.seq_len,
+        segments_per_shard: tc.segments_per_shard,
+        concurrency: tc.concurrency,
+    };
+    let manifest = score_corpus(teacher.as_ref(), &docs, &job, on_progress)?;
+    Ok((manifest, job.out_dir))
 }

@@ -6,9 +6,9 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_student::{K3Mini, ModelConfig};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MemoryRow {
     pub context: usize,
     pub hybrid_bytes: usize,

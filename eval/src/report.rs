@@ -6,12 +6,12 @@
 use crate::memory::MemoryRow;
 use crate::tasks::{ExactMatchCase, PasskeyCase};
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// Everything `k3mini eval` measured on one checkpoint.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EvalReport {
     pub run: String,
     pub step: usize,

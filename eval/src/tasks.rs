@@ -5,14 +5,14 @@ use k3mini_data::Tokenizer;
 use k3mini_data::pack::splitmix64;
 use k3mini_student::K3Mini;
 use k3mini_student::generate::{argmax, decode};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The passkey test's filler (Mohtashami & Jaggi, 2023): repeated until the context is full.
 const FILLER: &str =
     " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
 const QUESTION: &str = " What is the pass key? The pass key is";
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PasskeyCase {
     /// Prompt length in tokens.
     pub context: usize,
@@ -69,7 +69,7 @@ pub struct Problem {
     pub answer: String,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ExactMatchCase {
     pub id: String,
     pub reference: String,
