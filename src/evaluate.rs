@@ -67,9 +67,9 @@ pub fn evaluate(path: &Path, suite: Suite) -> Result<(EvalReport, Curves)> {
         Suite::Full => 4 * r.train.eval_batches,
     };
     let progress = |what: &str| eprintln!("eval {}: {what}", run.display());
-    progress("held-out data");
-    let h = held_out(&recipe, &model, batches)?;
     let tokenizer = crate::teachers::student_tokenizer(&recipe)?;
+    progress("held-out data");
+    let h = held_out(&recipe, &tokenizer, &model, batches)?;
     let (contexts, depths): (&[usize], &[f64]) = match suite {
         Suite::Quick => (&[256, 1024], &[0.1, 0.5, 0.9]),
         Suite::Full => (&[256, 1024, 4096], &[0.0, 0.25, 0.5, 0.75, 1.0]),

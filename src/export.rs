@@ -109,7 +109,8 @@ fn tokenizer_of(recipe: &str) -> Result<(String, Option<String>)> {
     Ok((spec, teacher))
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `path` through a temporary file and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))

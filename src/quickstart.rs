@@ -13,9 +13,9 @@
 //! (scoring and training resume from their shards and checkpoints).
 
 use crate::evaluate::{Suite, evaluate};
-use crate::export::{export_gguf, open_checkpoint};
+use crate::export::{export_gguf, open_checkpoint, write_atomic};
 use crate::recipe::{self, LoadedRecipe};
-use crate::teachers::{resolve, score_recipe};
+use crate::teachers::{progress_bar, resolve, score_recipe};
 use crate::train::trainer::{TrainOptions, train};
 use anyhow::{Context, Result};
 use k3mini_checkpoints::gguf::mix::FileType;
@@ -117,9 +117,7 @@ fn write_if_changed(path: &Path, contents: &str) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(path.parent().expect("a file in a directory"))?;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents)?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+    write_atomic(path, contents.as_bytes())
 }
 
 /// The finished stages, one name per line in `OUT/stages`.
@@ -192,7 +190,7 @@ pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
     let distill = recipe::load(&distill_path)?;
     let baseline = recipe::load(&baseline_path)?;
     stages.run(3, "score the corpus with the teacher", || {
-        let bar = bar("segments");
+        let bar = progress_bar(false, "segments");
         score_recipe(&distill, None, &mut |p| {
             bar.set_length(p.segments_total as u64);
             bar.set_position(p.segments_done as u64);
@@ -237,15 +235,6 @@ pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
         report: report_dir.join("report.md"),
         gguf,
     })
-}
-
-fn bar(unit: &str) -> indicatif::ProgressBar {
-    indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{{bar:30}} {{pos}}/{{len}} {unit}  [{{elapsed}} < {{eta}}]"
-        ))
-        .expect("valid template"),
-    )
 }
 
 /// The closing summary: both runs side by side and where everything is.

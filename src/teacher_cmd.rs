@@ -3,7 +3,9 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::teachers::{gguf_tokenizer, recipe_prompts, recipe_teacher, resolve, score_recipe};
+use k3mini::teachers::{
+    gguf_tokenizer, progress_bar, recipe_prompts, recipe_teacher, resolve, score_recipe,
+};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::generate::{GenerateJob, generate_trajectories};
@@ -188,18 +190,6 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
         dir.display()
     );
     Ok(())
-}
-
-fn progress_bar(quiet: bool, unit: &str) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{{bar:30}} {{pos}}/{{len}} {unit}  {{msg}}  [{{elapsed}} < {{eta}}]"
-        ))
-        .expect("valid template"),
-    )
 }
 
 fn generate(

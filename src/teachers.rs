@@ -215,3 +215,17 @@ pub fn score_recipe(
     let manifest = score_corpus(teacher.as_ref(), &docs, &job, on_progress)?;
     Ok((manifest, job.out_dir))
 }
+
+/// The progress bar of a teacher job (scoring, generation): `unit`s done of a total set later,
+/// a message, elapsed time and ETA; hidden when `quiet`.
+pub fn progress_bar(quiet: bool, unit: &str) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{bar:30}} {{pos}}/{{len}} {unit}  {{msg}}  [{{elapsed}} < {{eta}}]"
+        ))
+        .expect("valid template"),
+    )
+}

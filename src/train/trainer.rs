@@ -455,6 +455,18 @@ fn open_on_policy(
 }
 
 /// The training stream from `cursor` and the held-out data.
+/// The recipe's documents, tokenized, split into training and held-out ones (seeded).
+fn split_documents(
+    recipe: &LoadedRecipe,
+    tokenizer: &Tokenizer,
+) -> Result<(Arc<Vec<TokenDoc>>, Arc<Vec<TokenDoc>>)> {
+    let r = &recipe.recipe;
+    let docs = tokenized_documents(recipe, tokenizer)?;
+    let (train_idx, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
+    let pick = |idx: &[usize]| Arc::new(idx.iter().map(|&i| docs[i].clone()).collect::<Vec<_>>());
+    Ok((pick(&train_idx), pick(&held_idx)))
+}
+
 fn open_data(
     recipe: &LoadedRecipe,
     tokenizer: &Tokenizer,
@@ -512,10 +524,7 @@ fn open_data(
     let DataCursor::Packed(cursor) = cursor else {
         bail!("the checkpoint was written by a distillation run, and this recipe trains plainly");
     };
-    let docs = tokenized_documents(recipe, tokenizer)?;
-    let (train_idx, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
-    let pick = |idx: &[usize]| Arc::new(idx.iter().map(|&i| docs[i].clone()).collect::<Vec<_>>());
-    let (train_docs, held) = (pick(&train_idx), pick(&held_idx));
+    let (train_docs, held) = split_documents(recipe, tokenizer)?;
     if train_docs.is_empty() {
         bail!(
             "{}: no training documents left after the held-out split",
@@ -540,9 +549,13 @@ pub struct HeldOut {
 /// Evaluates `model` on `batches` held-out micro-batches of `recipe` (its split and seed): teacher
 /// shards for offline and sequence distillation (with top-1 agreement and KL), its documents
 /// otherwise.
-pub fn held_out(recipe: &LoadedRecipe, model: &K3Mini, batches: usize) -> Result<HeldOut> {
+pub fn held_out(
+    recipe: &LoadedRecipe,
+    tokenizer: &Tokenizer,
+    model: &K3Mini,
+    batches: usize,
+) -> Result<HeldOut> {
     let r = &recipe.recipe;
-    let tokenizer = student_tokenizer(recipe)?;
     let count =
         |ids: &[u32]| -> Result<(usize, usize)> { Ok((ids.len(), tokenizer.decode(ids)?.len())) };
     let from_shards = r
@@ -551,7 +564,7 @@ pub fn held_out(recipe: &LoadedRecipe, model: &K3Mini, batches: usize) -> Result
         .is_some_and(|d| d.mode != DistillMode::Online);
     let (eval, (tokens, bytes)) = if from_shards {
         let held =
-            signal_data(recipe, &tokenizer)?.held_out_batches(batches, r.train.micro_batch)?;
+            signal_data(recipe, tokenizer)?.held_out_batches(batches, r.train.micro_batch)?;
         anyhow::ensure!(
             !held.is_empty(),
             "{}: no held-out teacher segments",
@@ -564,18 +577,11 @@ pub fn held_out(recipe: &LoadedRecipe, model: &K3Mini, batches: usize) -> Result
         let tau = r.teacher.as_ref().map_or(1.0, |t| t.temperature as f64);
         (signal_eval(model, &held, tau), count(&ids)?)
     } else {
-        let docs = tokenized_documents(recipe, &tokenizer)?;
-        let (_, held_idx) = split_held_out(docs.len(), r.data.held_out_fraction, r.run.seed);
+        let (_, held) = split_documents(recipe, tokenizer)?;
         anyhow::ensure!(
-            !held_idx.is_empty(),
+            !held.is_empty(),
             "{}: no held-out documents",
             recipe.path.display()
-        );
-        let held = Arc::new(
-            held_idx
-                .iter()
-                .map(|&i| docs[i].clone())
-                .collect::<Vec<_>>(),
         );
         let ids: Vec<u32> = held.iter().flat_map(|d| d.ids.iter().copied()).collect();
         let eval = SignalEval {
