@@ -112,5 +112,10 @@ eval_batches = 2
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(text.starts_with("<svg"), "{svg}");
     }
+    // A run that does not record its recipe (trained before recipe-source existed) is named,
+    // with what to pass instead.
+    std::fs::remove_file(run.join(k3mini::train::trainer::RECIPE_SOURCE)).unwrap();
+    let e = evaluate(&run, Suite::Quick).err().unwrap().to_string();
+    assert!(e.contains("pass the recipe file instead"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
