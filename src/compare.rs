@@ -1,6 +1,6 @@
 //! `k3mini compare RUN…`: runs side by side, from their `metrics.jsonl`.
 
-use crate::train::trainer::StepMetrics;
+use crate::run_dir::{StepMetrics, read_metrics};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -10,23 +10,6 @@ pub struct RunSummary {
     pub run: PathBuf,
     pub last: StepMetrics,
     pub eval: Option<StepMetrics>,
-}
-
-/// Every line of a run directory's `metrics.jsonl`.
-pub fn read_metrics(run: &Path) -> Result<Vec<StepMetrics>> {
-    let path = run.join("metrics.jsonl");
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut lines = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let m: StepMetrics = serde_json::from_str(line)
-            .with_context(|| format!("{}:{}: not a metrics line", path.display(), i + 1))?;
-        lines.push(m);
-    }
-    Ok(lines)
 }
 
 /// A run's last logged step and last held-out evaluation.

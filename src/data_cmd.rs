@@ -1,6 +1,6 @@
 //! `k3mini data`: tokenizer tools, and chat rendering with the part of every token.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Subcommand;
 use k3mini_data::chat::{check_markers, render};
 use k3mini_data::tokenizer::train_byte_level_bpe;
@@ -70,9 +70,6 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                     files,
                 },
         } => {
-            if vocab_size <= 257 {
-                bail!("--vocab-size must exceed 257 (256 bytes and the end-of-text token)");
-            }
             for f in &files {
                 // Validate up front so a bad file is named (the trainer's own errors do not say which).
                 k3mini_data::read_source(f, k3mini_data::SourceFormat::Text, "text")?;

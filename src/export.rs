@@ -2,7 +2,7 @@
 //!
 //! `--format hf` writes `model.safetensors` (the checkpoint's weights, already under transformers'
 //! `KimiLinearForCausalLM` names), `config.json` (`k3mini_student::hf::config_to_kimi_linear`,
-//! which refuses what Kimi Linear cannot express) and, where the recipe's tokenizer can be found,
+//! which refuses what Kimi Linear cannot express) and, where the run's tokenizer has one,
 //! `tokenizer.json`. Every file is written atomically. `--with-reference` adds
 //! `k3mini_reference.safetensors`: fixed input ids and k3mini's logits for them, which
 //! `scripts/interop/check_hf.py` compares with transformers' forward of the export.
@@ -12,6 +12,8 @@
 //! tensor-type mix; its `--with-reference` writes `FILE.reference.safetensors` for
 //! `scripts/interop/check_gguf.py`.
 
+use crate::recipe::TokenizerSpec;
+use crate::run_dir::Checkpoint;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::gguf::Value;
@@ -20,93 +22,19 @@ use k3mini_checkpoints::gguf::quantize::quantize;
 use k3mini_checkpoints::gguf::writer::GgufWriter;
 use k3mini_data::Tokenizer;
 use k3mini_student::config::Activation;
-use k3mini_student::hf::{config_to_kimi_linear, kimi_linear_gap, load_hf_bytes};
+use k3mini_student::hf::{config_to_kimi_linear, kimi_linear_gap};
 use k3mini_student::mlp::{SITU_BETA, SITU_LINEAR_BETA};
-use k3mini_student::presets::from_recipe_toml;
 use k3mini_student::{K3Mini, LayerKind, ModelConfig};
 use std::path::{Path, PathBuf};
 
-/// A checkpoint's model: its config (from the recipe it was trained with) and weights.
-pub struct Checkpoint {
-    pub dir: PathBuf,
-    /// The optimizer steps it was written after.
-    pub step: usize,
-    pub config: ModelConfig,
-    /// transformers-named safetensors.
-    pub weights: Vec<u8>,
-    /// The recipe text the run was trained with.
-    pub recipe: String,
-}
-
-/// A checkpoint directory, or a run directory (its newest checkpoint), read and verified.
-pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
-    let (step, dir) = if path.join("model.safetensors").is_file() {
-        // A checkpoint directory is named step-NNNNNNNN.
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let digits = name.as_deref().and_then(|n| n.rsplit('-').next());
-        (
-            digits.and_then(|d| d.parse().ok()).unwrap_or(0),
-            path.to_path_buf(),
-        )
-    } else {
-        k3mini_checkpoints::latest(path)?.with_context(|| {
-            format!(
-                "{}: neither a checkpoint nor a run directory with checkpoints",
-                path.display()
-            )
-        })?
-    };
-    let mut files = k3mini_checkpoints::read(&dir)?;
-    let mut take = |name: &str| {
-        files
-            .remove(name)
-            .with_context(|| format!("checkpoint {}: no {name}", dir.display()))
-    };
-    let weights = take("model.safetensors")?;
-    let recipe = String::from_utf8(take("recipe.toml")?)
-        .with_context(|| format!("checkpoint {}: recipe.toml is not UTF-8", dir.display()))?;
-    let config = from_recipe_toml(&recipe)
-        .map_err(|e| anyhow::anyhow!("checkpoint {}: recipe.toml: {e}", dir.display()))?;
-    Ok(Checkpoint {
-        dir,
-        step,
-        config,
-        weights,
-        recipe,
+/// The student's tokenizer as a shippable tokenizer.json, by the plan's tokenizer spec: a local
+/// teacher's (`tokenizer = "teacher"`) or the file. Built-in vocabularies (Kimi's tiktoken) have
+/// none to ship.
+pub fn plan_tokenizer(spec: &TokenizerSpec) -> Result<Option<Tokenizer>> {
+    Ok(match spec {
+        TokenizerSpec::Builtin { .. } => None,
+        _ => Some(crate::teachers::student_tokenizer(spec)?),
     })
-}
-
-/// The student tokenizer named by the recipe as a shippable tokenizer.json, where it can be found
-/// from here: a built-in teacher's (`tokenizer = "teacher"`) or a file relative to the working
-/// directory.
-pub fn recipe_tokenizer(recipe: &str) -> Option<Tokenizer> {
-    let (spec, teacher) = tokenizer_of(recipe).ok()?;
-    if let Some(model) = teacher {
-        return crate::teachers::resolve(&model)
-            .and_then(|p| crate::teachers::gguf_tokenizer(&p))
-            .ok();
-    }
-    // Built-in vocabularies (Kimi's tiktoken) have no tokenizer.json to ship.
-    if Tokenizer::builtin(&spec).is_some() {
-        return None;
-    }
-    Tokenizer::load(&spec).ok()
-}
-
-/// A checkpointed recipe's `data.tokenizer`, and its local teacher's `model` when the student
-/// uses the teacher's tokenizer (`data.tokenizer = "teacher"`).
-fn tokenizer_of(recipe: &str) -> Result<(String, Option<String>)> {
-    let table: toml::Table = recipe.parse()?;
-    let text = |section: &str, key: &str| {
-        table
-            .get(section)
-            .and_then(|t| t.get(key))
-            .and_then(|v| v.as_str())
-            .map(String::from)
-    };
-    let spec = text("data", "tokenizer").unwrap_or_default();
-    let teacher = text("teacher", "model").filter(|_| spec == crate::recipe::TEACHER_TOKENIZER);
-    Ok((spec, teacher))
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename.
@@ -114,14 +42,6 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
-
-/// The model, loaded from a checkpoint's weights.
-pub fn load_model(ck: &Checkpoint, device: &Device) -> Result<K3Mini> {
-    let mut model = K3Mini::new(&ck.config, device)?;
-    load_hf_bytes(&mut model, ck.weights.clone())
-        .map_err(|e| anyhow::anyhow!("checkpoint {}: {e}", ck.dir.display()))?;
-    Ok(model)
 }
 
 /// Writes the Hugging Face export into `out`; returns the files written.
@@ -137,7 +57,7 @@ pub fn export_hf(
         id(&["<|im_end|>", "</s>", "<|endoftext|>", "<|end_of_text|>"]),
         id(&["<|endoftext|>", "<pad>"]),
     ];
-    let config = config_to_kimi_linear(&ck.config, special)?;
+    let config = config_to_kimi_linear(&ck.plan.model, special)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut written = Vec::new();
     let mut put = |name: &str, bytes: &[u8]| -> Result<()> {
@@ -178,11 +98,13 @@ const REFERENCE_TEXT: &str =
 /// tokenizer, also `text_ids`, its encoding of the `text` in the metadata.
 fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Vec<u8>> {
     let device = Device::default();
-    let model = load_model(ck, &device)?;
+    let model = ck.model(&device)?;
     let (rows, t) = (2usize, 40usize);
     let mut state = 0x5EED_u64;
     let ids: Vec<i64> = (0..rows * t)
-        .map(|_| (k3mini_data::pack::splitmix64(&mut state) % ck.config.vocab_size as u64) as i64)
+        .map(|_| {
+            (k3mini_data::pack::splitmix64(&mut state) % ck.plan.model.vocab_size as u64) as i64
+        })
         .collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [rows, t]), &device);
     let logits: Vec<f32> = model
@@ -190,7 +112,7 @@ fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Ve
         .into_data()
         .try_into_vec()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let v = ck.config.vocab_size;
+    let v = ck.plan.model.vocab_size;
     let to_bytes = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = Vec::new();
         f(&mut b);
@@ -540,7 +462,7 @@ impl Mapper<'_> {
 /// [`GgufArch::for_config`], mapped as llama.cpp's converters (conversion/kimi_linear.py,
 /// kimi_k3.py) map Moonshot's checkpoints. What neither architecture expresses is refused by name.
 pub fn student_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTensor>)> {
-    let cfg = &ck.config;
+    let cfg = &ck.plan.model;
     let arch = GgufArch::for_config(cfg);
     if let Some(ar) = &cfg.attn_res
         && ar.block_size == 1
@@ -709,30 +631,32 @@ fn gguf_metadata(cfg: &ModelConfig, arch: GgufArch, kinds: &[LayerKind]) -> Vec<
     metadata
 }
 
-/// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the recipe's
-/// local GGUF teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`), else
-/// converted from the student's tokenizer.json (`tokenizer`, or the recipe's where it can be
-/// found from here).
+/// The `tokenizer.*` metadata llama.cpp needs to run text end to end: copied from the local GGUF
+/// teacher when the student uses its tokenizer (`data.tokenizer = "teacher"`), else converted
+/// from the student's tokenizer.json (`tokenizer`, or the plan's).
 pub fn gguf_tokenizer_metadata(
-    recipe: &str,
+    spec: &TokenizerSpec,
     tokenizer: Option<&Tokenizer>,
     n_vocab: usize,
 ) -> Result<Vec<(String, Value)>> {
-    let (spec, teacher) = tokenizer_of(recipe)?;
-    if let (Some(model), None) = (teacher, tokenizer) {
-        let file = k3mini_checkpoints::gguf::GgufFile::open(&crate::teachers::resolve(&model)?)?;
+    if let (TokenizerSpec::Teacher { model }, None) = (spec, tokenizer) {
+        let path = crate::teachers::local_model_path(model)?;
+        let file = k3mini_checkpoints::gguf::GgufFile::open(&path)?;
         return Ok(file
             .keys
             .iter()
-            .filter(|k| k.starts_with("tokenizer."))
-            .map(|k| (k.clone(), file.get(k).expect("listed").clone()))
+            .filter_map(|k| Some((k.clone(), file.get(k)?.clone())))
+            .filter(|(k, _)| k.starts_with("tokenizer."))
             .collect());
     }
-    let found = tokenizer.cloned().or_else(|| recipe_tokenizer(recipe));
+    let found = match tokenizer {
+        Some(t) => Some(t.clone()),
+        None => plan_tokenizer(spec)?,
+    };
     let json = found.as_ref().and_then(Tokenizer::json).with_context(|| {
         format!(
-            "the GGUF carries the tokenizer, and the recipe's ({spec:?}) is not a tokenizer.json \
-             found from here: pass --tokenizer FILE"
+            "the GGUF carries the tokenizer, and the run's ({spec:?}) is not a tokenizer.json: \
+             pass --tokenizer FILE"
         )
     })?;
     bpe_tokenizer_metadata(&serde_json::from_str(&json)?, n_vocab)
@@ -877,7 +801,8 @@ pub fn export_gguf(
     out: &Path,
 ) -> Result<u64> {
     let (metadata, tensors) = student_gguf(ck)?;
-    let tokenizer = gguf_tokenizer_metadata(&ck.recipe, tokenizer, ck.config.vocab_size)?;
+    let tokenizer =
+        gguf_tokenizer_metadata(&ck.plan.data.tokenizer, tokenizer, ck.plan.model.vocab_size)?;
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {
         w.set(&k, v);
@@ -890,7 +815,7 @@ pub fn export_gguf(
         .iter()
         .map(|(n, ne, _)| (n.as_str(), &ne[..]))
         .collect();
-    let types = tensor_types(&shapes, ck.config.n_layers, ftype);
+    let types = tensor_types(&shapes, ck.plan.model.n_layers, ftype);
     let jobs: Vec<_> = tensors.iter().zip(types).collect();
     let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
         indicatif::ProgressStyle::with_template(
@@ -927,32 +852,30 @@ pub struct ExportTiming {
 
 /// Times `k3mini export --format gguf` of a freshly initialised `preset` student (the export's
 /// cost does not depend on the weights' values) for each file type, writing the files into `dir`.
-/// The checkpoint's recipe names the SmolLM2 teacher's tokenizer, so the preset's vocabulary must
+/// The checkpoint's plan names the SmolLM2 teacher's tokenizer, so the preset's vocabulary must
 /// be SmolLM2's (`smoke-300m`, `tiny` with `vocab_size = 49152`).
 pub fn bench_export(preset: &str, quants: &[FileType], dir: &Path) -> Result<Vec<ExportTiming>> {
-    let recipe = format!(
-        "[run]\nname = \"bench-export\"\n[model]\npreset = \"{preset}\"\n[data]\ntokenizer = \
-         \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n"
-    );
-    let cfg = from_recipe_toml(&recipe)?;
-    let device = Device::default();
-    let model = K3Mini::new(&cfg, &device)?;
-    let params = k3mini_student::info::param_breakdown(&cfg).total();
-    let ck_dir = dir.join("checkpoint");
-    k3mini_checkpoints::write(
-        &ck_dir,
-        0,
-        &[
-            (
-                "model.safetensors",
-                k3mini_student::hf::to_hf_bytes(&model).map_err(anyhow::Error::msg)?,
-            ),
-            ("recipe.toml", recipe.into_bytes()),
-        ],
-        1,
+    // A real plan for the checkpoint: the preset student on the SmolLM2 teacher's tokenizer.
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("corpus.txt"), "Export benchmark.\n")?;
+    let recipe = dir.join("bench-export.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[run]\nname = \"bench-export\"\nout_dir = {:?}\n[model]\npreset = \"{preset}\"\n\
+             [data]\ntokenizer = \"teacher\"\nseq_len = 64\n[[data.sources]]\npath = \"corpus.txt\"\n\
+             [teacher]\nmodel = \"smollm2\"\n[distill]\nobjectives = [{{ kind = \"ce\" }}]\n\
+             [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
+             [train]\nsteps = 1\nbatch_tokens = 64\nmicro_batch = 1\n",
+            dir.join("checkpoint").display().to_string()
+        ),
     )?;
+    let plan = crate::recipe::load(&recipe)?;
+    let model = K3Mini::new(&plan.model, &Device::default())?;
+    let params = k3mini_student::info::param_breakdown(&plan.model).total();
+    let ck_dir = crate::run_dir::write_weights(&plan, &model, 0)?;
     drop(model);
-    let ck = open_checkpoint(&ck_dir)?;
+    let ck = crate::run_dir::open_checkpoint(&ck_dir)?;
     quants
         .iter()
         .map(|&q| {
@@ -961,7 +884,7 @@ pub fn bench_export(preset: &str, quants: &[FileType], dir: &Path) -> Result<Vec
             let bytes = export_gguf(&ck, q, None, &path)?;
             Ok(ExportTiming {
                 quant: q.name().into(),
-                arch: GgufArch::for_config(&ck.config).name(),
+                arch: GgufArch::for_config(&ck.plan.model).name(),
                 params,
                 seconds: t0.elapsed().as_secs_f64(),
                 bytes,

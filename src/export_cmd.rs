@@ -3,8 +3,9 @@
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3mini::export::{
-    GgufArch, check_out, export_gguf, export_hf, open_checkpoint, recipe_tokenizer, write_reference,
+    GgufArch, check_out, export_gguf, export_hf, plan_tokenizer, write_reference,
 };
+use k3mini::run_dir::open_checkpoint;
 use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_data::Tokenizer;
 use std::path::PathBuf;
@@ -29,8 +30,8 @@ pub struct ExportArgs {
     /// GGUF file type: q4_k_m, q4_0, q8_0, f16 or f32.
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
-    /// The student's tokenizer.json, to ship (default: the recipe's, where it can be found from here;
-    /// a GGUF teacher's for `data.tokenizer = "teacher"`).
+    /// The student's tokenizer.json, to ship (default: the one the run trained with; a GGUF
+    /// teacher's for `data.tokenizer = "teacher"`).
     #[arg(long)]
     tokenizer: Option<String>,
     /// Also write k3mini's logits for fixed inputs: into the hf directory, or next to the GGUF as
@@ -43,7 +44,10 @@ pub fn run(args: ExportArgs) -> Result<()> {
     let ck = open_checkpoint(&args.checkpoint)?;
     check_out(&ck, &args.out)?;
     let given = args.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
-    let tokenizer = given.clone().or_else(|| recipe_tokenizer(&ck.recipe));
+    let tokenizer = match &given {
+        Some(t) => Some(t.clone()),
+        None => plan_tokenizer(&ck.plan.data.tokenizer)?,
+    };
     match args.format {
         Format::Gguf => {
             let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
@@ -52,7 +56,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
                 "{} ({:.1} MB, {}, {})",
                 args.out.display(),
                 bytes as f64 / 1e6,
-                GgufArch::for_config(&ck.config).name(),
+                GgufArch::for_config(&ck.plan.model).name(),
                 args.quant
             );
             if args.with_reference {
@@ -64,8 +68,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
         Format::Hf => {
             if tokenizer.is_none() {
                 eprintln!(
-                    "note: no tokenizer.json to ship (the recipe's tokenizer is built in, or not found from \
-                 here); pass --tokenizer FILE to ship one"
+                    "note: no tokenizer.json to ship (the run's tokenizer is a built-in vocabulary); \
+                     pass --tokenizer FILE to ship one"
                 );
             }
             for f in export_hf(&ck, tokenizer.as_ref(), &args.out, args.with_reference)? {

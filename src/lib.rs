@@ -1,10 +1,13 @@
-//! The `k3mini` library behind the CLI: recipes (and, as they land, the training loop). The binary in
+//! The `k3mini` library behind the CLI: recipes and their plans, the run directory, training,
+//! teachers, evaluation, export and the quickstart. The binary in
 //! `main.rs` only parses arguments and calls these functions.
 
 pub mod compare;
+pub mod corpus;
 pub mod evaluate;
 pub mod export;
 pub mod quickstart;
 pub mod recipe;
+pub mod run_dir;
 pub mod teachers;
 pub mod train;

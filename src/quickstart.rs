@@ -13,9 +13,10 @@
 //! (scoring and training resume from their shards and checkpoints).
 
 use crate::evaluate::{Suite, evaluate};
-use crate::export::{export_gguf, open_checkpoint, write_atomic};
-use crate::recipe::{self, LoadedRecipe};
-use crate::teachers::{progress_bar, resolve, score_recipe};
+use crate::export::{export_gguf, write_atomic};
+use crate::recipe::{self, RunPlan};
+use crate::run_dir::open_checkpoint;
+use crate::teachers::{progress_bar, resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
 use anyhow::{Context, Result};
 use k3mini_checkpoints::gguf::mix::FileType;
@@ -189,18 +190,22 @@ pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
     eprintln!("[2/7] corpus, prompts and recipes: {}", out.display());
     let distill = recipe::load(&distill_path)?;
     let baseline = recipe::load(&baseline_path)?;
+    let teacher = distill
+        .distill
+        .as_ref()
+        .context("the quickstart's distillation recipe distils")?;
     stages.run(3, "score the corpus with the teacher", || {
         let bar = progress_bar(false, "segments");
-        score_recipe(&distill, None, &mut |p| {
+        score_plan(&distill, teacher, None, &mut |p| {
             bar.set_length(p.segments_total as u64);
             bar.set_position(p.segments_done as u64);
         })?;
         bar.finish_and_clear();
         Ok(())
     })?;
-    let run = |r: &LoadedRecipe| -> Result<()> {
+    let run = |r: &RunPlan| -> Result<()> {
         let opts = TrainOptions {
-            resume: k3mini_checkpoints::latest(&r.out_dir())?.is_some(),
+            resume: k3mini_checkpoints::latest(&r.out_dir)?.is_some(),
             ..Default::default()
         };
         train(r, &opts).map(drop)
@@ -221,7 +226,7 @@ pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
     let gguf = out.join("student.q4_k_m.gguf");
     stages.run(7, "export the student to Q4_K_M GGUF", || {
         export_gguf(
-            &open_checkpoint(&distill.out_dir())?,
+            &open_checkpoint(&distill.out_dir)?,
             FileType::Q4KM,
             None,
             &gguf,

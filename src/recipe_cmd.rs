@@ -2,33 +2,40 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use k3mini::recipe;
+use k3mini::recipe::{self, human_bytes};
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
 pub enum RecipeCommand {
-    /// Validate a recipe and print it resolved (every default and the full model config).
+    /// Validate a recipe and print its resolved plan (every default, absolute paths, the full
+    /// model config).
     Check { file: PathBuf },
 }
 
 pub fn run(cmd: RecipeCommand) -> Result<()> {
     match cmd {
         RecipeCommand::Check { file } => {
-            let loaded = recipe::load(&file)?;
-            let tokens_per_step = loaded.recipe.train.batch_tokens;
+            let plan = recipe::load(&file)?;
+            let memory = k3mini_student::info::training_memory(
+                &plan.model,
+                plan.train.micro_batch,
+                plan.data.seq_len,
+            )
+            .total();
             eprintln!(
-                "{}: ok — model {} ({} params), {} steps x {} tokens ({} micro-batches of {} x {}), output {}",
+                "{}: ok — model {} ({} params, ~{} to train), {} steps x {} tokens ({} micro-batches of {} x {}), output {}",
                 file.display(),
-                loaded.model.layer_pattern,
-                k3mini_student::info::param_breakdown(&loaded.model).total(),
-                loaded.recipe.train.steps,
-                tokens_per_step,
-                loaded.accumulation,
-                loaded.recipe.train.micro_batch,
-                loaded.recipe.data.seq_len,
-                loaded.out_dir().display()
+                plan.model.layer_pattern,
+                k3mini_student::info::param_breakdown(&plan.model).total(),
+                human_bytes(memory as f64),
+                plan.train.steps,
+                plan.train.batch_tokens,
+                plan.accumulation,
+                plan.train.micro_batch,
+                plan.data.seq_len,
+                plan.out_dir.display()
             );
-            print!("{}", loaded.to_toml());
+            print!("{}", plan.to_toml());
             Ok(())
         }
     }

@@ -3,12 +3,10 @@
 use anyhow::Result;
 use burn::tensor::Device;
 use clap::Subcommand;
-use k3mini::teachers::{
-    gguf_tokenizer, progress_bar, recipe_prompts, recipe_teacher, resolve, score_recipe,
-};
+use k3mini::recipe::{DistillPlan, RunPlan};
+use k3mini::teachers::{generate_plan, gguf_tokenizer, progress_bar, resolve, score_plan};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
-use k3mini_teacher::generate::{GenerateJob, generate_trajectories};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::server::serve;
 use k3mini_teacher::{GenerateParams, Teacher};
@@ -150,7 +148,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             let secs = started.elapsed().as_secs_f64();
             println!(
                 "{}",
-                t.tokenizer.decode(&out.ids)?.trim_end_matches("<|im_end|>")
+                t.tokenizer
+                    .decode(&out.ids)?
+                    .trim_end_matches(k3mini_data::chat::END_OF_TURN)
             );
             eprintln!(
                 "{} prompt + {} generated tokens in {secs:.1}s ({:?})",
@@ -163,11 +163,23 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
     }
 }
 
+/// A recipe's plan and its distillation part, which names the teacher.
+fn distilling(recipe_path: &Path) -> Result<(RunPlan, DistillPlan)> {
+    let plan = k3mini::recipe::load(recipe_path)?;
+    let Some(distill) = plan.distill.clone() else {
+        anyhow::bail!(
+            "{}: no [teacher] and [distill] tables: nothing names a teacher",
+            recipe_path.display()
+        );
+    };
+    Ok((plan, distill))
+}
+
 fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
-    let recipe = k3mini::recipe::load(recipe_path)?;
+    let (plan, distill) = distilling(recipe_path)?;
     let bar = progress_bar(quiet, "segments");
     let started = std::time::Instant::now();
-    let (manifest, dir) = score_recipe(&recipe, out, &mut |p| {
+    let (manifest, dir) = score_plan(&plan, &distill, out, &mut |p| {
         bar.set_length(p.segments_total as u64);
         bar.set_position(p.segments_done as u64);
         bar.set_message(format!(
@@ -198,43 +210,16 @@ fn generate(
     limit: Option<usize>,
     quiet: bool,
 ) -> Result<()> {
-    let recipe = k3mini::recipe::load(recipe_path)?;
-    let Some(g) = recipe
-        .recipe
-        .teacher
-        .as_ref()
-        .and_then(|t| t.generate.as_ref())
-    else {
+    let (plan, distill) = distilling(recipe_path)?;
+    let Some(g) = &distill.teacher.generate else {
         anyhow::bail!(
             "{}: no [teacher.generate] table naming prompts",
             recipe_path.display()
         );
     };
-    let (tc, teacher, tokenizer) = recipe_teacher(&recipe)?;
-    let prompts = recipe_prompts(&recipe, g, &tokenizer, limit)?;
-    // The turn ends at the template's end-of-turn marker (one id: check_markers made sure).
-    let end_of_turn = tokenizer.encode_with_specials("<|im_end|>")?;
-    let job = GenerateJob {
-        out_dir: out
-            .or_else(|| recipe.trajectories_dir())
-            .expect("a [teacher.generate] recipe has a trajectory dir"),
-        params: GenerateParams {
-            max_tokens: g.max_tokens,
-            temperature: g.temperature,
-            top_p: g.top_p,
-            seed: recipe.recipe.run.seed,
-            logprobs: tc.k,
-            stop: end_of_turn,
-        },
-        teacher: teacher.name().to_string(),
-        tokenizer_sha256: tokenizer.fingerprint(),
-        prompts_per_shard: g.prompts_per_shard,
-        concurrency: tc.concurrency,
-    };
     let bar = progress_bar(quiet, "prompts");
     let started = std::time::Instant::now();
-    let decode = |ids: &[u32]| Ok(tokenizer.decode(ids)?);
-    let manifest = generate_trajectories(teacher.as_ref(), &prompts, &job, &decode, &mut |p| {
+    let (manifest, dir) = generate_plan(&plan, &distill, g, out, limit, &mut |p| {
         bar.set_length(p.prompts_total as u64);
         bar.set_position(p.prompts_done as u64);
         bar.set_message(format!(
@@ -253,7 +238,7 @@ fn generate(
         manifest.positions(),
         manifest.job.k,
         manifest.bytes() as f64 / 1e6,
-        job.out_dir.display()
+        dir.display()
     );
     Ok(())
 }

@@ -1,15 +1,23 @@
-//! A recipe's teacher: a local one (a built-in name, fetched into the cache when missing, or a
-//! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement.
+//! A plan's teacher: a local one (a built-in name, fetched into the cache when missing, or a
+//! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement; the student's
+//! tokenizer; prompt sets; scoring a plan's corpus.
 
-use crate::recipe::{GenerateConfig, LoadedRecipe, TeacherConfig};
+use crate::recipe::{
+    DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RunPlan, TeacherSource,
+    TokenizerSpec,
+};
 use anyhow::Result;
+use k3mini_data::Tokenizer;
 use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
 use k3mini_data::shards::ShardMeta;
+use k3mini_teacher::GenerateParams;
 use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
-use k3mini_teacher::generate::PromptIds;
+use k3mini_teacher::generate::{
+    GenerateJob, GenerateManifestJob, GenerateProgress, PromptIds, generate_trajectories,
+};
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::manifest::Manifest;
 use k3mini_teacher::score::{ScoreJob, ScoreManifestJob, ScoreProgress, score_corpus};
@@ -34,130 +42,109 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
+/// A local teacher's GGUF file (a built-in one is fetched when missing).
+pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
+    match model {
+        LocalModel::Builtin { name } => resolve(name),
+        LocalModel::Gguf { path } => resolve(&path.display().to_string()),
+    }
+}
+
 /// The tokenizer stored in a GGUF teacher's metadata.
-pub fn gguf_tokenizer(path: &Path) -> Result<k3mini_data::Tokenizer> {
+pub fn gguf_tokenizer(path: &Path) -> Result<Tokenizer> {
     let file = k3mini_checkpoints::gguf::GgufFile::open(path)?;
     Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
 }
 
-/// The student's tokenizer: the recipe's, or for `data.tokenizer = "teacher"` the local GGUF
-/// teacher's.
-pub fn student_tokenizer(recipe: &LoadedRecipe) -> Result<k3mini_data::Tokenizer> {
-    if recipe.recipe.data.tokenizer != crate::recipe::TEACHER_TOKENIZER {
-        return Ok(recipe.tokenizer()?);
-    }
-    let model = recipe
-        .recipe
-        .teacher
-        .as_ref()
-        .and_then(|t| t.model.as_ref())
-        .expect("the recipe check requires a local [teacher] for tokenizer = \"teacher\"");
-    gguf_tokenizer(&local_teacher_path(recipe, model)?)
-}
-
-/// `teacher.model` of a recipe: a built-in name, or a path relative to the recipe.
-pub fn local_teacher_path(recipe: &LoadedRecipe, model: &str) -> Result<PathBuf> {
-    if fetch::known(model, Kind::Teacher).is_some() {
-        resolve(model)
-    } else {
-        resolve(&recipe.resolve_path(Path::new(model)).display().to_string())
-    }
+/// The student's tokenizer: a built-in vocabulary, a tokenizer.json, or the local teacher's own.
+pub fn student_tokenizer(spec: &TokenizerSpec) -> Result<Tokenizer> {
+    Ok(match spec {
+        TokenizerSpec::Builtin { name } => Tokenizer::load(name)?,
+        TokenizerSpec::File { path } => Tokenizer::load(&path.display().to_string())?,
+        TokenizerSpec::Teacher { model } => gguf_tokenizer(&local_model_path(model)?)?,
+    })
 }
 
 /// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
 /// the probe that a served teacher tokenizes as the student does.
 const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
 
-/// A recipe's teacher (local, or served and probed) and the tokenizer both sides agree on.
-pub fn recipe_teacher(
-    recipe: &LoadedRecipe,
-) -> Result<(
-    &TeacherConfig,
-    Arc<dyn Teacher + Send + Sync>,
-    k3mini_data::Tokenizer,
-)> {
-    let path = recipe.path.display();
-    let Some(tc) = &recipe.recipe.teacher else {
-        anyhow::bail!("{path}: no [teacher] table");
-    };
+/// The plan's teacher, checked to agree with the student's tokenizer: a local teacher's GGUF
+/// vocabulary has the student's fingerprint, a served one tokenizes a probe text as the student
+/// does (and its ids are read through the student's vocabulary).
+pub fn plan_teacher(
+    distill: &DistillPlan,
+    student: &Tokenizer,
+) -> Result<Arc<dyn Teacher + Send + Sync>> {
     let mismatch = |what: &str| {
         anyhow::anyhow!(
-            "{path}: data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids \
-             would mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
+            "data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids would \
+             mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
              distillation is not supported yet)."
         )
     };
-    Ok(match &tc.model {
-        Some(model) => {
-            let file = local_teacher_path(recipe, model)?;
+    Ok(match &distill.teacher.source {
+        TeacherSource::Local { model } => {
+            let file = local_model_path(model)?;
             let local = LocalTeacher::from_gguf(&file, &burn::tensor::Device::default())?;
-            let tokenizer = if recipe.recipe.data.tokenizer == crate::recipe::TEACHER_TOKENIZER {
-                local.tokenizer.clone()
-            } else {
-                let student = recipe.tokenizer()?;
-                if student.fingerprint() != local.tokenizer.fingerprint() {
-                    return Err(mismatch(
-                        "their id → token tables have different fingerprints",
-                    ));
-                }
-                student
-            };
-            (tc, Arc::new(local), tokenizer)
+            if student.fingerprint() != local.tokenizer.fingerprint() {
+                return Err(mismatch(
+                    "their id → token tables have different fingerprints",
+                ));
+            }
+            Arc::new(local)
         }
-        None => {
-            let tokenizer = recipe.tokenizer()?;
+        TeacherSource::Served { endpoints, api } => {
             // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
-            let pieces = (tc.api == Api::Openai).then(|| {
-                Arc::new(piece_map(tokenizer.vocab_size(), |id| {
-                    tokenizer.decode(&[id]).ok()
+            let pieces = (*api == Api::Openai).then(|| {
+                Arc::new(piece_map(student.vocab_size(), |id| {
+                    student.decode(&[id]).ok()
                 }))
             });
             let opts = ClientOptions {
-                api: tc.api,
+                api: *api,
                 pieces,
                 ..Default::default()
             };
-            let remote = HttpTeacher::connect(&tc.endpoints, tokenizer.vocab_size(), opts)?;
-            if remote.token_ids(PROBE)? != tokenizer.encode(PROBE)? {
+            let remote = HttpTeacher::connect(endpoints, student.vocab_size(), opts)?;
+            if remote.token_ids(PROBE)? != student.encode(PROBE)? {
                 return Err(mismatch("the server tokenizes a probe text differently"));
             }
-            (tc, Arc::new(remote), tokenizer)
+            Arc::new(remote)
         }
     })
 }
 
-/// The recipe's prompt sets, rendered and tokenized.
-pub fn recipe_prompts(
-    recipe: &LoadedRecipe,
-    g: &GenerateConfig,
-    tokenizer: &k3mini_data::Tokenizer,
+/// The plan's prompt sets (the first `limit` prompts), rendered and tokenized.
+pub fn plan_prompts(
+    p: &PromptPlan,
+    tokenizer: &Tokenizer,
     limit: Option<usize>,
 ) -> Result<Vec<PromptIds>> {
-    check_markers(g.template, tokenizer).map_err(anyhow::Error::msg)?;
+    check_markers(p.template, tokenizer).map_err(anyhow::Error::msg)?;
     let mut prompts = Vec::new();
-    for source in &g.prompts {
+    for set in &p.sets {
         if limit.is_some_and(|l| prompts.len() >= l) {
             break; // no need to fetch sets past the limit
         }
-        let mut set = match (&source.path, &source.dataset) {
-            (Some(path), _) => read_prompts(&recipe.resolve_path(path))?,
-            (_, Some(name)) => {
+        let (mut read, limit) = match set {
+            PromptSet::Jsonl { path, limit } => (read_prompts(path)?, limit),
+            PromptSet::Builtin { name, limit } => {
                 let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
                     eprintln!("{l}")
                 })?;
-                read_champ(&file)?
+                (read_champ(&file)?, limit)
             }
-            _ => unreachable!("the recipe check requires path or dataset"),
         };
-        set.truncate(source.limit.unwrap_or(usize::MAX));
-        prompts.extend(set);
+        read.truncate(limit.unwrap_or(usize::MAX));
+        prompts.extend(read);
     }
     prompts.truncate(limit.unwrap_or(usize::MAX));
     prompts
         .into_iter()
-        .map(|p| {
-            let mut messages = p.messages;
-            if let Some(system) = &g.system
+        .map(|prompt| {
+            let mut messages = prompt.messages;
+            if let Some(system) = &p.system
                 && messages[0].role != Role::System
             {
                 messages.insert(
@@ -169,50 +156,80 @@ pub fn recipe_prompts(
                     },
                 );
             }
-            let rendered = render(&messages, g.template, true)
-                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", p.id))?;
+            let rendered = render(&messages, p.template, true)
+                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", prompt.id))?;
             Ok(PromptIds {
-                id: p.id,
+                id: prompt.id,
                 ids: rendered.encode(tokenizer)?.0,
-                reference: p.answer,
+                reference: prompt.answer,
             })
         })
         .collect()
 }
 
-/// Scores the recipe's corpus with its teacher into shards under `out` (default: the recipe's
+/// Scores the plan's corpus with its teacher into shards under `out` (default: the plan's
 /// shards directory); a rerun skips finished shards. Returns the manifest and the directory.
-pub fn score_recipe(
-    recipe: &LoadedRecipe,
+pub fn score_plan(
+    plan: &RunPlan,
+    distill: &DistillPlan,
     out: Option<PathBuf>,
     on_progress: &mut dyn FnMut(ScoreProgress),
 ) -> Result<(Manifest<ScoreManifestJob>, PathBuf)> {
-    let (tc, teacher, tokenizer) = recipe_teacher(recipe)?;
-    anyhow::ensure!(
-        tc.temperature == 1.0,
-        "teacher.temperature {}: teachers are scored at temperature 1 (tempering from stored \
-         logprobs happens in the distillation loss)",
-        tc.temperature
-    );
-    let docs: Vec<Vec<u32>> = crate::train::trainer::tokenized_documents(recipe, &tokenizer)?
+    let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
+    let teacher = plan_teacher(distill, &tokenizer)?;
+    let t = &distill.teacher;
+    let docs: Vec<Vec<u32>> = crate::corpus::tokenized_documents(&plan.data, &tokenizer)?
         .into_iter()
         .map(|d| d.ids)
         .collect();
     let job = ScoreJob {
-        out_dir: out
-            .or_else(|| recipe.shards_dir())
-            .expect("a [teacher] recipe has a shard dir"),
+        out_dir: out.unwrap_or_else(|| t.shards_dir.clone()),
         meta: ShardMeta {
             teacher: teacher.name().to_string(),
             tokenizer_sha256: tokenizer.fingerprint(),
-            k: tc.k,
-            temperature: tc.temperature,
+            k: t.k,
+            temperature: t.logprob_temperature,
         },
-        seq_len: recipe.recipe.data.seq_len,
-        segments_per_shard: tc.segments_per_shard,
-        concurrency: tc.concurrency,
+        seq_len: plan.data.seq_len,
+        segments_per_shard: t.segments_per_shard,
+        concurrency: t.concurrency,
     };
     let manifest = score_corpus(teacher.as_ref(), &docs, &job, on_progress)?;
+    Ok((manifest, job.out_dir))
+}
+
+/// Samples the teacher's answers to the first `limit` of `generate`'s prompts into trajectory
+/// shards under `out` (default: the plan's); a rerun skips finished shards.
+pub fn generate_plan(
+    plan: &RunPlan,
+    distill: &DistillPlan,
+    generate: &GeneratePlan,
+    out: Option<PathBuf>,
+    limit: Option<usize>,
+    on_progress: &mut dyn FnMut(GenerateProgress),
+) -> Result<(Manifest<GenerateManifestJob>, PathBuf)> {
+    let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
+    let teacher = plan_teacher(distill, &tokenizer)?;
+    let prompts = plan_prompts(&generate.prompts, &tokenizer, limit)?;
+    // The turn ends at the template's end-of-turn marker (one id: check_markers made sure).
+    let end_of_turn = tokenizer.encode_with_specials(generate.prompts.template.end_of_turn())?;
+    let job = GenerateJob {
+        out_dir: out.unwrap_or_else(|| generate.out_dir.clone()),
+        params: GenerateParams {
+            max_tokens: generate.max_tokens,
+            temperature: generate.sampling_temperature,
+            top_p: generate.top_p,
+            seed: plan.seed,
+            logprobs: distill.teacher.k,
+            stop: end_of_turn,
+        },
+        teacher: teacher.name().to_string(),
+        tokenizer_sha256: tokenizer.fingerprint(),
+        prompts_per_shard: generate.prompts_per_shard,
+        concurrency: distill.teacher.concurrency,
+    };
+    let decode = |ids: &[u32]| Ok(tokenizer.decode(ids)?);
+    let manifest = generate_trajectories(teacher.as_ref(), &prompts, &job, &decode, on_progress)?;
     Ok((manifest, job.out_dir))
 }
 

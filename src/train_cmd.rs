@@ -16,6 +16,10 @@ pub struct TrainArgs {
     /// Continue from the newest checkpoint in the output directory.
     #[arg(long)]
     resume: bool,
+    /// With --resume: continue although the recipe's plan differs from the checkpoint's (each
+    /// change is printed).
+    #[arg(long, requires = "resume")]
+    accept_changes: bool,
     /// Stop after this many steps (with a checkpoint); `--resume` continues.
     #[arg(long)]
     stop_after: Option<usize>,
@@ -30,6 +34,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let opts = TrainOptions {
         out_dir: args.out,
         resume: args.resume,
+        accept_changes: args.accept_changes,
         stop_after: args.stop_after,
         quiet: args.quiet,
     };

@@ -204,16 +204,26 @@ pub fn split_thinking(text: &str) -> (Option<String>, String) {
     (Some(thinking.trim().to_string()), after.trim().to_string())
 }
 
+/// The marker that ends every turn (both templates use `<|im_end|>`): where sampling stops.
+pub const END_OF_TURN: &str = "<|im_end|>";
+
+impl ChatFormat {
+    /// The marker that ends a turn in this template.
+    pub fn end_of_turn(self) -> &'static str {
+        END_OF_TURN
+    }
+}
+
 /// The special tokens a template's markup is made of.
 pub fn markers(format: ChatFormat) -> &'static [&'static str] {
     match format {
-        ChatFormat::Chatml => &["<|im_start|>", "<|im_end|>"],
+        ChatFormat::Chatml => &["<|im_start|>", END_OF_TURN],
         ChatFormat::Kimi => &[
             "<|im_system|>",
             "<|im_user|>",
             "<|im_assistant|>",
             "<|im_middle|>",
-            "<|im_end|>",
+            END_OF_TURN,
         ],
     }
 }

@@ -292,6 +292,10 @@ fn byte_level(
         .map_err(|e| e.to_string())
 }
 
+/// The largest vocabulary [`train_byte_level_bpe`] trains: ~100× Kimi's 163,840 ids. The trainer
+/// allocates per id up front, so an absurd size would abort on memory rather than fail.
+pub const MAX_BPE_VOCAB: usize = 1 << 24;
+
 /// Trains a byte-level BPE (GPT-2 style, no normaliser) with `vocab_size` ids on text files and
 /// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`]; `specials` (chat markers such as
 /// `<|im_start|>`) follow it as whole tokens.
@@ -305,6 +309,12 @@ pub fn train_byte_level_bpe(
         source_name: out.display().to_string(),
         message,
     };
+    if vocab_size <= 257 || vocab_size > MAX_BPE_VOCAB {
+        return Err(err(format!(
+            "a vocabulary of {vocab_size} ids: it must exceed 257 (256 bytes and the end-of-text \
+             token) and be at most {MAX_BPE_VOCAB}"
+        )));
+    }
     let mut trainer = BpeTrainerBuilder::new()
         .show_progress(false)
         .vocab_size(vocab_size)

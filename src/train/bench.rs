@@ -1,8 +1,9 @@
 //! Benchmark of a recipe's real training steps (packing, forward, backward, clipping, AdamW), as
 //! `k3mini bench train RECIPE` reports them for the README.
 
-use crate::recipe::LoadedRecipe;
-use crate::train::trainer::{StepMetrics, TrainOptions, train};
+use crate::recipe::RunPlan;
+use crate::run_dir::read_metrics;
+use crate::train::trainer::{TrainOptions, train};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
@@ -20,7 +21,7 @@ pub struct RecipeBench {
 }
 
 /// Runs `steps` optimizer steps of `recipe` in a scratch directory (removed afterwards).
-pub fn bench_recipe(recipe: &LoadedRecipe, steps: usize) -> Result<RecipeBench> {
+pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     if steps < 2 {
         bail!("bench train needs at least 2 steps (the first is warm-up)");
     }
@@ -32,27 +33,23 @@ pub fn bench_recipe(recipe: &LoadedRecipe, steps: usize) -> Result<RecipeBench> 
         quiet: true,
         ..Default::default()
     };
-    let result = train(recipe, &opts).and_then(|_| {
-        std::fs::read_to_string(out.join("metrics.jsonl")).context("reading the bench metrics")
-    });
+    let result =
+        train(plan, &opts).and_then(|_| read_metrics(&out).context("reading the bench metrics"));
     std::fs::remove_dir_all(&out).ok();
-    let lines: Vec<StepMetrics> = result?
-        .lines()
-        .map(serde_json::from_str)
-        .collect::<Result<_, _>>()?;
+    let lines = result?;
     if lines.len() < steps {
         bail!(
             "the recipe logs every {} steps: bench needs log_every = 1",
-            recipe.recipe.train.log_every
+            plan.train.log_every
         );
     }
     let mut rates: Vec<f64> = lines[1..].iter().map(|m| m.tokens_per_s).collect();
     rates.sort_by(f64::total_cmp);
     let median = rates[rates.len() / 2];
-    let tokens = recipe.recipe.train.batch_tokens;
+    let tokens = plan.train.batch_tokens;
     Ok(RecipeBench {
-        recipe: recipe.path.display().to_string(),
-        params: k3mini_student::info::param_breakdown(&recipe.model).total(),
+        recipe: plan.recipe_name(),
+        params: k3mini_student::info::param_breakdown(&plan.model).total(),
         tokens_per_step: tokens,
         steps,
         median_tokens_per_s: median,

@@ -1,4 +1,4 @@
-//! Distillation from shards: the student trains with the recipe's `[distill]` objectives on the
+//! Distillation from shards: the student trains with the plan's `[distill]` objectives on the
 //! teacher's signals over the corpus (`mode = "offline"`: scored segments) or on the teacher's own
 //! completions (`mode = "sequence"`: trajectory shards, completion tokens only), one row per
 //! segment or prompt (`k3mini_data::signals`).
@@ -8,8 +8,10 @@
 //! held-out cross-entropy (perplexity), the student's top-1 agreement with the teacher, and the
 //! forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail.
 
-use crate::recipe::{DistillConfig, DistillMode, LoadedRecipe, ObjectiveKind};
-use crate::train::trainer::tokenized_documents;
+use crate::recipe::{DistillPlan, ModePlan, RunPlan};
+use crate::run_dir::DataCursor;
+use crate::train::held_out::HeldOut;
+use crate::train::objective::{MicroBatch, TrainingObjective};
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::chat::THINK_CLOSE;
@@ -21,6 +23,8 @@ use k3mini_student::K3Mini;
 use k3mini_student::distill::{
     Objective, TeacherTopK, masked_mean, objective_per_position, sample_targets, teacher_buckets,
 };
+use k3mini_student::moe::ExpertLoad;
+use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
 use k3mini_teacher::manifest::{MANIFEST, Manifest, ids_sha256};
 use k3mini_teacher::score::{ScoreManifestJob, segments};
@@ -28,22 +32,24 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-/// The teacher shards of a distillation recipe, checked against it.
+/// The teacher shards of a distillation plan, checked against it.
 pub struct SignalData {
     pub files: Vec<ShardFile>,
     pub spec: SignalSpec,
     pub held_out: Arc<HashSet<u64>>,
+    /// The temperature the shards' logprobs were scored at.
+    pub temperature: f64,
 }
 
 /// A finished job's manifest under `dir`, or an error saying which command completes it.
 fn finished_manifest<J: serde::de::DeserializeOwned>(
     dir: &Path,
     command: &str,
-    recipe: &LoadedRecipe,
+    plan: &RunPlan,
     items: impl Fn(&J) -> (usize, usize),
 ) -> Result<Manifest<J>> {
     let path = dir.join(MANIFEST);
-    let rerun = format!("k3mini teacher {command} {}", recipe.path.display());
+    let rerun = format!("k3mini teacher {command} {}", plan.recipe_name());
     let text = std::fs::read(&path).with_context(|| {
         format!(
             "{}: no teacher shards (run `{rerun}` first)",
@@ -64,38 +70,57 @@ fn finished_manifest<J: serde::de::DeserializeOwned>(
     Ok(m)
 }
 
-/// Reads the shard manifest of the recipe's mode and checks it is complete and made for it.
+/// Reads the shard manifest the plan's mode trains from (scores for offline and on-policy runs,
+/// trajectories for sequence runs) and checks it is complete and made for this plan.
 pub fn signal_data(
-    recipe: &LoadedRecipe,
+    plan: &RunPlan,
+    distill: &DistillPlan,
     tokenizer: &k3mini_data::Tokenizer,
 ) -> Result<SignalData> {
-    let r = &recipe.recipe;
-    let tc = r.teacher.as_ref().expect("[distill] requires [teacher]");
-    let mode = r.distill.as_ref().map_or(DistillMode::Offline, |d| d.mode);
+    let data = &plan.data;
+    let teacher = &distill.teacher;
     let fingerprint = tokenizer.fingerprint();
-    // Scored segments are checked against (and masked by) the recipe's own documents.
+    // Scored segments are checked against (and masked by) the plan's own documents.
     let mut corpus = None;
-    let (dir, documents, files, source, made_with) = match mode {
-        DistillMode::Online => unreachable!("online runs ask the teacher, not shards"),
-        // On-policy runs mix in offline micro-batches and evaluate on the scored shards.
-        DistillMode::Offline | DistillMode::OnPolicy => {
-            let dir = recipe
-                .shards_dir()
-                .expect("a [teacher] recipe has a shard dir");
+    let (dir, documents, files, source, made_with, temperature) = match &distill.mode {
+        ModePlan::Sequence { trajectories } => {
+            let m: Manifest<GenerateManifestJob> =
+                finished_manifest(trajectories, "generate", plan, |j: &GenerateManifestJob| {
+                    (j.prompts, j.prompts_per_shard)
+                })?;
+            let files = shard_files(trajectories, &m);
+            let source = SignalSource::Trajectories {
+                think_close: tokenizer.token_id(THINK_CLOSE),
+                train_on: data.train_on.clone(),
+            };
+            // Generation samples at its own temperature; the logprobs it returns are untempered.
+            (
+                trajectories.clone(),
+                m.job.prompts,
+                files,
+                source,
+                (m.job.tokenizer_sha256, m.job.k),
+                LOGPROB_TEMPERATURE,
+            )
+        }
+        // Online runs ask the teacher instead; on-policy runs mix in offline micro-batches and
+        // evaluate on the scored shards.
+        ModePlan::Offline | ModePlan::Online | ModePlan::OnPolicy { .. } => {
+            let dir = &teacher.shards_dir;
             let m: Manifest<ScoreManifestJob> =
-                finished_manifest(&dir, "score", recipe, |j: &ScoreManifestJob| {
+                finished_manifest(dir, "score", plan, |j: &ScoreManifestJob| {
                     (j.segments, j.segments_per_shard)
                 })?;
-            if m.job.seq_len != r.data.seq_len {
+            if m.job.seq_len != data.seq_len {
                 bail!(
                     "{}: the shards hold {}-token segments but data.seq_len is {}: rescore or match them",
                     dir.display(),
                     m.job.seq_len,
-                    r.data.seq_len
+                    data.seq_len
                 );
             }
-            let docs = tokenized_documents(recipe, tokenizer)?;
-            let scored = docs.iter().flat_map(|d| segments(&d.ids, r.data.seq_len));
+            let docs = crate::corpus::tokenized_documents(data, tokenizer)?;
+            let scored = docs.iter().flat_map(|d| segments(&d.ids, data.seq_len));
             if ids_sha256(scored) != m.job.inputs_sha256 {
                 bail!(
                     "{}: the recipe's corpus changed since scoring (its segments' hash differs): \
@@ -103,35 +128,22 @@ pub fn signal_data(
                     dir.display()
                 );
             }
+            if !(m.job.temperature > 0.0 && m.job.temperature.is_finite()) {
+                bail!(
+                    "{}: the shards say they were scored at temperature {}",
+                    dir.display(),
+                    m.job.temperature
+                );
+            }
             corpus = Some(Arc::new(docs));
-            let files = shard_files(&dir, &m);
+            let files = shard_files(dir, &m);
             (
-                dir,
+                dir.clone(),
                 m.job.documents,
                 files,
                 SignalSource::Scores,
                 (m.job.tokenizer_sha256, m.job.k),
-            )
-        }
-        DistillMode::Sequence => {
-            let dir = recipe
-                .trajectories_dir()
-                .expect("sequence mode requires [teacher.generate]");
-            let m: Manifest<GenerateManifestJob> =
-                finished_manifest(&dir, "generate", recipe, |j: &GenerateManifestJob| {
-                    (j.prompts, j.prompts_per_shard)
-                })?;
-            let files = shard_files(&dir, &m);
-            let source = SignalSource::Trajectories {
-                think_close: tokenizer.token_id(THINK_CLOSE),
-                train_on: r.data.train_on.clone(),
-            };
-            (
-                dir,
-                m.job.prompts,
-                files,
-                source,
-                (m.job.tokenizer_sha256, m.job.k),
+                m.job.temperature as f64,
             )
         }
     };
@@ -141,26 +153,27 @@ pub fn signal_data(
             dir.display()
         );
     }
-    if made_with.1 < tc.k {
+    if made_with.1 < teacher.k {
         bail!(
             "{}: the shards hold top-{} but teacher.k is {}",
             dir.display(),
             made_with.1,
-            tc.k
+            teacher.k
         );
     }
-    let (_, held) = split_held_out(documents, r.data.held_out_fraction, r.run.seed);
+    let (_, held) = split_held_out(documents, data.held_out_fraction, plan.seed);
     Ok(SignalData {
         files,
         spec: SignalSpec {
             source,
             documents: corpus,
-            seq_len: r.data.seq_len,
-            k: tc.k,
-            vocab: recipe.model.vocab_size,
+            seq_len: data.seq_len,
+            k: teacher.k,
+            vocab: plan.model.vocab_size,
             tokenizer_sha256: fingerprint,
         },
         held_out: Arc::new(held.into_iter().map(|d| d as u64).collect()),
+        temperature,
     })
 }
 
@@ -210,14 +223,14 @@ impl SignalData {
 }
 
 /// One batch as flat `[N = rows·(T−1)]` tensors: logits' positions, targets, mask, teacher top-k.
-struct Flat {
-    tokens: Tensor<2, Int>,
-    targets: Tensor<1, Int>,
-    mask: Tensor<1>,
-    teacher: TeacherTopK,
+pub struct Flat {
+    pub tokens: Tensor<2, Int>,
+    pub targets: Tensor<1, Int>,
+    pub mask: Tensor<1>,
+    pub teacher: TeacherTopK,
 }
 
-fn flatten(b: &SignalBatch, device: &Device) -> Flat {
+pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
     let (rows, t, k) = (b.rows, b.seq_len, b.k);
     let n = rows * (t - 1);
     let tokens: Tensor<2, Int> =
@@ -247,33 +260,33 @@ fn flatten(b: &SignalBatch, device: &Device) -> Flat {
     }
 }
 
-/// The student's logits at every predicting position: `[rows, T] → [rows·(T−1), V]`.
-fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> Tensor<2> {
-    let logits = model.forward(tokens); // [rows, T, V]
-    let [rows, t, v] = logits.dims();
-    logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v])
+/// The student's logits at every predicting position, `[rows, T] → [rows·(T−1), V]`, and the
+/// forward's expert loads.
+pub fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> (Tensor<2>, Vec<ExpertLoad>) {
+    let out = model.forward_with(tokens, None); // logits [rows, T, V]
+    let [rows, t, v] = out.logits.dims();
+    let logits = out.logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v]);
+    (logits, out.expert_load)
 }
 
-/// `Σ weight · objective` over one batch. `seed` draws the sampled-KD targets.
+/// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`. `seed`
+/// draws the sampled-KD targets.
 pub fn distill_loss(
     model: &K3Mini,
     batch: &SignalBatch,
-    cfg: &DistillConfig,
-    tau_gen: f64,
+    distill: &DistillPlan,
+    temperature: f64,
     seed: u64,
-) -> Tensor<1> {
+) -> MicroBatch {
     let device = model.lm_head.weight.device();
     let mut flat = flatten(batch, &device);
-    let logits = position_logits(model, flat.tokens.clone());
-    if let Some(o) = cfg
-        .objectives
-        .iter()
-        .find(|o| o.kind == ObjectiveKind::Sampled)
-    {
-        let Objective::Sampled { samples } = o.objective() else {
-            unreachable!("kind sampled")
-        };
-        let p_hat = teacher_buckets(flat.teacher.logprobs.clone(), tau_gen, cfg.temperature);
+    let (logits, expert_load) = position_logits(model, flat.tokens.clone());
+    let sampled = distill.objectives.iter().find_map(|o| match o.objective {
+        Objective::Sampled { samples } => Some(samples),
+        _ => None,
+    });
+    if let Some(samples) = sampled {
+        let p_hat = teacher_buckets(flat.teacher.logprobs.clone(), temperature, distill.tau);
         let [n, k1] = p_hat.dims();
         let probs: Vec<f32> = p_hat
             .exp()
@@ -286,69 +299,76 @@ pub fn distill_loss(
         });
         flat.teacher.sampled = Some(Tensor::from_data(TensorData::new(freq, [n, k1]), &device));
     }
-    cfg.objectives
+    let loss = distill
+        .objectives
         .iter()
-        .filter(|o| o.weight > 0.0)
         .map(|o| {
             let per = objective_per_position(
-                o.objective(),
+                o.objective,
                 logits.clone(),
                 flat.targets.clone(),
                 &flat.teacher,
-                tau_gen,
-                cfg.temperature,
+                temperature,
+                distill.tau,
             );
             masked_mean(per, flat.mask.clone()) * o.weight
         })
-        .reduce(|a, b| a + b)
-        .expect("validation requires a positive weight")
-}
-
-/// Held-out measurements of a distillation run.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SignalEval {
-    /// Mean cross-entropy of the actual next tokens (nats).
-    pub loss: f64,
-    /// Fraction of positions where the student's argmax is the teacher's top-1.
-    pub top1: f64,
-    /// Mean `KL(p̂ ‖ q̂)` at τ = 1.
-    pub kl: f64,
-}
-
-/// Evaluates the student on held-out batches (token-weighted means).
-pub fn signal_eval(model: &K3Mini, batches: &[SignalBatch], tau_gen: f64) -> SignalEval {
-    let device = model.lm_head.weight.device().without_autodiff();
-    let inference = burn::module::Module::valid(model);
-    let (mut ce, mut kl, mut agree, mut count) = (0.0, 0.0, 0.0, 0.0);
-    for b in batches {
-        let flat = flatten(b, &device);
-        let logits = position_logits(&inference, flat.tokens.clone());
-        let weight = flat.mask.clone().sum().into_scalar::<f32>() as f64;
-        let per = |o| {
-            let v = objective_per_position(
-                o,
-                logits.clone(),
-                flat.targets.clone(),
-                &flat.teacher,
-                tau_gen,
-                1.0,
-            );
-            masked_mean(v, flat.mask.clone()).into_scalar::<f32>() as f64 * weight
-        };
-        ce += per(Objective::CrossEntropy);
-        kl += per(Objective::ForwardKl);
-        let n = flat.mask.dims()[0];
-        let student_top = logits.argmax(1).reshape([n]);
-        let teacher_top = flat.teacher.ids.clone().narrow(1, 0, 1).reshape([n]);
-        agree += (student_top.equal(teacher_top).float() * flat.mask.clone())
-            .sum()
-            .into_scalar::<f32>() as f64;
-        count += weight;
+        .fold(Tensor::zeros([1], &device), |a, b| a + b);
+    MicroBatch {
+        loss,
+        expert_load,
+        on_policy: None,
     }
-    let count = f64::max(count, 1.0);
-    SignalEval {
-        loss: ce / count,
-        top1: agree / count,
-        kl: kl / count,
+}
+
+/// Offline and sequence-level distillation: micro-batches of stored teacher signals.
+pub struct Shards {
+    stream: SignalStream,
+    distill: DistillPlan,
+    temperature: f64,
+    rows: usize,
+    held: HeldOut,
+}
+
+impl Shards {
+    pub fn open(
+        plan: &RunPlan,
+        distill: &DistillPlan,
+        tokenizer: &k3mini_data::Tokenizer,
+        cursor: SignalCursor,
+    ) -> Result<Self> {
+        let signals = signal_data(plan, distill, tokenizer)?;
+        let rows = plan.train.micro_batch;
+        Ok(Self {
+            held: HeldOut::Signals {
+                batches: signals.held_out_batches(plan.train.eval_batches, rows)?,
+                temperature: signals.temperature,
+            },
+            stream: signals.train_stream(plan.seed, cursor)?,
+            distill: distill.clone(),
+            temperature: signals.temperature,
+            rows,
+        })
+    }
+}
+
+impl TrainingObjective for Shards {
+    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+        let batch = self.stream.next_batch(self.rows)?;
+        Ok(distill_loss(
+            model,
+            &batch,
+            &self.distill,
+            self.temperature,
+            seed,
+        ))
+    }
+
+    fn held_out(&self) -> &HeldOut {
+        &self.held
+    }
+
+    fn cursor(&self) -> (DataCursor, Option<SignalCursor>) {
+        (DataCursor::Signals(self.stream.cursor()), None)
     }
 }

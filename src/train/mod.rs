@@ -1,7 +1,11 @@
-//! Training: schedules, the optimizer, the loop, and its benchmark.
+//! Training: the loop, one objective per mode, the shared held-out evaluator, the optimizer,
+//! schedules, QAT, and the loop's benchmark.
 
 pub mod bench;
 pub mod distill;
+pub mod held_out;
+pub mod lm;
+pub mod objective;
 pub mod on_policy;
 pub mod online;
 pub mod optim;

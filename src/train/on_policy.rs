@@ -6,8 +6,14 @@
 //! Prompts are taken in a seeded per-epoch order from a cursor stored in checkpoints; sampling is
 //! seeded per micro-batch and row, so a resumed run samples what an uninterrupted one would.
 
-use anyhow::Result;
+use crate::recipe::{DistillPlan, ModePlan, RunPlan};
+use crate::run_dir::DataCursor;
+use crate::train::distill::Shards;
+use crate::train::held_out::HeldOut;
+use crate::train::objective::{MicroBatch, TrainingObjective};
+use anyhow::{Result, bail};
 use burn::tensor::{Int, Tensor, TensorData};
+use k3mini_data::Tokenizer;
 use k3mini_data::pack::splitmix64;
 use k3mini_data::signals::{SignalCursor, take_in_epoch_order};
 use k3mini_student::K3Mini;
@@ -45,7 +51,7 @@ pub fn student_sample(model: &K3Mini, prompt: &[u32], spec: &SamplingSpec, seed:
 }
 
 /// The on-policy half of a run.
-pub struct OnPolicy {
+pub struct Sampler {
     pub teacher: Arc<dyn Teacher + Send + Sync>,
     pub prompts: Vec<PromptIds>,
     pub spec: SamplingSpec,
@@ -65,7 +71,7 @@ pub struct OnPolicyStats {
     pub reverse_kl: f64,
 }
 
-impl OnPolicy {
+impl Sampler {
     /// Whether micro-batch `seed` is on-policy (a seeded draw against `mix`).
     pub fn takes(&self, seed: u64) -> bool {
         let mut s = seed ^ 0x0F0F_1CE5;
@@ -73,12 +79,7 @@ impl OnPolicy {
     }
 
     /// Samples `rows` continuations, has the teacher score them, and returns the loss.
-    pub fn loss(
-        &mut self,
-        model: &K3Mini,
-        rows: usize,
-        seed: u64,
-    ) -> Result<(Tensor<1>, OnPolicyStats)> {
+    pub fn loss(&mut self, model: &K3Mini, rows: usize, seed: u64) -> Result<MicroBatch> {
         let device = model.lm_head.weight.device();
         let sampler = burn::module::Module::valid(model);
         let picked = take_in_epoch_order(self.prompts.len(), self.seed, &mut self.cursor, rows);
@@ -122,9 +123,9 @@ impl OnPolicy {
                 .reshape([n])
         };
         let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
-        let logits = model.forward(tokens.clone()); // [rows, T, V]
-        let v = logits.dims()[2];
-        let logits = logits.narrow(1, 0, t - 1).reshape([n, v]);
+        let out = model.forward_with(tokens.clone(), None); // logits [rows, T, V]
+        let v = out.logits.dims()[2];
+        let logits = out.logits.narrow(1, 0, t - 1).reshape([n, v]);
         let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
         let loss = on_policy_loss(
             logits.clone(),
@@ -138,12 +139,91 @@ impl OnPolicy {
             .reshape([n]);
         let count = mask.clone().sum().into_scalar::<f32>() as f64;
         let gap = ((log_q - teacher_lp) * mask).sum().into_scalar::<f32>() as f64;
-        Ok((
+        Ok(MicroBatch {
             loss,
-            OnPolicyStats {
+            expert_load: out.expert_load,
+            on_policy: Some(OnPolicyStats {
                 tokens: count as usize,
                 reverse_kl: gap / count.max(1.0),
+            }),
+        })
+    }
+}
+
+/// On-policy distillation: a `mix` share of micro-batches samples the student, the rest train
+/// offline on the shards (which also give the held-out set).
+pub struct OnPolicy {
+    offline: Shards,
+    sampler: Sampler,
+    rows: usize,
+}
+
+impl OnPolicy {
+    pub fn open(
+        plan: &RunPlan,
+        distill: &DistillPlan,
+        tokenizer: &Tokenizer,
+        cursor: SignalCursor,
+        prompts: SignalCursor,
+    ) -> Result<Self> {
+        let ModePlan::OnPolicy {
+            mix,
+            max_tokens,
+            sampling_temperature,
+            prompts: prompt_plan,
+        } = &distill.mode
+        else {
+            bail!("{}: not an on-policy plan", plan.recipe_name());
+        };
+        let offline = Shards::open(plan, distill, tokenizer, cursor)?;
+        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
+        let seq_len = plan.data.seq_len;
+        let sampled: Vec<_> = crate::teachers::plan_prompts(prompt_plan, tokenizer, None)?
+            .into_iter()
+            .filter(|p| p.ids.len() >= 2 && p.ids.len() < seq_len)
+            .collect();
+        if sampled.is_empty() {
+            bail!(
+                "{}: no prompt is shorter than data.seq_len {seq_len}: nothing to sample",
+                plan.recipe_name()
+            );
+        }
+        let sampler = Sampler {
+            teacher,
+            prompts: sampled,
+            spec: SamplingSpec {
+                max_tokens: *max_tokens,
+                temperature: *sampling_temperature,
+                stop: tokenizer.encode_with_specials(prompt_plan.template.end_of_turn())?,
+                seq_len,
             },
-        ))
+            mix: *mix,
+            concurrency: distill.teacher.concurrency,
+            seed: plan.seed,
+            cursor: prompts,
+        };
+        Ok(Self {
+            offline,
+            sampler,
+            rows: plan.train.micro_batch,
+        })
+    }
+}
+
+impl TrainingObjective for OnPolicy {
+    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+        if self.sampler.takes(seed) {
+            self.sampler.loss(model, self.rows, seed)
+        } else {
+            self.offline.micro_batch(model, seed)
+        }
+    }
+
+    fn held_out(&self) -> &HeldOut {
+        self.offline.held_out()
+    }
+
+    fn cursor(&self) -> (DataCursor, Option<SignalCursor>) {
+        (self.offline.cursor().0, Some(self.sampler.cursor))
     }
 }

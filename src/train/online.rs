@@ -6,13 +6,19 @@
 //! state is a cursor `(epoch, row)`, so a resumed run asks the teacher for exactly the batches an
 //! uninterrupted one would have.
 
+use crate::recipe::{DistillPlan, RunPlan};
+use crate::run_dir::DataCursor;
+use crate::train::distill::distill_loss;
+use crate::train::held_out::HeldOut;
+use crate::train::objective::{MicroBatch, TrainingObjective};
 use anyhow::Result;
-use k3mini_data::TokenDoc;
 use k3mini_data::pack::split_held_out;
 use k3mini_data::shards::ShardRow;
 use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble, take_in_epoch_order};
-use k3mini_teacher::Teacher;
+use k3mini_data::{TokenDoc, Tokenizer};
+use k3mini_student::K3Mini;
 use k3mini_teacher::score::{score_many, segments};
+use k3mini_teacher::{LOGPROB_TEMPERATURE, Teacher};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -163,5 +169,112 @@ impl OnlineStream {
         self.cursor = after;
         self.prefetch();
         Ok(batch)
+    }
+}
+
+impl OnlineSpec {
+    fn of(plan: &RunPlan, distill: &DistillPlan) -> Self {
+        Self {
+            seq_len: plan.data.seq_len,
+            k: distill.teacher.k,
+            vocab: plan.model.vocab_size,
+            concurrency: distill.teacher.concurrency,
+        }
+    }
+}
+
+/// The plan's training and held-out segments.
+fn plan_segments(plan: &RunPlan, tokenizer: &Tokenizer) -> Result<(Vec<Segment>, Vec<Segment>)> {
+    let docs = crate::corpus::tokenized_documents(&plan.data, tokenizer)?;
+    Ok(split_segments(
+        &docs,
+        plan.data.seq_len,
+        plan.data.held_out_fraction,
+        plan.seed,
+    ))
+}
+
+/// The first `n` micro-batches of held-out segments, scored by `teacher`.
+fn score_held_out(
+    teacher: &dyn Teacher,
+    held: &[Segment],
+    spec: &OnlineSpec,
+    rows: usize,
+    n: usize,
+) -> Result<HeldOut> {
+    Ok(HeldOut::Signals {
+        batches: held
+            .chunks(rows)
+            .take(n)
+            .map(|c| score_batch(teacher, c, spec))
+            .collect::<Result<_>>()?,
+        temperature: LOGPROB_TEMPERATURE,
+    })
+}
+
+/// An online run's held-out set, as its training evaluates it.
+pub fn held_out(
+    plan: &RunPlan,
+    distill: &DistillPlan,
+    teacher: &dyn Teacher,
+    tokenizer: &Tokenizer,
+    n: usize,
+) -> Result<HeldOut> {
+    let (_, held) = plan_segments(plan, tokenizer)?;
+    let spec = OnlineSpec::of(plan, distill);
+    score_held_out(teacher, &held, &spec, plan.train.micro_batch, n)
+}
+
+/// Online distillation: the teacher scores the next micro-batch while the student trains.
+pub struct Online {
+    stream: OnlineStream,
+    distill: DistillPlan,
+    held: HeldOut,
+}
+
+impl Online {
+    pub fn open(
+        plan: &RunPlan,
+        distill: &DistillPlan,
+        tokenizer: &Tokenizer,
+        cursor: SignalCursor,
+    ) -> Result<Self> {
+        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
+        let (train, held) = plan_segments(plan, tokenizer)?;
+        let spec = OnlineSpec::of(plan, distill);
+        let rows = plan.train.micro_batch;
+        let held = score_held_out(
+            teacher.as_ref(),
+            &held,
+            &spec,
+            rows,
+            plan.train.eval_batches,
+        )?;
+        Ok(Self {
+            stream: OnlineStream::new(teacher, train, spec, plan.seed, rows, cursor)?,
+            distill: distill.clone(),
+            held,
+        })
+    }
+}
+
+impl TrainingObjective for Online {
+    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+        let batch = self.stream.next_batch()?;
+        Ok(distill_loss(
+            model,
+            &batch,
+            &self.distill,
+            LOGPROB_TEMPERATURE,
+            seed,
+        ))
+    }
+
+    fn held_out(&self) -> &HeldOut {
+        &self.held
+    }
+
+    fn cursor(&self) -> (DataCursor, Option<SignalCursor>) {
+        (DataCursor::Signals(self.stream.cursor()), None)
     }
 }

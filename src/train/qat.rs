@@ -17,16 +17,9 @@ use k3mini_checkpoints::gguf::GgmlType;
 use k3mini_checkpoints::gguf::quantize::quantize;
 use k3mini_checkpoints::gguf::quants::dequantize;
 use k3mini_student::K3Mini;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-/// The fake-quantisation format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QatFormat {
-    Q4_0,
-    Mxfp4,
-}
+pub use crate::recipe::QatFormat;
 
 /// The E2M1 magnitudes.
 const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];

@@ -9,12 +9,22 @@ use k3mini_kernels::{KdaInputs, chunk_kda, kda::default_scale, naive_recurrent_k
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// Peak resident memory of this process (VmHWM), in bytes; `None` off Linux.
-pub fn peak_rss_bytes() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+/// A `KEY: N kB` line of a /proc file, in bytes; `None` off Linux.
+fn proc_kib(file: &str, key: &str) -> Option<usize> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Peak resident memory of this process (VmHWM), in bytes; `None` off Linux.
+pub fn peak_rss_bytes() -> Option<usize> {
+    proc_kib("/proc/self/status", "VmHWM:")
+}
+
+/// This machine's memory (MemTotal), in bytes; `None` off Linux.
+pub fn total_memory_bytes() -> Option<usize> {
+    proc_kib("/proc/meminfo", "MemTotal:")
 }
 
 /// Resets the peak-RSS watermark so the next [`peak_rss_bytes`] covers only what follows.

@@ -24,7 +24,8 @@ use burn::tensor::{Int, Tensor, activation};
 pub const FLOOR: f64 = 1e-8;
 
 /// A distillation objective (the recipe's `kind`).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Objective {
     /// Hard labels: `− log q(x_{t+1})` (no teacher; no τ).
     CrossEntropy,

@@ -66,6 +66,11 @@ impl Scored {
     }
 }
 
+/// The temperature of every logprob a [`Teacher`] returns, scored or generated: its own
+/// distribution. A sampling temperature shapes only which tokens are drawn (as vLLM's default
+/// `raw_logprobs`); distillation tempers the signals itself.
+pub const LOGPROB_TEMPERATURE: f64 = 1.0;
+
 /// Sampling settings for [`Teacher::generate`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenerateParams {

@@ -1,24 +1,17 @@
 //! The training loop end to end on a small real corpus (this repository's own sources and README):
 //! exact resume, the loss falling, non-finite steps, corrupt checkpoints.
+use crate::fixture::Scratch;
 use k3mini::recipe;
-use k3mini::train::trainer::{StepMetrics, TrainOptions, train};
+use k3mini::run_dir::{StepMetrics, read_metrics};
+use k3mini::train::trainer::{TrainOptions, train};
 use k3mini_data::tokenizer::train_byte_level_bpe;
 use std::path::{Path, PathBuf};
 
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
-
 /// A scratch dir with a BPE tokenizer trained on real text and a recipe using it.
 fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("k3mini-train-{tag}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scratch = Scratch::new(&format!("train-{tag}"));
+    let dir = scratch.0.clone();
+    let root = crate::fixture::root();
     let mut corpus = Vec::new();
     for (i, f) in [
         "README.md",
@@ -76,11 +69,11 @@ checkpoint_every = 3
     );
     let path = dir.join("recipe.toml");
     std::fs::write(&path, recipe).unwrap();
-    (Scratch(dir), path)
+    (scratch, path)
 }
 
 fn metrics(out: &Path) -> Vec<StepMetrics> {
-    k3mini::compare::read_metrics(out).unwrap()
+    read_metrics(out).unwrap()
 }
 
 fn opts(out: &Path) -> TrainOptions {
@@ -309,7 +302,7 @@ fn chat_sources_train_on_the_answer_and_thinking_only() {
     std::fs::write(s.0.join("chats.jsonl"), chats).unwrap();
     let r = recipe::load(&path).unwrap();
     let tok = k3mini_data::Tokenizer::load(&s.0.join("tok.json").display().to_string()).unwrap();
-    let docs = k3mini::train::trainer::tokenized_documents(&r, &tok).unwrap();
+    let docs = k3mini::corpus::tokenized_documents(&r.data, &tok).unwrap();
     let chat_docs: Vec<_> = docs.iter().filter(|d| d.targets.is_some()).collect();
     assert_eq!(chat_docs.len(), 2);
     for d in chat_docs {
@@ -359,4 +352,176 @@ fn qat_engages_at_its_start_step() {
             .iter()
             .all(|m| m.loss.is_finite())
     );
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            files.extend(snapshot(&p));
+        } else {
+            files.push((p.clone(), std::fs::read(&p).unwrap()));
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn a_resume_under_another_plan_is_refused_and_a_refused_run_changes_nothing() {
+    let (s, path) = setup("replan", 6, "");
+    let out = s.0.join("run");
+    let r = recipe::load(&path).unwrap();
+    train(
+        &r,
+        &TrainOptions {
+            stop_after: Some(3),
+            ..opts(&out)
+        },
+    )
+    .unwrap();
+    let before = snapshot(&out);
+    // Another objective and learning rate: resuming would silently mix two runs.
+    let changed = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("lr = 3e-3", "lr = 1e-3")
+        .replace("steps = 6", "steps = 8");
+    let other = s.0.join("other.toml");
+    std::fs::write(&other, changed).unwrap();
+    let other = recipe::load(&other).unwrap();
+    let resume = TrainOptions {
+        resume: true,
+        ..opts(&out)
+    };
+    let err = train(&other, &resume).unwrap_err().to_string();
+    assert!(
+        err.contains("optim.lr: 0.003 → 0.001") && err.contains("train.steps: 6 → 8"),
+        "{err}"
+    );
+    // A fresh run into a directory with checkpoints is refused too; neither touched the run.
+    let err = train(&other, &opts(&out)).unwrap_err().to_string();
+    assert!(err.contains("already holds checkpoints"), "{err}");
+    assert_eq!(snapshot(&out), before, "a refused run changes nothing");
+    // Accepted explicitly, the resume continues under the new plan.
+    let s2 = train(
+        &other,
+        &TrainOptions {
+            accept_changes: true,
+            ..resume
+        },
+    )
+    .unwrap();
+    assert_eq!((s2.first_step, s2.last_step), (3, 8));
+}
+
+#[test]
+fn a_model_this_machine_cannot_hold_is_refused_before_allocating() {
+    for model in ["d_model = 1000000\nn_heads = 4", "n_layers = 1000000"] {
+        let (s, path) = setup("huge", 4, "");
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("d_model = 64", model);
+        std::fs::write(&path, text).unwrap();
+        let out = s.0.join("run");
+        let err = train(&recipe::load(&path).unwrap(), &opts(&out))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("needs about") && err.contains("this machine has"),
+            "{err}"
+        );
+        assert!(!out.exists(), "nothing was written");
+    }
+}
+
+/// The spread of the experts' loads over the last 10 steps: the mean over steps and MoE layers
+/// of (max − min) / mean load.
+fn load_spread(out: &Path, top_k: usize, experts: usize, tokens: usize) -> f64 {
+    let lines = metrics(out);
+    let last = &lines[lines.len() - 10..];
+    let mean = (tokens * top_k) as f64 / experts as f64;
+    let spreads: Vec<f64> = last
+        .iter()
+        .flat_map(|m| {
+            assert!(!m.expert_load_max.is_empty(), "loads are logged");
+            m.expert_load_max
+                .iter()
+                .zip(&m.expert_load_min)
+                .map(|(&hi, &lo)| (hi - lo) as f64 / mean)
+        })
+        .collect();
+    spreads.iter().sum::<f64>() / spreads.len() as f64
+}
+
+/// `[model.moe]`: 8 experts, top-2, every layer routed, bias update rate `rate`.
+fn moe_table(rate: f64) -> String {
+    format!(
+        "[model.moe]\nnum_experts = 8\ntop_k = 2\nnum_shared_experts = 0\nexpert_hidden = 32\n\
+         first_dense_layers = 0\nbias_update_rate = {rate}\n"
+    )
+}
+
+#[test]
+fn moe_students_balance_their_experts() {
+    // recipes/ci-tiny.toml's student made MoE, with DeepSeek-V3's bias update (γ = 0.02: at this
+    // learning rate the router concentrates within a few dozen steps, faster than the default
+    // 1e-3 follows) and without (γ = 0).
+    let s = Scratch::new("moe-balance");
+    let text = std::fs::read_to_string(crate::fixture::root().join("recipes/ci-tiny.toml"))
+        .unwrap()
+        .replace(
+            "\"corpus/",
+            &format!("\"{}/recipes/corpus/", crate::fixture::root().display()),
+        );
+    let run = |rate: f64| {
+        let path = s.write(
+            &format!("moe-{rate}.toml"),
+            &format!("{text}\n{}", moe_table(rate)),
+        );
+        let out = s.path(&format!("run-{rate}"));
+        train(&recipe::load(&path).unwrap(), &opts(&out)).unwrap();
+        load_spread(&out, 2, 8, 1024)
+    };
+    let (balanced, unbalanced) = (run(0.02), run(0.0));
+    eprintln!("load spread: {balanced:.3} with the bias update, {unbalanced:.3} without");
+    assert!(
+        balanced < 0.7 * unbalanced,
+        "spread with the bias update {balanced:.3} vs without {unbalanced:.3}"
+    );
+}
+
+#[test]
+fn moe_router_biases_resume_exactly() {
+    // The biases live in the checkpoint: stop and resume reproduces the straight run.
+    let (s, path) = setup("moe-resume", 12, &moe_table(0.05));
+    let r = recipe::load(&path).unwrap();
+    let straight = s.0.join("straight");
+    train(&r, &opts(&straight)).unwrap();
+    let split = s.0.join("split");
+    train(
+        &r,
+        &TrainOptions {
+            stop_after: Some(5),
+            ..opts(&split)
+        },
+    )
+    .unwrap();
+    train(
+        &r,
+        &TrainOptions {
+            resume: true,
+            ..opts(&split)
+        },
+    )
+    .unwrap();
+    assert_eq!(loss_bits(&straight), loss_bits(&split));
+    let loads = |out: &Path| -> Vec<_> {
+        metrics(out)
+            .into_iter()
+            .map(|m| (m.expert_load_max, m.expert_load_min))
+            .collect()
+    };
+    assert_eq!(loads(&straight), loads(&split), "the same routing");
 }

@@ -1,34 +1,42 @@
 //! `k3mini export --format hf`: a checkpoint becomes safetensors + a Kimi Linear config.json that
 //! load back into the same model (transformers' own check is scripts/interop/check_hf.py), and
 //! what Kimi Linear cannot express is refused.
+use crate::fixture::Recipe;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use k3mini::export::{export_gguf, export_hf, load_model, open_checkpoint};
+use k3mini::export::{export_gguf, export_hf};
+use k3mini::run_dir::open_checkpoint;
 use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_checkpoints::gguf::{GgmlType, GgufFile, Value};
 use k3mini_student::K3Mini;
-use k3mini_student::hf::{config_from_kimi_linear, load_hf_safetensors, to_hf_bytes};
+use k3mini_student::hf::{config_from_kimi_linear, load_hf_safetensors};
+use std::path::Path;
 
-fn checkpoint(dir: &std::path::Path, model_table: &str) -> K3Mini {
-    checkpoint_with(dir, model_table, "[data]\ntokenizer = \"none.json\"\n")
+fn checkpoint(dir: &Path, model_table: &str) -> K3Mini {
+    checkpoint_with(dir, model_table, "kimi")
 }
 
-/// A checkpoint of a freshly initialised model whose recipe has `model_table` and then `rest`.
-fn checkpoint_with(dir: &std::path::Path, model_table: &str, rest: &str) -> K3Mini {
-    let recipe = format!("[run]\nname = \"e\"\n[model]\n{model_table}\n{rest}");
-    let cfg = k3mini_student::presets::from_recipe_toml(&recipe).unwrap();
+/// A checkpoint in `dir` of a freshly initialised model, with the plan of a recipe whose model
+/// table is `model_table` and whose tokenizer is `tokenizer` (`teacher`: SmolLM2's).
+fn checkpoint_with(dir: &Path, model_table: &str, tokenizer: &str) -> K3Mini {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("corpus.txt"), "Some text.").unwrap();
+    let mut recipe = Recipe::default()
+        .with("run", &format!("name = \"e\"\nout_dir = {:?}", dir.display().to_string()))
+        .with("model", model_table)
+        .with(
+            "data",
+            &format!("tokenizer = \"{tokenizer}\"\nseq_len = 128\n[[data.sources]]\npath = \"corpus.txt\""),
+        );
+    if tokenizer == "teacher" {
+        recipe = recipe
+            .extra("[teacher]\nmodel = \"smollm2\"\n[distill]\nobjectives = [{ kind = \"ce\" }]\n");
+    }
+    std::fs::write(dir.join("recipe.toml"), recipe.text()).unwrap();
+    let plan = k3mini::recipe::load(&dir.join("recipe.toml")).unwrap();
     let device = Device::default();
     device.seed(3);
-    let model = K3Mini::new(&cfg, &device).unwrap();
-    k3mini_checkpoints::write(
-        dir,
-        5,
-        &[
-            ("model.safetensors", to_hf_bytes(&model).unwrap()),
-            ("recipe.toml", recipe.into_bytes()),
-        ],
-        1,
-    )
-    .unwrap();
+    let model = K3Mini::new(&plan.model, &device).unwrap();
+    k3mini::run_dir::write_weights(&plan, &model, 5).unwrap();
     model
 }
 
@@ -47,7 +55,7 @@ fn hf_export_loads_back_into_the_same_model_and_refuses_kimi_k3_features() {
     let model = checkpoint(&run, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");
     let ck = open_checkpoint(&run).unwrap();
     assert_eq!(
-        logits(&load_model(&ck, &Device::default()).unwrap()),
+        logits(&ck.model(&Device::default()).unwrap()),
         logits(&model)
     );
     let out = dir.join("hf");
@@ -102,7 +110,7 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
     let dir = std::env::temp_dir().join(format!("k3mini-gguf-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     let run = dir.join("run");
-    let teacher = "[data]\ntokenizer = \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n";
+    let teacher = "teacher";
     let model = checkpoint_with(
         &run,
         "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64",
@@ -247,7 +255,7 @@ fn gguf_export_maps_k3_features_to_kimi_k3_and_refuses_full_attn_res() {
     // llama.cpp runs these files in scripts/interop/run.sh (students `k3` and `k3moe`).
     let dir = std::env::temp_dir().join(format!("k3mini-gguf-k3-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
-    let teacher = "[data]\ntokenizer = \"teacher\"\n[teacher]\nmodel = \"smollm2\"\n";
+    let teacher = "teacher";
     let k3 = "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64\n\
               [model.kda]\nhead_dim = 64\ngate_rank = 16\ngate_lower_bound = -5.0\n\
               [model.mla]\nq_lora_rank = 48\nkv_lora_rank = 32\nqk_nope_head_dim = 16\n\

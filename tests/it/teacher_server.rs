@@ -344,6 +344,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
              [teacher]\nendpoints = [\"{}\"]\nconcurrency = 2\nk = 5\nsegments_per_shard = 2\n\
              [teacher.generate]\nprompts = [{{path = \"prompts.jsonl\"}}]\nmax_tokens = 5\n\
              temperature = 0.7\nprompts_per_shard = 2\n\
+             [distill]\nobjectives = [{{ kind = \"ce\" }}]\n\
              [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
              [train]\nsteps = 1\nbatch_tokens = 8\nmicro_batch = 1\n",
             server.url

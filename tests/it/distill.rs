@@ -4,7 +4,8 @@
 //! mismatched shards are refused with the reason.
 use k3mini::compare::{summarise, table};
 use k3mini::recipe;
-use k3mini::train::trainer::{StepMetrics, TrainOptions, train};
+use k3mini::run_dir::{StepMetrics, read_metrics};
+use k3mini::train::trainer::{TrainOptions, train};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -83,7 +84,7 @@ prompts_per_shard = 2
     )
 }
 
-fn write_recipe(dir: &Path, name: &str, objectives: &str, steps: usize) -> recipe::LoadedRecipe {
+fn write_recipe(dir: &Path, name: &str, objectives: &str, steps: usize) -> recipe::RunPlan {
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, recipe_text(dir, name, objectives, steps)).unwrap();
     recipe::load(&path).unwrap()
@@ -114,7 +115,7 @@ fn teacher(command: &str, recipe: &Path) {
 
 /// Trains `recipe` straight, and again stopped after `stop` steps then resumed into `name`: the
 /// two end with the same tensors. Returns the straight run's directory.
-fn resumes_exactly(recipe: &recipe::LoadedRecipe, dir: &Path, name: &str, stop: usize) -> PathBuf {
+fn resumes_exactly(recipe: &recipe::RunPlan, dir: &Path, name: &str, stop: usize) -> PathBuf {
     let straight = train(recipe, &quiet()).unwrap();
     let split_dir = dir.join("runs").join(name);
     let split = |resume, stop_after| TrainOptions {
@@ -122,6 +123,7 @@ fn resumes_exactly(recipe: &recipe::LoadedRecipe, dir: &Path, name: &str, stop: 
         resume,
         stop_after,
         quiet: true,
+        ..Default::default()
     };
     train(recipe, &split(false, Some(stop))).unwrap();
     train(recipe, &split(true, None)).unwrap();
@@ -139,7 +141,7 @@ fn weights(out: &Path) -> (serde_json::Value, Vec<u8>) {
 }
 
 fn metrics(out: &Path) -> Vec<StepMetrics> {
-    k3mini::compare::read_metrics(out).unwrap()
+    read_metrics(out).unwrap()
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use k3mini::evaluate::{Suite, evaluate};
 use k3mini::recipe;
 use k3mini::train::trainer::{TrainOptions, train};
+use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_eval::report::write_report;
 use std::path::Path;
 
@@ -17,8 +18,7 @@ fn eval_measures_a_run_and_writes_its_report() {
         let text = std::fs::read_to_string(root.join(format!("shakespeare/{play}.txt"))).unwrap();
         std::fs::write(dir.join(format!("{play}.txt")), &text[..20_000]).unwrap();
     }
-    let recipe_text = format!(
-        r#"[run]
+    let recipe_text = r#"[run]
 name = "e"
 seed = 5
 [model]
@@ -26,7 +26,7 @@ preset = "tiny"
 vocab_size = 4096
 d_model = 64
 [data]
-tokenizer = "{}"
+tokenizer = "tok/bpe.json"
 seq_len = 128
 held_out_fraction = 0.3
 [[data.sources]]
@@ -44,9 +44,14 @@ batch_tokens = 512
 micro_batch = 4
 eval_every = 4
 eval_batches = 2
-"#,
-        root.join("shakespeare-bpe4k.json").display()
-    );
+"#;
+    // A tokenizer named relative to the recipe (as recipes/ci-tiny.toml names its own).
+    std::fs::create_dir_all(dir.join("tok")).unwrap();
+    std::fs::copy(
+        root.join("shakespeare-bpe4k.json"),
+        dir.join("tok/bpe.json"),
+    )
+    .unwrap();
     let path = dir.join("recipe.toml");
     std::fs::write(&path, recipe_text).unwrap();
     let run = dir.join("run");
@@ -59,7 +64,7 @@ eval_batches = 2
 
     let (report, curves) = evaluate(&run, Suite::Quick).unwrap();
     // The quick suite evaluates the batches training evaluated: the same loss.
-    let logged = k3mini::compare::read_metrics(&run)
+    let logged = k3mini::run_dir::read_metrics(&run)
         .unwrap()
         .iter()
         .rev()
@@ -112,10 +117,37 @@ eval_batches = 2
         let text = std::fs::read_to_string(out.join(svg)).unwrap();
         assert!(text.starts_with("<svg"), "{svg}");
     }
-    // A run that does not record its recipe (trained before recipe-source existed) is named,
-    // with what to pass instead.
-    std::fs::remove_file(run.join(k3mini::train::trainer::RECIPE_SOURCE)).unwrap();
-    let e = evaluate(&run, Suite::Quick).err().unwrap().to_string();
-    assert!(e.contains("pass the recipe file instead"), "{e}");
+    // The checkpoint carries its resolved plan: with the recipe file gone (or edited, or the
+    // presets changed), eval and export rebuild exactly the run that trained, from any working
+    // directory, with the tokenizer the recipe named relative to itself.
+    std::fs::remove_file(&path).unwrap();
+    let (again, _) = evaluate(&run, Suite::Quick).unwrap();
+    assert_eq!(
+        again.loss.to_bits(),
+        logged_bits(&run),
+        "the same held-out loss"
+    );
+    let gguf = dir.join("student.gguf");
+    let ck = k3mini::run_dir::open_checkpoint(&run).unwrap();
+    k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();
+    let file = k3mini_checkpoints::gguf::GgufFile::open(&gguf).unwrap();
+    assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
+    // A directory without checkpoints is named.
+    let e = evaluate(&dir, Suite::Quick).err().unwrap().to_string();
+    assert!(
+        e.contains("neither a checkpoint nor a run directory"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The last logged held-out loss of a run, as bits.
+fn logged_bits(run: &Path) -> u64 {
+    k3mini::run_dir::read_metrics(run)
+        .unwrap()
+        .iter()
+        .rev()
+        .find_map(|m| m.eval_loss)
+        .unwrap()
+        .to_bits()
 }

@@ -17,18 +17,18 @@ fn quickstart_recipes_load_and_differ_only_in_objectives() {
             ce.shards_dir(),
             "both runs read the same shards"
         );
-        assert_eq!(kd.recipe.train.steps, if fast { 40 } else { 150 });
-        assert_eq!(kd.recipe.distill.as_ref().unwrap().objectives.len(), 2);
-        assert_eq!(ce.recipe.distill.as_ref().unwrap().objectives.len(), 1);
-        assert_ne!(kd.out_dir(), ce.out_dir());
-        for source in &kd.recipe.data.sources {
-            let text = std::fs::read_to_string(kd.resolve_path(&source.path)).unwrap();
+        assert_eq!(kd.train.steps, if fast { 40 } else { 150 });
+        assert_eq!(kd.distill.as_ref().unwrap().objectives.len(), 2);
+        assert_eq!(ce.distill.as_ref().unwrap().objectives.len(), 1);
+        assert_ne!(kd.out_dir, ce.out_dir);
+        for source in &kd.data.sources {
+            let text = std::fs::read_to_string(&source.path).unwrap();
             assert!(text.len() > 10_000 && text.ends_with('\n'));
         }
         let stamp = |p: &std::path::Path| std::fs::metadata(p).unwrap().modified().unwrap();
-        let before = stamp(&kd.path);
+        let before = stamp(&kd.recipe);
         prepare(&out, fast).unwrap();
-        assert_eq!(stamp(&kd.path), before, "a rerun rewrites nothing");
+        assert_eq!(stamp(&kd.recipe), before, "a rerun rewrites nothing");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,29 +1,13 @@
 //! Recipes: defaults, resolution, and errors that name file, line and key.
+use crate::fixture::Scratch;
 use k3mini::recipe::{self, RecipeError, ScheduleConfig};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A scratch directory with a corpus file, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("k3mini-recipe-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("corpus.txt"), "It was the best of times.").unwrap();
-        Self(dir)
-    }
-
-    fn write(&self, text: &str) -> PathBuf {
-        let path = self.0.join("recipe.toml");
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
+/// A scratch directory with a corpus file.
+fn scratch(tag: &str) -> Scratch {
+    let s = Scratch::new(&format!("recipe-{tag}"));
+    s.write("corpus.txt", "It was the best of times.");
+    s
 }
 
 const GOOD: &str = r#"[run]
@@ -54,8 +38,8 @@ micro_batch = 4
 "#;
 
 fn error(tag: &str, text: &str) -> RecipeError {
-    let s = Scratch::new(tag);
-    recipe::load(&s.write(text)).unwrap_err()
+    let s = scratch(tag);
+    recipe::load(&s.write("recipe.toml", text)).unwrap_err()
 }
 
 /// Line (1-based) of the first line of `text` containing `needle`.
@@ -65,26 +49,29 @@ fn line_with(text: &str, needle: &str) -> usize {
 
 #[test]
 fn a_good_recipe_resolves_with_explicit_defaults() {
-    let s = Scratch::new("good");
-    let r = recipe::load(&s.write(GOOD)).unwrap();
+    let s = scratch("good");
+    let r = recipe::load(&s.write("recipe.toml", GOOD)).unwrap();
     assert_eq!(r.model.d_model, 64);
     assert_eq!(r.accumulation, 2); // 1024 / (4 x 128)
-    assert_eq!(r.recipe.optim.betas, [0.9, 0.95]);
-    assert_eq!(r.recipe.optim.eps, 1e-8);
-    assert_eq!(r.recipe.optim.weight_decay, 0.1);
+    assert_eq!(r.optim.betas, [0.9, 0.95]);
+    assert_eq!(r.optim.eps, 1e-8);
+    assert_eq!(r.optim.weight_decay, 0.1);
     assert_eq!(
-        r.recipe.schedule,
+        r.schedule,
         ScheduleConfig::Cosine {
             warmup_steps: 10,
             min_lr_ratio: 0.1
         }
     );
-    assert_eq!(r.out_dir(), Path::new("runs/t"));
+    assert_eq!(r.out_dir, std::path::absolute("runs/t").unwrap());
+    assert_eq!(r.data.sources[0].path, s.path("corpus.txt"), "absolute");
     let resolved = r.to_toml();
     assert!(
         resolved.contains("kv_lora_rank") && resolved.contains("weight_decay"),
         "{resolved}"
     );
+    // The plan a checkpoint stores reads back as itself.
+    assert_eq!(recipe::RunPlan::from_toml(&resolved).unwrap(), r);
 }
 
 #[test]
@@ -163,8 +150,8 @@ fn an_unreadable_file_is_named() {
 
 #[test]
 fn recipe_check_prints_the_resolved_recipe() {
-    let s = Scratch::new("cli");
-    let path = s.write(GOOD);
+    let s = scratch("cli");
+    let path = s.write("recipe.toml", GOOD);
     let out = assert_cmd::Command::cargo_bin("k3mini")
         .unwrap()
         .args(["recipe", "check"])
@@ -178,7 +165,10 @@ fn recipe_check_prints_the_resolved_recipe() {
     );
     let resolved: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
     assert_eq!(resolved["model"]["d_model"].as_integer(), Some(64));
-    let bad = s.write(&GOOD.replace("micro_batch = 4", "micro_batch = 0"));
+    let bad = s.write(
+        "recipe.toml",
+        &GOOD.replace("micro_batch = 4", "micro_batch = 0"),
+    );
     let out = assert_cmd::Command::cargo_bin("k3mini")
         .unwrap()
         .args(["recipe", "check"])
@@ -196,7 +186,18 @@ fn recipe_check_prints_the_resolved_recipe() {
 #[test]
 fn teacher_and_chat_settings_are_checked() {
     let teacher = "\n[teacher]\nmodel = \"smollm2\"\n";
+    let distill = "\n[distill]\nmode = \"online\"\nobjectives = [{ kind = \"ce\" }]\n";
     for (text, key, says) in [
+        // A teacher nothing learns from is refused when the recipe is checked, not at train time.
+        (format!("{GOOD}{teacher}"), "teacher", "without [distill]"),
+        (format!("{GOOD}{distill}"), "distill", "needs a [teacher]"),
+        // Signals are scored at τ = 1: a recipe claiming otherwise would train on mis-tempered
+        // targets (online and sequence runs took this value as the signals' temperature).
+        (
+            format!("{GOOD}{distill}{teacher}temperature = 2.0\n"),
+            "teacher.temperature",
+            "scored at temperature 1",
+        ),
         (
             GOOD.replace("tokenizer = \"kimi\"", "tokenizer = \"teacher\""),
             "data.tokenizer",
@@ -251,5 +252,47 @@ fn teacher_and_chat_settings_are_checked() {
         assert_eq!(e.key, key, "{e}");
         assert!(e.message.contains(says), "{e}");
         assert!(e.line.is_some(), "{e}");
+    }
+}
+
+#[test]
+fn what_cannot_run_is_refused_by_the_plan() {
+    for (from, to, key, says) in [
+        (
+            "d_model = 64",
+            "d_model = 64\nvocab_size = 1000000000000",
+            "model",
+            "beyond any machine",
+        ),
+        (
+            "batch_tokens = 1024",
+            "batch_tokens = 1000000000000000",
+            "train.batch_tokens",
+            "at most 65536 are accumulated",
+        ),
+    ] {
+        let text = GOOD.replace(from, to);
+        let e = error(&format!("big-{}", key.replace('.', "-")), &text);
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains(says), "{e}");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_recipe_that_is_not_a_regular_file_is_refused_without_reading_it() {
+    let s = scratch("fifo");
+    let fifo = s.path("fifo.toml");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Reading either would block or never end.
+    for path in [fifo.as_path(), Path::new("/dev/zero")] {
+        let e = recipe::load(path).unwrap_err();
+        assert!(e.message.contains("not a regular file"), "{e}");
     }
 }

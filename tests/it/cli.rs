@@ -140,5 +140,22 @@ fn tokenizer_train_then_encode() {
         .unwrap();
     assert!(!run.status.success());
     assert!(String::from_utf8_lossy(&run.stderr).contains("bad.txt: not valid UTF-8 at byte 3"));
+    // A vocabulary no trainer should allocate is refused, not an out-of-memory abort.
+    let run = k3mini()
+        .args([
+            "data",
+            "tokenizer",
+            "train",
+            "--vocab-size",
+            "1000000000000",
+            "--out",
+        ])
+        .arg(dir.join("y.json"))
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(err.contains("at most 16777216"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }

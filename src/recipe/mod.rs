@@ -1,0 +1,122 @@
+//! Recipes: one TOML file describes a run. [`schema`] is the file as written (every table rejects
+//! unknown keys); [`plan`] resolves and validates it, in one place, into the [`RunPlan`] a run
+//! executes. Every error names the file, the line and the key
+//! (`recipes/ci-tiny.toml:14: optim.lr: must be positive`).
+
+pub mod plan;
+pub mod schema;
+
+pub use plan::*;
+pub use schema::*;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A recipe problem, located in its file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecipeError {
+    pub file: PathBuf,
+    /// 1-based line of the offending key (or of its table), when it is in the file.
+    pub line: Option<usize>,
+    /// Dotted key, e.g. `optim.lr`; empty for syntax errors.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for RecipeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for RecipeError {}
+
+/// Recipes are small: a larger "recipe" is not one (and is not read into memory whole).
+const MAX_RECIPE_BYTES: u64 = 1 << 20;
+
+/// Reads, parses, validates and resolves a recipe file.
+pub fn load(path: &Path) -> Result<RunPlan, RecipeError> {
+    let refuse = |message: String| RecipeError {
+        file: path.to_path_buf(),
+        line: None,
+        key: String::new(),
+        message,
+    };
+    // A FIFO or a device would block or never end: only regular files are read.
+    let meta = std::fs::metadata(path).map_err(|e| refuse(format!("cannot read: {e}")))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file: a recipe is a TOML file".into()));
+    }
+    if meta.len() > MAX_RECIPE_BYTES {
+        return Err(refuse(format!(
+            "{} bytes: a recipe is a TOML file of at most {MAX_RECIPE_BYTES} bytes",
+            meta.len()
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read: {e}")))?;
+    parse(path, &text)
+}
+
+/// Parses, validates and resolves recipe `text` (errors are reported against `path`; relative
+/// paths in it are relative to `path`'s directory).
+pub fn parse(path: &Path, text: &str) -> Result<RunPlan, RecipeError> {
+    let recipe: Recipe = toml::from_str(text).map_err(|e| RecipeError {
+        file: path.to_path_buf(),
+        line: e.span().map(|s| line_of(text, s.start)),
+        key: String::new(),
+        message: e.message().trim().to_string(),
+    })?;
+    resolve_plan(path, recipe).map_err(|(key, message)| RecipeError {
+        file: path.to_path_buf(),
+        line: key_line(text, &key),
+        key,
+        message,
+    })
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Line of a dotted key (`optim.lr`, `data.sources.0.path`), or of the deepest table on its path that
+/// the file does contain.
+pub fn key_line(text: &str, dotted: &str) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let root = DeTable::parse(text).ok()?;
+    let mut table = root.get_ref();
+    let mut found = None;
+    let mut parts = dotted.split('.').peekable();
+    while let Some(part) = parts.next() {
+        let Some((key, value)) = table.iter().find(|(k, _)| k.get_ref().as_ref() == part) else {
+            break;
+        };
+        found = Some(line_of(text, key.span().start));
+        match value.get_ref() {
+            DeValue::Table(t) => table = t,
+            DeValue::Array(items) => {
+                // `sources.0.path`: step into the array element.
+                let Some(index) = parts.peek().and_then(|p| p.parse::<usize>().ok()) else {
+                    break;
+                };
+                parts.next();
+                match items.get(index).map(|v| v.get_ref()) {
+                    Some(DeValue::Table(t)) => {
+                        found = Some(line_of(text, items[index].span().start));
+                        table = t;
+                    }
+                    _ => break,
+                }
+            }
+            _ => break,
+        }
+    }
+    found
+}

@@ -1,0 +1,873 @@
+//! The run plan: a recipe resolved once — paths made absolute, the model expanded from its preset,
+//! the tokenizer, teacher, prompts and objective typed — and validated here, in one place. Each
+//! stage takes its part of the plan and re-checks nothing the plan guarantees.
+//!
+//! Every checkpoint stores the plan it was trained with (`plan.toml`), so export, eval and resume
+//! rebuild exactly that run whatever the presets, the recipe file or the working directory are
+//! later.
+
+use super::schema::*;
+use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
+use k3mini_student::ModelConfig;
+use k3mini_student::distill::Objective;
+use k3mini_student::presets::{PRESETS, resolve};
+use k3mini_teacher::client::Api;
+use k3mini_teacher::fetch::{self, Kind};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// `data.tokenizer = "teacher"`: use the teacher's own tokenizer (so the ids agree by construction).
+pub const TEACHER_TOKENIZER: &str = "teacher";
+
+/// Micro-batches one optimizer step may accumulate. A step that needs more would not finish in any
+/// useful time (at 1M tokens per step, K3 Mini's 3B recipe accumulates 256 at micro-batch 1).
+pub const MAX_ACCUMULATION: usize = 1 << 16;
+
+/// Training memory (weights, gradients, AdamW moments) beyond which no machine can hold a model:
+/// refused when the recipe is checked. Smaller models are checked against the machine at `train`.
+pub const MAX_TRAINING_BYTES: f64 = (1u64 << 50) as f64;
+
+/// A recipe, resolved and validated.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunPlan {
+    /// The recipe file this plan was resolved from (absolute); named in messages and commands.
+    pub recipe: PathBuf,
+    pub name: String,
+    /// Where checkpoints and metrics go (absolute).
+    pub out_dir: PathBuf,
+    /// Seeds initialisation, shuffling and sampling.
+    pub seed: u64,
+    /// Micro-batches accumulated per optimizer step: `train.batch_tokens / (micro_batch · seq_len)`.
+    pub accumulation: usize,
+    pub model: ModelConfig,
+    pub data: DataPlan,
+    pub optim: OptimConfig,
+    pub schedule: ScheduleConfig,
+    pub train: TrainConfig,
+    /// The teacher and what the student learns from it; `None` trains on the data alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillPlan>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataPlan {
+    pub tokenizer: TokenizerSpec,
+    /// Tokens per training sequence.
+    pub seq_len: usize,
+    pub packing: bool,
+    pub held_out_fraction: f64,
+    /// Which parts of chat documents carry loss.
+    pub train_on: LossParts,
+    pub sources: Vec<SourcePlan>,
+}
+
+/// A corpus source: an absolute path, its format and the field holding documents.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourcePlan {
+    pub path: PathBuf,
+    pub format: SourceFormat,
+    pub field: String,
+    /// Conversations rendered with this template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat: Option<ChatFormat>,
+}
+
+/// Where the student's tokenizer comes from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TokenizerSpec {
+    /// A built-in vocabulary (`kimi`, `kimi_k2`).
+    Builtin { name: String },
+    /// A tokenizer.json.
+    File { path: PathBuf },
+    /// The local GGUF teacher's own (`data.tokenizer = "teacher"`).
+    Teacher { model: LocalModel },
+}
+
+/// A local teacher's GGUF: a built-in one (fetched into the cache when missing) or a file.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum LocalModel {
+    Builtin { name: String },
+    Gguf { path: PathBuf },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherPlan {
+    pub source: TeacherSource,
+    /// Requests in flight.
+    pub concurrency: usize,
+    /// Top-k logprobs kept per position.
+    pub k: usize,
+    /// The temperature the teacher's logprobs are scored at: always 1 (its own distribution);
+    /// tempering happens in the loss, at [`DistillPlan::tau`].
+    pub logprob_temperature: f32,
+    /// Scored segments per shard.
+    pub segments_per_shard: usize,
+    /// Where `teacher score` writes its shards (absolute).
+    pub shards_dir: PathBuf,
+    /// Trajectories `teacher generate` samples (and eval's exact-match problems).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate: Option<GeneratePlan>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TeacherSource {
+    Local {
+        model: LocalModel,
+    },
+    /// vLLM / SGLang / OpenAI-echo servers, round-robin.
+    Served {
+        endpoints: Vec<String>,
+        api: Api,
+    },
+}
+
+/// Prompt sets and how they are rendered.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PromptPlan {
+    pub sets: Vec<PromptSet>,
+    pub template: ChatFormat,
+    /// A system turn put before every prompt that has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PromptSet {
+    /// A JSONL file (absolute path).
+    Jsonl {
+        path: PathBuf,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
+    /// A built-in set (`champ`), fetched when missing.
+    Builtin {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GeneratePlan {
+    pub max_tokens: usize,
+    /// The teacher's sampling temperature (0 = greedy). Its logprobs stay untempered.
+    pub sampling_temperature: f32,
+    pub top_p: f32,
+    pub prompts_per_shard: usize,
+    /// Where trajectory shards go (absolute).
+    pub out_dir: PathBuf,
+    pub prompts: PromptPlan,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillPlan {
+    /// The distillation temperature τ: student and teacher tempered, divergences scaled by τ².
+    pub tau: f64,
+    pub mode: ModePlan,
+    /// `Σ weight · objective`; only objectives with a positive weight are kept.
+    pub objectives: Vec<WeightedObjective>,
+    pub teacher: TeacherPlan,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedObjective {
+    pub weight: f64,
+    pub objective: Objective,
+}
+
+/// Where a distillation run's signals come from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModePlan {
+    /// `teacher score` shards of the corpus.
+    Offline,
+    /// The teacher scores each micro-batch in the loop.
+    Online,
+    /// The teacher's own completions (`teacher generate` shards in `trajectories`).
+    Sequence { trajectories: PathBuf },
+    /// The student samples continuations of `prompts` for a `mix` share of micro-batches (the
+    /// rest are offline) and the teacher scores its tokens.
+    OnPolicy {
+        mix: f64,
+        max_tokens: usize,
+        /// The student's sampling temperature (0 = greedy).
+        sampling_temperature: f32,
+        prompts: PromptPlan,
+    },
+}
+
+impl RunPlan {
+    /// The recipe in a command line or message.
+    pub fn recipe_name(&self) -> String {
+        self.recipe.display().to_string()
+    }
+
+    /// The plan as TOML (what `recipe check` prints and checkpoints store).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a plan serialises to TOML")
+    }
+
+    /// A plan read back from [`RunPlan::to_toml`].
+    pub fn from_toml(text: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(text)
+    }
+
+    /// The same plan writing to `out_dir` (made absolute).
+    pub fn with_out_dir(mut self, out_dir: &Path) -> Self {
+        self.out_dir = absolute(out_dir);
+        self
+    }
+
+    /// Where the teacher's signals are: the shards of `teacher score`.
+    pub fn shards_dir(&self) -> Option<&Path> {
+        Some(&self.distill.as_ref()?.teacher.shards_dir)
+    }
+
+    /// The prompt sets with reference answers (eval's exact match), when the recipe has any.
+    pub fn prompts(&self) -> Option<&PromptPlan> {
+        let d = self.distill.as_ref()?;
+        match &d.mode {
+            ModePlan::OnPolicy { prompts, .. } => Some(prompts),
+            _ => d.teacher.generate.as_ref().map(|g| &g.prompts),
+        }
+    }
+
+    /// The dotted keys whose values differ between `self` and `other` (`train.steps: 40 → 80`),
+    /// for refusing a resume under another plan.
+    pub fn changes_from(&self, other: &RunPlan) -> Vec<String> {
+        let (a, b) = (
+            toml::Value::try_from(other).expect("a plan serialises"),
+            toml::Value::try_from(self).expect("a plan serialises"),
+        );
+        let mut changes = Vec::new();
+        diff("", &a, &b, &mut changes);
+        changes
+    }
+}
+
+fn diff(key: &str, old: &toml::Value, new: &toml::Value, out: &mut Vec<String>) {
+    use toml::Value::Table;
+    let join = |k: &str| {
+        if key.is_empty() {
+            k.to_string()
+        } else {
+            format!("{key}.{k}")
+        }
+    };
+    match (old, new) {
+        (Table(a), Table(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for k in keys {
+                match (a.get(k), b.get(k)) {
+                    (Some(x), Some(y)) => diff(&join(k), x, y, out),
+                    (x, y) => out.push(format!("{}: {} → {}", join(k), shown(x), shown(y))),
+                }
+            }
+        }
+        _ if old != new => out.push(format!("{key}: {old} → {new}")),
+        _ => {}
+    }
+}
+
+fn shown(v: Option<&toml::Value>) -> String {
+    v.map_or("(absent)".into(), |v| v.to_string())
+}
+
+/// `p` against the working directory (a path `absolute` cannot make absolute is empty: kept as is).
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// What went wrong, as `(dotted key, message)`; the caller locates the key in the file.
+type Refusal = (String, String);
+
+fn refuse<T>(key: &str, message: impl Into<String>) -> Result<T, Refusal> {
+    Err((key.to_string(), message.into()))
+}
+
+/// Resolves and validates a parsed recipe read from `path`.
+pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
+    let recipe = absolute(path);
+    let dir = recipe.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let at = |p: &Path| dir.join(p);
+    let model = model_config(&r.model)?;
+    check_model_size(&model)?;
+    check_loop(&r, &model)?;
+    // Run and shard directories are relative to the working directory, sources to the recipe.
+    let out_dir = absolute(
+        r.run
+            .out_dir
+            .as_deref()
+            .unwrap_or(&PathBuf::from("runs").join(&r.run.name)),
+    );
+    let teacher = match &r.teacher {
+        Some(t) => Some(teacher_plan(t, &out_dir, &at)?),
+        None => None,
+    };
+    let distill = match (&r.distill, teacher) {
+        (None, None) => None,
+        (None, Some(_)) => {
+            return refuse(
+                "teacher",
+                "a [teacher] without [distill] trains nothing from it: add [distill] objectives \
+                 to learn from the teacher, or drop [teacher] for plain training",
+            );
+        }
+        (Some(_), None) => {
+            return refuse(
+                "distill",
+                "needs a [teacher] table: the signals it trains from are the teacher's",
+            );
+        }
+        (Some(d), Some(teacher)) => Some(distill_plan(d, teacher)?),
+    };
+    let data = data_plan(&r.data, distill.as_ref(), &at)?;
+    let per_micro = r.train.micro_batch * r.data.seq_len;
+    Ok(RunPlan {
+        recipe,
+        name: r.run.name.clone(),
+        out_dir,
+        seed: r.run.seed,
+        accumulation: r.train.batch_tokens / per_micro,
+        model,
+        data,
+        optim: r.optim,
+        schedule: r.schedule,
+        train: r.train,
+        distill,
+    })
+}
+
+fn model_config(table: &toml::Table) -> Result<ModelConfig, Refusal> {
+    let mut overrides = table.clone();
+    let preset = match overrides.remove("preset") {
+        Some(toml::Value::String(s)) => s,
+        _ => {
+            return refuse(
+                "model.preset",
+                format!("must name a preset: {}", PRESETS.join(", ")),
+            );
+        }
+    };
+    resolve(&preset, &overrides).map_err(|e| {
+        let key = if e.field == "preset" || e.field == "model" {
+            "model.preset".into()
+        } else {
+            format!("model.{}", e.field)
+        };
+        (key, e.message)
+    })
+}
+
+/// Refuses a model no machine could train; the exact estimate against this machine is `train`'s.
+fn check_model_size(m: &ModelConfig) -> Result<(), Refusal> {
+    let bytes = coarse_training_bytes(m);
+    if bytes > MAX_TRAINING_BYTES {
+        return refuse(
+            "model",
+            format!(
+                "training this model needs about {} for weights, gradients and AdamW moments \
+                 alone (vocab_size {}, d_model {}, n_layers {}): beyond any machine",
+                human_bytes(bytes),
+                m.vocab_size,
+                m.d_model,
+                m.n_layers
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// A coarse f64 bound on training bytes (16 per parameter), so that absurd sizes cannot overflow
+/// the exact usize accounting of `k3mini_student::info`, which is asked only once this is sane.
+fn coarse_training_bytes(m: &ModelConfig) -> f64 {
+    let f = |x: usize| x as f64;
+    let d = f(m.d_model);
+    let head = [
+        m.kda.head_dim,
+        m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim,
+        m.mla.v_head_dim,
+        m.mla.kv_lora_rank,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let inner = f(m.n_heads) * f(head);
+    let ffn = match &m.moe {
+        Some(e) => f(e.num_experts + e.num_shared_experts) * f(e.expert_hidden),
+        None => f(m.ffn_hidden),
+    };
+    let per_layer = d * (8.0 * inner + 3.0 * ffn) + f(m.mla.kv_lora_rank) * 2.0 * inner;
+    16.0 * (2.0 * f(m.vocab_size) * d + f(m.n_layers) * per_layer)
+}
+
+/// `12.3 GiB`.
+pub fn human_bytes(bytes: f64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+fn data_plan(
+    d: &DataConfig,
+    distill: Option<&DistillPlan>,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<DataPlan, Refusal> {
+    let mut sources = Vec::new();
+    for (i, source) in d.sources.iter().enumerate() {
+        let path = at(&source.path);
+        if !path.exists() {
+            return refuse(
+                &format!("data.sources.{i}.path"),
+                format!("{} does not exist", path.display()),
+            );
+        }
+        let format = source.format.unwrap_or_else(|| SourceFormat::infer(&path));
+        if source.chat.is_some() && format != SourceFormat::Jsonl {
+            return refuse(
+                &format!("data.sources.{i}.chat"),
+                "chat sources are JSONL (one conversation per line)",
+            );
+        }
+        sources.push(SourcePlan {
+            field: source.field().to_string(),
+            path,
+            format,
+            chat: source.chat,
+        });
+    }
+    let tokenizer = if d.tokenizer == TEACHER_TOKENIZER {
+        match distill.map(|d| &d.teacher.source) {
+            Some(TeacherSource::Local { model }) => TokenizerSpec::Teacher {
+                model: model.clone(),
+            },
+            Some(TeacherSource::Served { .. }) => {
+                return refuse(
+                    "data.tokenizer",
+                    "a served teacher's tokenizer is not available here: name the tokenizer.json \
+                     (or built-in vocabulary) the teacher uses; k3mini checks the server agrees",
+                );
+            }
+            None => {
+                return refuse(
+                    "data.tokenizer",
+                    "`teacher` needs a [teacher] table naming the teacher",
+                );
+            }
+        }
+    } else if Tokenizer::builtin(&d.tokenizer).is_some() {
+        TokenizerSpec::Builtin {
+            name: d.tokenizer.clone(),
+        }
+    } else {
+        let path = at(Path::new(&d.tokenizer));
+        if !path.is_file() {
+            return refuse(
+                "data.tokenizer",
+                format!("not `kimi` and no file at {}", path.display()),
+            );
+        }
+        TokenizerSpec::File { path }
+    };
+    Ok(DataPlan {
+        tokenizer,
+        seq_len: d.seq_len,
+        packing: d.packing,
+        held_out_fraction: d.held_out_fraction,
+        train_on: d.train_on.clone(),
+        sources,
+    })
+}
+
+fn local_model(name: &str, at: &dyn Fn(&Path) -> PathBuf) -> Result<LocalModel, Refusal> {
+    if fetch::known(name, Kind::Teacher).is_some() {
+        return Ok(LocalModel::Builtin { name: name.into() });
+    }
+    let path = at(Path::new(name));
+    if !path.is_file() {
+        return refuse(
+            "teacher.model",
+            format!(
+                "{name}: not a built-in teacher (smollm2) and no file at {}",
+                path.display()
+            ),
+        );
+    }
+    Ok(LocalModel::Gguf { path })
+}
+
+fn teacher_plan(
+    t: &TeacherConfig,
+    out_dir: &Path,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<TeacherPlan, Refusal> {
+    let source = match (&t.model, t.endpoints.is_empty()) {
+        (Some(model), true) => TeacherSource::Local {
+            model: local_model(model, at)?,
+        },
+        (None, false) => TeacherSource::Served {
+            endpoints: t.endpoints.clone(),
+            api: t.api,
+        },
+        _ => {
+            return refuse(
+                "teacher",
+                "give either `model` (a local teacher) or `endpoints` (served ones)",
+            );
+        }
+    };
+    if t.concurrency == 0 {
+        return refuse("teacher.concurrency", "must be positive");
+    }
+    if t.k == 0 {
+        return refuse("teacher.k", "must be positive");
+    }
+    if t.temperature != 1.0 {
+        return refuse(
+            "teacher.temperature",
+            format!(
+                "{}: teachers are scored at temperature 1 (their own distribution); temper the \
+                 signals with distill.temperature instead",
+                t.temperature
+            ),
+        );
+    }
+    if t.segments_per_shard == 0 {
+        return refuse("teacher.segments_per_shard", "must be positive");
+    }
+    let generate = match &t.generate {
+        Some(g) => Some(generate_plan(g, out_dir, at)?),
+        None => None,
+    };
+    Ok(TeacherPlan {
+        source,
+        concurrency: t.concurrency,
+        k: t.k,
+        logprob_temperature: t.temperature,
+        segments_per_shard: t.segments_per_shard,
+        shards_dir: t
+            .shards_dir
+            .as_deref()
+            .map_or_else(|| out_dir.join("shards"), absolute),
+        generate,
+    })
+}
+
+fn generate_plan(
+    g: &GenerateConfig,
+    out_dir: &Path,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<GeneratePlan, Refusal> {
+    if g.prompts.is_empty() {
+        return refuse("teacher.generate.prompts", "names no prompt set");
+    }
+    let mut sets = Vec::new();
+    for (i, p) in g.prompts.iter().enumerate() {
+        let key = format!("teacher.generate.prompts.{i}");
+        if p.limit == Some(0) {
+            return refuse(&format!("{key}.limit"), "must be positive");
+        }
+        sets.push(match (&p.path, &p.dataset) {
+            (Some(path), None) => {
+                let path = at(path);
+                if !path.is_file() {
+                    return refuse(
+                        &format!("{key}.path"),
+                        format!("{} does not exist", path.display()),
+                    );
+                }
+                PromptSet::Jsonl {
+                    path,
+                    limit: p.limit,
+                }
+            }
+            (None, Some(name)) => {
+                if fetch::known(name, Kind::Dataset).is_none() {
+                    return refuse(
+                        &format!("{key}.dataset"),
+                        format!("{name:?} is not a built-in prompt set (champ)"),
+                    );
+                }
+                PromptSet::Builtin {
+                    name: name.clone(),
+                    limit: p.limit,
+                }
+            }
+            _ => {
+                return refuse(
+                    &key,
+                    "give either `path` (a JSONL file) or `dataset` (a built-in set: champ)",
+                );
+            }
+        });
+    }
+    if g.max_tokens == 0 || g.prompts_per_shard == 0 {
+        return refuse(
+            "teacher.generate",
+            "max_tokens and prompts_per_shard must be positive",
+        );
+    }
+    if !(g.temperature >= 0.0 && g.temperature.is_finite()) {
+        return refuse(
+            "teacher.generate.temperature",
+            format!("must be 0 (greedy) or positive, got {}", g.temperature),
+        );
+    }
+    if !(g.top_p > 0.0 && g.top_p <= 1.0) {
+        return refuse(
+            "teacher.generate.top_p",
+            format!("must be in (0, 1], got {}", g.top_p),
+        );
+    }
+    Ok(GeneratePlan {
+        max_tokens: g.max_tokens,
+        sampling_temperature: g.temperature,
+        top_p: g.top_p,
+        prompts_per_shard: g.prompts_per_shard,
+        out_dir: g
+            .out_dir
+            .as_deref()
+            .map_or_else(|| out_dir.join("trajectories"), absolute),
+        prompts: PromptPlan {
+            sets,
+            template: g.template,
+            system: g.system.clone(),
+        },
+    })
+}
+
+fn distill_plan(d: &DistillConfig, teacher: TeacherPlan) -> Result<DistillPlan, Refusal> {
+    if d.objectives.is_empty() {
+        return refuse("distill.objectives", "names no objective");
+    }
+    if d.on_policy.is_some() && d.mode != DistillMode::OnPolicy {
+        return refuse("distill.on_policy", "applies to mode = \"on_policy\" only");
+    }
+    if !(d.temperature > 0.0 && d.temperature.is_finite()) {
+        return refuse(
+            "distill.temperature",
+            format!("must be positive, got {}", d.temperature),
+        );
+    }
+    let mut objectives = Vec::new();
+    for (i, o) in d.objectives.iter().enumerate() {
+        check_objective(i, o)?;
+        if o.weight > 0.0 {
+            objectives.push(WeightedObjective {
+                weight: o.weight,
+                objective: o.objective(),
+            });
+        }
+    }
+    if objectives.is_empty() {
+        return refuse("distill.objectives", "every weight is 0");
+    }
+    let needs_prompts = || {
+        teacher.generate.as_ref().ok_or((
+            "distill.mode".to_string(),
+            "`sequence` and `on_policy` need prompts: add [teacher.generate]".to_string(),
+        ))
+    };
+    let mode = match d.mode {
+        DistillMode::Offline => ModePlan::Offline,
+        DistillMode::Online => ModePlan::Online,
+        DistillMode::Sequence => ModePlan::Sequence {
+            trajectories: needs_prompts()?.out_dir.clone(),
+        },
+        DistillMode::OnPolicy => {
+            let prompts = needs_prompts()?.prompts.clone();
+            let o = d.on_policy.clone().unwrap_or_default();
+            if !(o.mix > 0.0 && o.mix <= 1.0) {
+                return refuse(
+                    "distill.on_policy.mix",
+                    format!("must be in (0, 1], got {}", o.mix),
+                );
+            }
+            if o.max_tokens == 0 {
+                return refuse("distill.on_policy.max_tokens", "must be positive");
+            }
+            if !(o.temperature >= 0.0 && o.temperature.is_finite()) {
+                return refuse(
+                    "distill.on_policy.temperature",
+                    format!("must be 0 (greedy) or positive, got {}", o.temperature),
+                );
+            }
+            ModePlan::OnPolicy {
+                mix: o.mix,
+                max_tokens: o.max_tokens,
+                sampling_temperature: o.temperature,
+                prompts,
+            }
+        }
+    };
+    Ok(DistillPlan {
+        tau: d.temperature,
+        mode,
+        objectives,
+        teacher,
+    })
+}
+
+fn check_objective(i: usize, o: &ObjectiveConfig) -> Result<(), Refusal> {
+    let key = |field: &str| format!("distill.objectives.{i}.{field}");
+    if !(o.weight >= 0.0 && o.weight.is_finite()) {
+        return refuse(&key("weight"), format!("must be ≥ 0, got {}", o.weight));
+    }
+    let params = [
+        ("beta", o.beta, o.kind == ObjectiveKind::Jsd),
+        (
+            "alpha",
+            o.alpha,
+            matches!(o.kind, ObjectiveKind::SkewKl | ObjectiveKind::SkewReverseKl),
+        ),
+    ];
+    for (name, value, applies) in params {
+        match value {
+            Some(_) if !applies => {
+                return refuse(&key(name), format!("does not apply to {:?}", o.kind));
+            }
+            Some(v) if !(v > 0.0 && v < 1.0) => {
+                return refuse(&key(name), format!("must be in (0, 1), got {v}"));
+            }
+            _ => {}
+        }
+    }
+    match o.samples {
+        Some(_) if o.kind != ObjectiveKind::Sampled => {
+            refuse(&key("samples"), "applies to `sampled` only")
+        }
+        Some(0) => refuse(&key("samples"), "must be positive"),
+        _ => Ok(()),
+    }
+}
+
+/// The loop, the optimizer, the schedule and the data shapes.
+fn check_loop(r: &Recipe, model: &ModelConfig) -> Result<(), Refusal> {
+    let positive = [
+        ("data.seq_len", r.data.seq_len),
+        ("train.steps", r.train.steps),
+        ("train.batch_tokens", r.train.batch_tokens),
+        ("train.micro_batch", r.train.micro_batch),
+        ("train.log_every", r.train.log_every),
+        ("train.eval_every", r.train.eval_every),
+        ("train.checkpoint_every", r.train.checkpoint_every),
+        ("train.keep_checkpoints", r.train.keep_checkpoints),
+        ("train.max_bad_steps", r.train.max_bad_steps),
+    ];
+    for (key, v) in positive {
+        if v == 0 {
+            return refuse(key, "must be positive");
+        }
+    }
+    if r.data.sources.is_empty() {
+        return refuse("data.sources", "needs at least one source");
+    }
+    if !(0.0..1.0).contains(&r.data.held_out_fraction) {
+        return refuse(
+            "data.held_out_fraction",
+            format!("must be in [0, 1), got {}", r.data.held_out_fraction),
+        );
+    }
+    if r.data.seq_len < 2 {
+        return refuse(
+            "data.seq_len",
+            "must be at least 2 (inputs and next-token targets)",
+        );
+    }
+    if r.data.seq_len > model.max_seq_len {
+        return refuse(
+            "data.seq_len",
+            format!("exceeds the model's max_seq_len {}", model.max_seq_len),
+        );
+    }
+    let o = &r.optim;
+    if !(o.lr > 0.0 && o.lr.is_finite()) {
+        return refuse("optim.lr", format!("must be positive, got {}", o.lr));
+    }
+    if o.betas.iter().any(|b| !(0.0..1.0).contains(b)) {
+        return refuse(
+            "optim.betas",
+            format!("each must be in [0, 1), got {:?}", o.betas),
+        );
+    }
+    if !(o.eps > 0.0) {
+        return refuse("optim.eps", "must be positive");
+    }
+    if !(o.weight_decay >= 0.0) {
+        return refuse("optim.weight_decay", "must be non-negative");
+    }
+    if o.grad_clip.is_some_and(|c| !(c > 0.0)) {
+        return refuse(
+            "optim.grad_clip",
+            "must be positive (omit it to disable clipping)",
+        );
+    }
+    let warmup = match &r.schedule {
+        ScheduleConfig::Constant { warmup_steps } => *warmup_steps,
+        ScheduleConfig::Cosine {
+            warmup_steps,
+            min_lr_ratio,
+        }
+        | ScheduleConfig::Wsd {
+            warmup_steps,
+            min_lr_ratio,
+            ..
+        } => {
+            if !(0.0..=1.0).contains(min_lr_ratio) {
+                return refuse("schedule.min_lr_ratio", "must be in [0, 1]");
+            }
+            *warmup_steps
+        }
+    };
+    if warmup >= r.train.steps {
+        return refuse(
+            "schedule.warmup_steps",
+            format!("must be below train.steps ({})", r.train.steps),
+        );
+    }
+    if let ScheduleConfig::Wsd { decay_fraction, .. } = &r.schedule
+        && !(*decay_fraction > 0.0 && *decay_fraction <= 1.0)
+    {
+        return refuse("schedule.decay_fraction", "must be in (0, 1]");
+    }
+    let per_micro = r.train.micro_batch.saturating_mul(r.data.seq_len);
+    if r.train.batch_tokens % per_micro != 0 {
+        return refuse(
+            "train.batch_tokens",
+            format!(
+                "{} is not a multiple of micro_batch x seq_len = {per_micro}",
+                r.train.batch_tokens
+            ),
+        );
+    }
+    if r.train.batch_tokens / per_micro > MAX_ACCUMULATION {
+        return refuse(
+            "train.batch_tokens",
+            format!(
+                "{} tokens per step is {} micro-batches of {per_micro} tokens: at most \
+                 {MAX_ACCUMULATION} are accumulated per step (raise micro_batch, or lower \
+                 batch_tokens)",
+                r.train.batch_tokens,
+                r.train.batch_tokens / per_micro
+            ),
+        );
+    }
+    Ok(())
+}

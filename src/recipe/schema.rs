@@ -1,0 +1,460 @@
+//! The recipe as written: the TOML schema, with every default spelled out. Every table rejects
+//! unknown keys. [`super::plan`] turns a parsed recipe into the typed plan a run executes.
+//!
+//! ```toml
+//! [run]       name, out_dir, seed
+//! [model]     preset = "tiny" plus any ModelConfig field to override ([model.kda], ...)
+//! [data]      tokenizer, seq_len, packing, held_out_fraction, train_on, [[data.sources]]
+//!             path/format/field/chat
+//! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
+//! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
+//! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
+//! [train.qat] format = "q4_0" | "mxfp4", start_step
+//! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
+//! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
+//!             objectives = [{kind, weight, beta | alpha | samples}], temperature
+//! [distill.on_policy]  mix, max_tokens, temperature
+//! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
+//!             temperature, top_p, prompts_per_shard, out_dir
+//! ```
+
+use k3mini_data::{ChatFormat, LossParts, SourceFormat};
+use k3mini_student::distill::Objective;
+use k3mini_teacher::client::Api;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    pub run: RunConfig,
+    /// `preset` plus overrides; resolved into [`super::RunPlan::model`].
+    pub model: toml::Table,
+    pub data: DataConfig,
+    pub optim: OptimConfig,
+    pub schedule: ScheduleConfig,
+    pub train: TrainConfig,
+    /// The teacher whose signals `k3mini teacher score` writes into shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher: Option<TeacherConfig>,
+    /// Train from the teacher's shards with these objectives (needs `[teacher]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distill: Option<DistillConfig>,
+}
+
+/// `[distill]`: what the student learns from the teacher's signals. The loss is
+/// `Σ weight · objective`; see `k3mini_student::distill` for each objective's formula.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DistillConfig {
+    /// Where the teacher's signals come from.
+    #[serde(default)]
+    pub mode: DistillMode,
+    pub objectives: Vec<ObjectiveConfig>,
+    /// The distillation temperature τ (divergences are scaled by τ²).
+    #[serde(default = "default_tau")]
+    pub temperature: f64,
+    /// `mode = "on_policy"`: how the student samples and how often.
+    #[serde(default)]
+    pub on_policy: Option<OnPolicyConfig>,
+}
+
+/// `[distill.on_policy]`: the student samples continuations of `[teacher.generate]`'s prompts and
+/// learns from the teacher's logprob of each sampled token; the other micro-batches are offline.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OnPolicyConfig {
+    /// Fraction of micro-batches that are on-policy (the rest train on the shards with `objectives`).
+    #[serde(default = "default_mix")]
+    pub mix: f64,
+    /// Tokens the student samples per prompt (capped by `data.seq_len`).
+    #[serde(default = "default_on_policy_tokens")]
+    pub max_tokens: usize,
+    /// The student's sampling temperature (0 = greedy).
+    #[serde(default = "default_sampling_temperature")]
+    pub temperature: f32,
+}
+
+impl Default for OnPolicyConfig {
+    fn default() -> Self {
+        Self {
+            mix: default_mix(),
+            max_tokens: default_on_policy_tokens(),
+            temperature: default_sampling_temperature(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DistillMode {
+    /// The teacher's top-k over the recipe's corpus, from `k3mini teacher score` shards.
+    #[default]
+    Offline,
+    /// The student samples, the teacher scores its tokens (reverse-KL advantage), mixed with
+    /// offline micro-batches (`[distill.on_policy]`).
+    OnPolicy,
+    /// The teacher in the loop (local or served): each micro-batch of corpus segments is scored
+    /// while the student trains on the previous one; nothing is stored.
+    Online,
+    /// Sequence-level KD: the teacher's own completions (`k3mini teacher generate` shards), trained
+    /// on their completion tokens, with their top-k for the divergence objectives.
+    Sequence,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectiveConfig {
+    pub kind: ObjectiveKind,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    /// `jsd`: the teacher's share β of the mixture (default 0.5).
+    #[serde(default)]
+    pub beta: Option<f64>,
+    /// `skew_kl`, `skew_reverse_kl`: the skew α (default 0.1).
+    #[serde(default)]
+    pub alpha: Option<f64>,
+    /// `sampled`: draws per position (default 12).
+    #[serde(default)]
+    pub samples: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectiveKind {
+    Ce,
+    ForwardKl,
+    TopkKl,
+    TopkKlRenormalised,
+    ReverseKl,
+    Jsd,
+    SkewKl,
+    SkewReverseKl,
+    Sampled,
+}
+
+impl ObjectiveConfig {
+    pub fn objective(&self) -> Objective {
+        match self.kind {
+            ObjectiveKind::Ce => Objective::CrossEntropy,
+            ObjectiveKind::ForwardKl => Objective::ForwardKl,
+            ObjectiveKind::TopkKl => Objective::TopkKl,
+            ObjectiveKind::TopkKlRenormalised => Objective::TopkKlRenormalised,
+            ObjectiveKind::ReverseKl => Objective::ReverseKl,
+            ObjectiveKind::Jsd => Objective::Jsd {
+                beta: self.beta.unwrap_or(0.5),
+            },
+            ObjectiveKind::SkewKl => Objective::SkewKl {
+                alpha: self.alpha.unwrap_or(0.1),
+            },
+            ObjectiveKind::SkewReverseKl => Objective::SkewReverseKl {
+                alpha: self.alpha.unwrap_or(0.1),
+            },
+            ObjectiveKind::Sampled => Objective::Sampled {
+                samples: self.samples.unwrap_or(12),
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TeacherConfig {
+    /// A local teacher: a built-in name (`smollm2`, fetched when missing) or a llama-architecture
+    /// `.gguf`, relative to the recipe. Give this or `endpoints`.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A served teacher: `http://host:port` of one or more vLLM / SGLang servers (round-robin).
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// The served teacher's API.
+    #[serde(default = "default_api")]
+    pub api: Api,
+    /// Requests in flight (served teachers).
+    #[serde(default = "one")]
+    pub concurrency: usize,
+    /// Top-k logprobs kept per position.
+    #[serde(default = "default_k")]
+    pub k: usize,
+    /// The temperature the teacher's logprobs are scored at: must be 1 (its own distribution);
+    /// `distill.temperature` tempers them in the loss.
+    #[serde(default = "default_temperature")]
+    pub temperature: f32,
+    /// Segments (`data.seq_len` windows) per shard: a kill loses at most one shard of work.
+    #[serde(default = "default_segments_per_shard")]
+    pub segments_per_shard: usize,
+    /// Where shards go (default `<run out_dir>/shards`).
+    #[serde(default)]
+    pub shards_dir: Option<PathBuf>,
+    /// Reasoning trajectories `k3mini teacher generate` samples from the teacher.
+    #[serde(default)]
+    pub generate: Option<GenerateConfig>,
+}
+
+/// `[teacher.generate]`: prompts to answer and how to sample. Top-k per token is `teacher.k`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateConfig {
+    pub prompts: Vec<PromptSource>,
+    /// The chat template the prompts are rendered with.
+    #[serde(default = "default_template")]
+    pub template: ChatFormat,
+    /// A system turn put before every prompt that has none.
+    #[serde(default)]
+    pub system: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default = "default_top_p")]
+    pub top_p: f32,
+    #[serde(default = "default_prompts_per_shard")]
+    pub prompts_per_shard: usize,
+    /// Where trajectory shards go (default `<run out_dir>/trajectories`).
+    #[serde(default)]
+    pub out_dir: Option<PathBuf>,
+}
+
+/// A prompt set: a JSONL file (relative to the recipe) or a built-in one (`champ`), optionally
+/// cut to its first `limit` prompts.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PromptSource {
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub dataset: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub name: String,
+    /// Where checkpoints and metrics go (default `runs/<name>`), relative to the working directory.
+    #[serde(default)]
+    pub out_dir: Option<PathBuf>,
+    /// Seeds initialisation, shuffling and sampling.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// File or directory, relative to the recipe file.
+    pub path: PathBuf,
+    /// Inferred from the extension when omitted (`.jsonl`, `.parquet`, anything else is text).
+    #[serde(default)]
+    pub format: Option<SourceFormat>,
+    /// JSONL key / Parquet column holding the document: `text` by default, `messages` for chat.
+    #[serde(default)]
+    pub field: Option<String>,
+    /// The source holds conversations (JSONL, a list of `{role, content, thinking?}` per record),
+    /// rendered with this template; `data.train_on` picks which parts carry loss.
+    #[serde(default)]
+    pub chat: Option<ChatFormat>,
+}
+
+impl SourceConfig {
+    pub fn field(&self) -> &str {
+        match (&self.field, self.chat) {
+            (Some(f), _) => f,
+            (None, Some(_)) => "messages",
+            (None, None) => "text",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// `kimi` (the Kimi K3 tiktoken vocabulary; `kimi_k2` for K2's specials) or a path to a
+    /// `tokenizer.json`, relative to the recipe.
+    pub tokenizer: String,
+    pub sources: Vec<SourceConfig>,
+    /// Tokens per training sequence.
+    pub seq_len: usize,
+    /// Pack documents back to back (their states and attention never mix) instead of one per row.
+    #[serde(default = "yes")]
+    pub packing: bool,
+    /// Fraction of documents held out for evaluation.
+    #[serde(default = "default_held_out")]
+    pub held_out_fraction: f64,
+    /// Which parts of chat documents are trained as targets (default: thinking and answer, not the
+    /// prompt). Plain-text documents train on every token.
+    #[serde(default)]
+    pub train_on: LossParts,
+}
+
+/// AdamW. Every default is written out (burn's own defaults differ from PyTorch's).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate.
+    pub lr: f64,
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "default_adam_eps")]
+    pub eps: f64,
+    /// Decoupled weight decay on matrices; norms, biases and gate/decay parameters get none.
+    #[serde(default = "default_weight_decay")]
+    pub weight_decay: f64,
+    /// Clip the global gradient norm (all parameters together) to this value; omit to disable.
+    #[serde(default = "default_clip")]
+    pub grad_clip: Option<f64>,
+}
+
+/// Learning-rate schedule.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ScheduleConfig {
+    /// Linear warmup, then constant.
+    Constant { warmup_steps: usize },
+    /// Linear warmup, then cosine decay to `min_lr_ratio · lr` at the last step.
+    Cosine {
+        warmup_steps: usize,
+        #[serde(default = "default_min_lr_ratio")]
+        min_lr_ratio: f64,
+    },
+    /// Warmup-stable-decay: linear warmup, constant, then linear decay over the last `decay_fraction`.
+    Wsd {
+        warmup_steps: usize,
+        #[serde(default = "default_decay_fraction")]
+        decay_fraction: f64,
+        #[serde(default)]
+        min_lr_ratio: f64,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Tokens per optimizer step; a multiple of `micro_batch · seq_len` (the rest is accumulation).
+    pub batch_tokens: usize,
+    /// Sequences per forward/backward.
+    pub micro_batch: usize,
+    #[serde(default = "one")]
+    pub log_every: usize,
+    /// Held-out loss every this many steps (and at the end).
+    #[serde(default = "default_eval_every")]
+    pub eval_every: usize,
+    /// Held-out micro-batches per evaluation.
+    #[serde(default = "default_eval_batches")]
+    pub eval_batches: usize,
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: usize,
+    /// Checkpoints kept on disk (oldest removed first).
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: usize,
+    /// Consecutive non-finite steps (skipped) before the run stops.
+    #[serde(default = "default_max_bad")]
+    pub max_bad_steps: usize,
+    /// Quantisation-aware training: fake-quantised linear weights from a step on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qat: Option<QatConfig>,
+}
+
+/// `[train.qat]`: from `start_step` on, the forward pass sees every linear weight quantised to
+/// `format` (blocks of 32), with a straight-through gradient (see `train::qat`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QatConfig {
+    pub format: QatFormat,
+    #[serde(default)]
+    pub start_step: usize,
+}
+
+/// The fake-quantisation format of `[train.qat]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QatFormat {
+    Q4_0,
+    Mxfp4,
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> usize {
+    1
+}
+fn default_held_out() -> f64 {
+    0.02
+}
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.95]
+}
+fn default_adam_eps() -> f64 {
+    1e-8
+}
+fn default_weight_decay() -> f64 {
+    0.1
+}
+fn default_clip() -> Option<f64> {
+    Some(1.0)
+}
+fn default_min_lr_ratio() -> f64 {
+    0.1
+}
+fn default_decay_fraction() -> f64 {
+    0.2
+}
+fn default_eval_every() -> usize {
+    50
+}
+fn default_eval_batches() -> usize {
+    4
+}
+fn default_checkpoint_every() -> usize {
+    100
+}
+fn default_keep() -> usize {
+    3
+}
+fn default_api() -> Api {
+    Api::Vllm
+}
+fn default_k() -> usize {
+    20
+}
+fn default_temperature() -> f32 {
+    1.0
+}
+fn default_segments_per_shard() -> usize {
+    32
+}
+fn default_mix() -> f64 {
+    0.5
+}
+fn default_on_policy_tokens() -> usize {
+    32
+}
+fn default_sampling_temperature() -> f32 {
+    1.0
+}
+fn default_tau() -> f64 {
+    1.0
+}
+fn default_weight() -> f64 {
+    1.0
+}
+fn default_template() -> ChatFormat {
+    ChatFormat::Chatml
+}
+fn default_max_tokens() -> usize {
+    256
+}
+fn default_top_p() -> f32 {
+    1.0
+}
+fn default_prompts_per_shard() -> usize {
+    8
+}
+fn default_max_bad() -> usize {
+    5
+}

@@ -1,0 +1,77 @@
+//! The ways a training step gets its loss, behind one trait: each mode is a feed of micro-batches,
+//! the loss it computes on them, the held-out set it is measured on and a cursor that resumes its
+//! stream exactly.
+//!
+//! | mode | feed | loss |
+//! |---|---|---|
+//! | plain (no `[distill]`) | packed corpus documents | next-token cross-entropy |
+//! | `offline` | `teacher score` shards | `Σ weight · objective` on the stored top-k |
+//! | `sequence` | `teacher generate` trajectories | the same, on completion tokens |
+//! | `online` | corpus segments, scored by the teacher in the loop | the same |
+//! | `on_policy` | the student's own samples, scored by the teacher (a `mix` share; the rest offline) | the reverse-KL advantage |
+
+use crate::recipe::{ModePlan, RunPlan};
+use crate::run_dir::{DataCursor, TrainState};
+use crate::train::held_out::HeldOut;
+use crate::train::on_policy::OnPolicyStats;
+use anyhow::{Result, bail};
+use burn::tensor::Tensor;
+use k3mini_data::Tokenizer;
+use k3mini_data::signals::SignalCursor;
+use k3mini_student::K3Mini;
+use k3mini_student::moe::ExpertLoad;
+
+/// What one micro-batch gave.
+pub struct MicroBatch {
+    /// The mean loss over the micro-batch's trained positions.
+    pub loss: Tensor<1>,
+    /// Tokens per expert, for each MoE layer (empty for dense students).
+    pub expert_load: Vec<ExpertLoad>,
+    /// On-policy micro-batches: what the student's samples measured.
+    pub on_policy: Option<OnPolicyStats>,
+}
+
+/// One training mode.
+pub trait TrainingObjective {
+    /// The next micro-batch's loss. `seed` (a function of the step and micro-batch) seeds what it
+    /// samples.
+    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch>;
+    /// The held-out batches this mode is measured on.
+    fn held_out(&self) -> &HeldOut;
+    /// Where the streams are, for the checkpoint: the data, and on-policy runs' prompts.
+    fn cursor(&self) -> (DataCursor, Option<SignalCursor>);
+}
+
+/// The objective of `plan`, its streams positioned at `state`'s cursors.
+pub fn open(
+    plan: &RunPlan,
+    tokenizer: &Tokenizer,
+    state: &TrainState,
+) -> Result<Box<dyn TrainingObjective>> {
+    let Some(distill) = &plan.distill else {
+        let DataCursor::Packed(cursor) = state.cursor else {
+            bail!("the checkpoint was written by a distillation run, and this plan trains plainly");
+        };
+        return Ok(Box::new(crate::train::lm::Lm::open(
+            plan, tokenizer, cursor,
+        )?));
+    };
+    let DataCursor::Signals(cursor) = state.cursor else {
+        bail!("the checkpoint was written by a plain run, and this plan distils");
+    };
+    Ok(match &distill.mode {
+        ModePlan::Offline | ModePlan::Sequence { .. } => Box::new(
+            crate::train::distill::Shards::open(plan, distill, tokenizer, cursor)?,
+        ),
+        ModePlan::Online => Box::new(crate::train::online::Online::open(
+            plan, distill, tokenizer, cursor,
+        )?),
+        ModePlan::OnPolicy { .. } => Box::new(crate::train::on_policy::OnPolicy::open(
+            plan,
+            distill,
+            tokenizer,
+            cursor,
+            state.prompts.unwrap_or_default(),
+        )?),
+    })
+}

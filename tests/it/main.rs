@@ -1,0 +1,10 @@
+//! The `k3mini` crate's integration tests, one binary (one link of burn) with a module per area.
+mod cli;
+mod distill;
+mod eval;
+mod export;
+mod fixture;
+mod quickstart;
+mod recipe;
+mod teacher_server;
+mod train;
