@@ -6,7 +6,7 @@
 use crate::recipe;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::teachers::{plan_prompts, student_tokenizer};
-use crate::train::held_out::held_out;
+use crate::train::modes::held_out;
 use anyhow::Result;
 use burn::tensor::Device;
 use k3mini_data::chat::END_OF_TURN;

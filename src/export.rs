@@ -20,7 +20,9 @@ use k3mini_checkpoints::gguf::Value;
 use k3mini_checkpoints::gguf::mix::{FileType, tensor_types};
 use k3mini_checkpoints::gguf::quantize::quantize;
 use k3mini_checkpoints::gguf::writer::GgufWriter;
+use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
+use k3mini_data::chat::END_OF_TURN;
 use k3mini_student::config::Activation;
 use k3mini_student::hf::{config_to_kimi_linear, kimi_linear_gap};
 use k3mini_student::mlp::{SITU_BETA, SITU_LINEAR_BETA};
@@ -37,13 +39,6 @@ pub fn plan_tokenizer(spec: &TokenizerSpec) -> Result<Option<Tokenizer>> {
     })
 }
 
-/// Writes `bytes` to `path` through a temporary file and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
-
 /// Writes the Hugging Face export into `out`; returns the files written.
 pub fn export_hf(
     ck: &Checkpoint,
@@ -54,7 +49,7 @@ pub fn export_hf(
     let id = |names: &[&str]| tokenizer.and_then(|t| names.iter().find_map(|n| t.token_id(n)));
     let special = [
         id(&["<|im_start|>", "<s>", "<|begin_of_text|>"]),
-        id(&["<|im_end|>", "</s>", "<|endoftext|>", "<|end_of_text|>"]),
+        id(&[END_OF_TURN, "</s>", "<|endoftext|>", "<|end_of_text|>"]),
         id(&["<|endoftext|>", "<pad>"]),
     ];
     let config = config_to_kimi_linear(&ck.plan.model, special)?;
@@ -87,7 +82,7 @@ pub fn export_hf(
 
 /// Writes [`reference_logits`] to `path` (atomically).
 pub fn write_reference(ck: &Checkpoint, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<()> {
-    write_atomic(path, &reference_logits(ck, tokenizer)?)
+    Ok(write_atomic(path, &reference_logits(ck, tokenizer)?)?)
 }
 
 /// A text with spaces, newlines, punctuation, digits and non-ASCII, for tokenizer checks.
@@ -103,7 +98,7 @@ fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Ve
     let mut state = 0x5EED_u64;
     let ids: Vec<i64> = (0..rows * t)
         .map(|_| {
-            (k3mini_data::pack::splitmix64(&mut state) % ck.plan.model.vocab_size as u64) as i64
+            (k3mini_data::rng::splitmix64(&mut state) % ck.plan.model.vocab_size as u64) as i64
         })
         .collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [rows, t]), &device);

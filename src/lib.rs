@@ -11,3 +11,4 @@ pub mod recipe;
 pub mod run_dir;
 pub mod teachers;
 pub mod train;
+pub mod units;

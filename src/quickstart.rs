@@ -13,13 +13,14 @@
 //! (scoring and training resume from their shards and checkpoints).
 
 use crate::evaluate::{Suite, evaluate};
-use crate::export::{export_gguf, write_atomic};
+use crate::export::export_gguf;
 use crate::recipe::{self, RunPlan};
 use crate::run_dir::open_checkpoint;
 use crate::teachers::{progress_bar, resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
 use anyhow::{Context, Result};
 use k3mini_checkpoints::gguf::mix::FileType;
+use k3mini_checkpoints::write_atomic;
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
 use std::path::{Path, PathBuf};
 
@@ -118,7 +119,7 @@ fn write_if_changed(path: &Path, contents: &str) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(path.parent().expect("a file in a directory"))?;
-    write_atomic(path, contents.as_bytes())
+    Ok(write_atomic(path, contents.as_bytes())?)
 }
 
 /// The finished stages, one name per line in `OUT/stages`.

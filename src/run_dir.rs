@@ -15,7 +15,6 @@
 //! rebuild the run from it, not from the recipe file or the presets as they are now.
 
 use crate::recipe::RunPlan;
-use crate::train::optim::build_optimizer;
 use anyhow::{Context, Result, bail};
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
@@ -181,8 +180,9 @@ impl Checkpoint {
             .with_context(|| format!("checkpoint {}: no {name}", self.dir.display()))
     }
 
-    /// Model (with its parameter ids), optimizer and state, to continue training on `device`.
-    pub fn resume(mut self, device: &Device) -> Result<(K3Mini, ModuleOptimizer, TrainState)> {
+    /// Model (with its parameter ids), optimizer record and state, to continue training on
+    /// `device`.
+    pub fn resume(mut self, device: &Device) -> Result<(K3Mini, OptimizerRecord, TrainState)> {
         let dir = self.dir.display().to_string();
         let ids: BTreeMap<String, u64> =
             serde_json::from_slice(&self.take(IDS)?).with_context(|| format!("{dir}: {IDS}"))?;
@@ -193,8 +193,7 @@ impl Checkpoint {
             .map_err(|e| anyhow::anyhow!("{dir}: {IDS}: {e}"))?;
         let record = OptimizerRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(optimizer))
             .map_err(|e| anyhow::anyhow!("{dir}: {OPTIMIZER}: {e:?}"))?;
-        let optim = build_optimizer(&self.plan.optim, &model).load_record(record);
-        Ok((model, optim, state))
+        Ok((model, record, state))
     }
 }
 
@@ -248,7 +247,7 @@ pub fn open_metrics(run: &Path, step: usize) -> Result<std::fs::File> {
             .map(|l| format!("{l}\n"))
             .collect();
         if kept.len() != text.len() {
-            crate::export::write_atomic(&path, kept.as_bytes())?;
+            k3mini_checkpoints::write_atomic(&path, kept.as_bytes())?;
         }
     }
     std::fs::OpenOptions::new()

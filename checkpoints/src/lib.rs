@@ -57,6 +57,14 @@ pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(format!("{PREFIX}{step:08}"))
 }
 
+/// Writes `bytes` to `path` through a temporary file beside it and a rename, so that a reader
+/// sees the old file or the new one, never part of either.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+}
+
 /// Writes a checkpoint atomically and prunes all but the newest `keep`. Returns its directory.
 pub fn write(
     run_dir: &Path,

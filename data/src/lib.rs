@@ -8,6 +8,7 @@ pub mod error;
 pub mod pack;
 mod parquet_io;
 pub mod prompts;
+pub mod rng;
 pub mod shards;
 pub mod signals;
 pub mod tokenizer;

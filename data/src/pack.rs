@@ -9,6 +9,7 @@
 //! [`Cursor`] `(epoch, document, offset)`: saving it and packing again from it reproduces the
 //! batches exactly.
 
+use crate::rng::{splitmix64, uniform};
 use serde::{Deserialize, Serialize};
 
 /// Where the loader is: the next token to emit is `offset` into the `doc`-th document of `epoch`'s
@@ -53,15 +54,6 @@ impl TokenDoc {
     }
 }
 
-/// SplitMix64: a small, well-mixed deterministic generator (seeding and shuffles only).
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The document order of `epoch`: a Fisher–Yates shuffle of `0..n` seeded by `(seed, epoch)`.
 pub fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
@@ -79,7 +71,7 @@ pub fn split_held_out(n: usize, fraction: f64, seed: u64) -> (Vec<usize>, Vec<us
     let mut state = seed ^ 0x5EED_0F_4E1D_0u64;
     let (mut train, mut held): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
     for i in 0..n {
-        let u = (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
+        let u = uniform(&mut state);
         if u < fraction {
             held.push(i)
         } else {

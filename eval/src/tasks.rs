@@ -2,7 +2,7 @@
 //! exact-match answers to reasoning problems, and decode speed.
 
 use k3mini_data::Tokenizer;
-use k3mini_data::pack::splitmix64;
+use k3mini_data::rng::splitmix64;
 use k3mini_student::K3Mini;
 use k3mini_student::generate::{argmax, decode};
 use serde::{Deserialize, Serialize};

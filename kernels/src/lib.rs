@@ -3,7 +3,9 @@
 //!
 //! - [`kda`]: Kimi Delta Attention, as a naive recurrence, a chunkwise-parallel (WY/UT) form and a
 //!   single-token decode step.
+//! - [`norm`]: RMS normalisation without a weight (the student's layers and the llama teacher).
 
 pub mod kda;
+pub mod norm;
 
 pub use kda::{KdaInputs, KdaOutput, chunk_kda, kda_step, naive_recurrent_kda};

@@ -380,7 +380,7 @@ fn check_model_size(m: &ModelConfig) -> Result<(), Refusal> {
             format!(
                 "training this model needs about {} for weights, gradients and AdamW moments \
                  alone (vocab_size {}, d_model {}, n_layers {}): beyond any machine",
-                human_bytes(bytes),
+                crate::units::bytes(bytes),
                 m.vocab_size,
                 m.d_model,
                 m.n_layers
@@ -411,18 +411,6 @@ fn coarse_training_bytes(m: &ModelConfig) -> f64 {
     };
     let per_layer = d * (8.0 * inner + 3.0 * ffn) + f(m.mla.kv_lora_rank) * 2.0 * inner;
     16.0 * (2.0 * f(m.vocab_size) * d + f(m.n_layers) * per_layer)
-}
-
-/// `12.3 GiB`.
-pub fn human_bytes(bytes: f64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut v = bytes;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
 }
 
 fn data_plan(

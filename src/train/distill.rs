@@ -10,20 +10,21 @@
 
 use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
+use crate::train::batch::{flatten, position_logits};
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
 use anyhow::{Context, Result, bail};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use k3mini_data::chat::THINK_CLOSE;
-use k3mini_data::pack::{split_held_out, splitmix64};
+use k3mini_data::pack::split_held_out;
+use k3mini_data::rng::uniform;
 use k3mini_data::signals::{
     ShardFile, SignalBatch, SignalCursor, SignalSource, SignalSpec, SignalStream, assemble,
 };
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
-    Objective, TeacherTopK, masked_mean, objective_per_position, sample_targets, teacher_buckets,
+    Objective, masked_mean, objective_per_position, sample_targets, teacher_buckets,
 };
-use k3mini_student::moe::ExpertLoad;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
 use k3mini_teacher::manifest::{MANIFEST, Manifest, ids_sha256};
@@ -222,53 +223,6 @@ impl SignalData {
     }
 }
 
-/// One batch as flat `[N = rows·(T−1)]` tensors: logits' positions, targets, mask, teacher top-k.
-pub struct Flat {
-    pub tokens: Tensor<2, Int>,
-    pub targets: Tensor<1, Int>,
-    pub mask: Tensor<1>,
-    pub teacher: TeacherTopK,
-}
-
-pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
-    let (rows, t, k) = (b.rows, b.seq_len, b.k);
-    let n = rows * (t - 1);
-    let tokens: Tensor<2, Int> =
-        Tensor::from_data(TensorData::new(b.tokens.clone(), [rows, t]), device);
-    let targets = tokens.clone().narrow(1, 1, t - 1).reshape([n]);
-    let mask = Tensor::<2>::from_data(TensorData::new(b.loss_mask.clone(), [rows, t]), device)
-        .narrow(1, 0, t - 1)
-        .reshape([n]);
-    let ids = Tensor::<3, Int>::from_data(TensorData::new(b.top_ids.clone(), [rows, t, k]), device)
-        .narrow(1, 0, t - 1)
-        .reshape([n, k]);
-    let logprobs = Tensor::<3>::from_data(
-        TensorData::new(b.top_logprobs.clone(), [rows, t, k]),
-        device,
-    )
-    .narrow(1, 0, t - 1)
-    .reshape([n, k]);
-    Flat {
-        tokens,
-        targets,
-        mask,
-        teacher: TeacherTopK {
-            ids,
-            logprobs,
-            sampled: None,
-        },
-    }
-}
-
-/// The student's logits at every predicting position, `[rows, T] → [rows·(T−1), V]`, and the
-/// forward's expert loads.
-pub fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> (Tensor<2>, Vec<ExpertLoad>) {
-    let out = model.forward_with(tokens, None); // logits [rows, T, V]
-    let [rows, t, v] = out.logits.dims();
-    let logits = out.logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v]);
-    (logits, out.expert_load)
-}
-
 /// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`. `seed`
 /// draws the sampled-KD targets.
 pub fn distill_loss(
@@ -294,9 +248,7 @@ pub fn distill_loss(
             .try_into_vec()
             .expect("f32 probabilities");
         let mut state = seed;
-        let freq = sample_targets(&probs, k1, samples, &mut || {
-            (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64
-        });
+        let freq = sample_targets(&probs, k1, samples, &mut || uniform(&mut state));
         flat.teacher.sampled = Some(Tensor::from_data(TensorData::new(freq, [n, k1]), &device));
     }
     let loss = distill

@@ -6,10 +6,10 @@
 //!   online runs), cross-entropy plus the student's top-1 agreement with the teacher and the
 //!   forward `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k and tail.
 
-use crate::recipe::{DataPlan, ModePlan, RunPlan};
-use crate::train::distill::{flatten, position_logits, signal_data};
+use crate::recipe::DataPlan;
+use crate::train::batch::{flatten, packed_tensors, position_logits};
 use anyhow::Result;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use k3mini_data::signals::SignalBatch;
 use k3mini_data::{PackedBatch, Packer, TokenDoc, Tokenizer};
 use k3mini_student::K3Mini;
@@ -101,26 +101,6 @@ impl HeldOut {
     }
 }
 
-/// The held-out set of `plan`, as its training run evaluates it, with `n` micro-batches.
-pub fn held_out(plan: &RunPlan, tokenizer: &Tokenizer, n: usize) -> Result<HeldOut> {
-    let rows = plan.train.micro_batch;
-    let Some(distill) = &plan.distill else {
-        let docs = crate::corpus::tokenized_documents(&plan.data, tokenizer)?;
-        let (_, held) =
-            crate::corpus::split_documents(&docs, plan.data.held_out_fraction, plan.seed);
-        return Ok(HeldOut::documents(held, &plan.data, plan.seed, rows, n));
-    };
-    if distill.mode == ModePlan::Online {
-        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
-        return crate::train::online::held_out(plan, distill, teacher.as_ref(), tokenizer, n);
-    }
-    let signals = signal_data(plan, distill, tokenizer)?;
-    Ok(HeldOut::Signals {
-        batches: signals.held_out_batches(n, rows)?,
-        temperature: signals.temperature,
-    })
-}
-
 fn documents_loss(model: &K3Mini, batches: &[PackedBatch], device: &Device) -> f64 {
     let total: f64 = batches
         .iter()
@@ -131,16 +111,6 @@ fn documents_loss(model: &K3Mini, batches: &[PackedBatch], device: &Device) -> f
         })
         .sum();
     total / batches.len() as f64
-}
-
-/// A packed batch as `[rows, T]` tensors: tokens, document starts, loss mask.
-pub fn packed_tensors(b: &PackedBatch, device: &Device) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
-    let shape = [b.rows, b.seq_len];
-    (
-        Tensor::from_data(TensorData::new(b.tokens.clone(), shape), device),
-        Tensor::from_data(TensorData::new(b.starts.clone(), shape), device),
-        Tensor::from_data(TensorData::new(b.loss_mask.clone(), shape), device),
-    )
 }
 
 fn signals_eval(

@@ -3,7 +3,8 @@
 
 use crate::recipe::RunPlan;
 use crate::run_dir::DataCursor;
-use crate::train::held_out::{HeldOut, packed_tensors};
+use crate::train::batch::packed_tensors;
+use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
 use anyhow::{Result, bail};
 use k3mini_data::signals::SignalCursor;

@@ -1,10 +1,12 @@
 //! Training: the loop, one objective per mode, the shared held-out evaluator, the optimizer,
 //! schedules, QAT, and the loop's benchmark.
 
+pub mod batch;
 pub mod bench;
 pub mod distill;
 pub mod held_out;
 pub mod lm;
+pub mod modes;
 pub mod objective;
 pub mod on_policy;
 pub mod online;

@@ -10,13 +10,10 @@
 //! | `online` | corpus segments, scored by the teacher in the loop | the same |
 //! | `on_policy` | the student's own samples, scored by the teacher (a `mix` share; the rest offline) | the reverse-KL advantage |
 
-use crate::recipe::{ModePlan, RunPlan};
-use crate::run_dir::{DataCursor, TrainState};
+use crate::run_dir::DataCursor;
 use crate::train::held_out::HeldOut;
-use crate::train::on_policy::OnPolicyStats;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use burn::tensor::Tensor;
-use k3mini_data::Tokenizer;
 use k3mini_data::signals::SignalCursor;
 use k3mini_student::K3Mini;
 use k3mini_student::moe::ExpertLoad;
@@ -31,6 +28,15 @@ pub struct MicroBatch {
     pub on_policy: Option<OnPolicyStats>,
 }
 
+/// What one on-policy micro-batch measured.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OnPolicyStats {
+    /// Tokens the student sampled.
+    pub tokens: usize,
+    /// Mean `log q(x_t) − log p(x_t)` over them: a one-sample estimate of `KL(q ‖ p)` per token.
+    pub reverse_kl: f64,
+}
+
 /// One training mode.
 pub trait TrainingObjective {
     /// The next micro-batch's loss. `seed` (a function of the step and micro-batch) seeds what it
@@ -40,38 +46,4 @@ pub trait TrainingObjective {
     fn held_out(&self) -> &HeldOut;
     /// Where the streams are, for the checkpoint: the data, and on-policy runs' prompts.
     fn cursor(&self) -> (DataCursor, Option<SignalCursor>);
-}
-
-/// The objective of `plan`, its streams positioned at `state`'s cursors.
-pub fn open(
-    plan: &RunPlan,
-    tokenizer: &Tokenizer,
-    state: &TrainState,
-) -> Result<Box<dyn TrainingObjective>> {
-    let Some(distill) = &plan.distill else {
-        let DataCursor::Packed(cursor) = state.cursor else {
-            bail!("the checkpoint was written by a distillation run, and this plan trains plainly");
-        };
-        return Ok(Box::new(crate::train::lm::Lm::open(
-            plan, tokenizer, cursor,
-        )?));
-    };
-    let DataCursor::Signals(cursor) = state.cursor else {
-        bail!("the checkpoint was written by a plain run, and this plan distils");
-    };
-    Ok(match &distill.mode {
-        ModePlan::Offline | ModePlan::Sequence { .. } => Box::new(
-            crate::train::distill::Shards::open(plan, distill, tokenizer, cursor)?,
-        ),
-        ModePlan::Online => Box::new(crate::train::online::Online::open(
-            plan, distill, tokenizer, cursor,
-        )?),
-        ModePlan::OnPolicy { .. } => Box::new(crate::train::on_policy::OnPolicy::open(
-            plan,
-            distill,
-            tokenizer,
-            cursor,
-            state.prompts.unwrap_or_default(),
-        )?),
-    })
 }

@@ -10,11 +10,11 @@ use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::distill::Shards;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, TrainingObjective};
+use crate::train::objective::{MicroBatch, OnPolicyStats, TrainingObjective};
 use anyhow::{Result, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
-use k3mini_data::pack::splitmix64;
+use k3mini_data::rng::uniform;
 use k3mini_data::signals::{SignalCursor, take_in_epoch_order};
 use k3mini_student::K3Mini;
 use k3mini_student::distill::on_policy_loss;
@@ -62,20 +62,11 @@ pub struct Sampler {
     pub cursor: SignalCursor,
 }
 
-/// What one on-policy micro-batch measured.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OnPolicyStats {
-    /// Tokens the student sampled.
-    pub tokens: usize,
-    /// Mean `log q(x_t) − log p(x_t)` over them: a one-sample estimate of `KL(q ‖ p)` per token.
-    pub reverse_kl: f64,
-}
-
 impl Sampler {
     /// Whether micro-batch `seed` is on-policy (a seeded draw against `mix`).
     pub fn takes(&self, seed: u64) -> bool {
         let mut s = seed ^ 0x0F0F_1CE5;
-        ((splitmix64(&mut s) >> 11) as f64 / (1u64 << 53) as f64) < self.mix
+        uniform(&mut s) < self.mix
     }
 
     /// Samples `rows` continuations, has the teacher score them, and returns the loss.

@@ -7,15 +7,18 @@
 //! cursors, and the plan. Training draws no randomness after initialisation (no dropout; the data
 //! order is a function of the seed and the cursor, sampling of the step).
 
-use crate::recipe::{RunPlan, human_bytes};
+use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
-use crate::train::objective::{self, TrainingObjective};
+use crate::train::modes;
+use crate::train::objective::TrainingObjective;
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::qat::FakeQuantizer;
 use crate::train::schedule::lr_at;
+use crate::units::bytes;
 use anyhow::{Result, bail};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Device;
+use k3mini_data::Tokenizer;
 use k3mini_student::K3Mini;
 use k3mini_student::moe::ExpertLoad;
 use serde::Serialize;
@@ -69,6 +72,57 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         Some(dir) => plan.clone().with_out_dir(dir),
         None => plan.clone(),
     };
+    let (tokenizer, mut model, mut optim, mut state) = begin(plan, opts)?;
+    let mut objective = modes::open(plan, &tokenizer, &state)?;
+    let mut log = RunLog::open(plan, &state, opts.quiet)?;
+    let (total, first) = (plan.train.steps, state.step);
+    let last = opts.stop_after.map_or(total, |n| (first + n).min(total));
+    while state.step < last {
+        let started = Instant::now();
+        let lr = lr_at(&plan.schedule, plan.optim.lr, state.step, total);
+        let step;
+        (model, step) = train_step(plan, model, &mut optim, objective.as_mut(), &state, lr)?;
+        state.consecutive_bad_steps = if step.skipped {
+            state.consecutive_bad_steps + 1
+        } else {
+            0
+        };
+        state.step += 1;
+        (state.cursor, state.prompts) = objective.cursor();
+        // Throughput of the step itself, before any held-out evaluation.
+        let tokens_per_s = plan.train.batch_tokens as f64 / started.elapsed().as_secs_f64();
+        let eval = (state.step % plan.train.eval_every == 0 || state.step == total)
+            .then(|| objective.held_out().evaluate(&model))
+            .flatten();
+        log.step(
+            plan,
+            &state,
+            &step.metrics(plan, &state, lr, tokens_per_s, eval),
+        )?;
+        if state.consecutive_bad_steps >= plan.train.max_bad_steps {
+            return Err(log.abandon_bad_steps(plan, &state));
+        }
+        let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+        if state.step % plan.train.checkpoint_every == 0 || state.step == last || interrupted {
+            run_dir::write_checkpoint(plan, &model, &optim, &state)?;
+        }
+        if interrupted {
+            log.progress.abandon_with_message(format!(
+                "interrupted: checkpoint at step {} written",
+                state.step
+            ));
+            break;
+        }
+    }
+    Ok(log.finish(plan, first, state.step))
+}
+
+/// The checks that can refuse a run, then its tokenizer and its model, optimizer and state: fresh,
+/// or from the newest checkpoint.
+fn begin(
+    plan: &RunPlan,
+    opts: &TrainOptions,
+) -> Result<(Tokenizer, K3Mini, ModuleOptimizer, TrainState)> {
     check_fits_this_machine(plan)?;
     let tokenizer = crate::teachers::student_tokenizer(&plan.data.tokenizer)?;
     if tokenizer.vocab_size() > plan.model.vocab_size {
@@ -84,7 +138,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
     let device = Device::default();
     device.seed(plan.seed);
     let device = device.autodiff();
-    let (mut model, mut optim, mut state) = match start {
+    let (model, optim, state) = match start {
         Start::Fresh => {
             let model = K3Mini::new(&plan.model, &device)?;
             let optim = build_optimizer(&plan.optim, &model);
@@ -97,7 +151,9 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             for change in changes {
                 eprintln!("resuming under a changed plan: {change}");
             }
-            checkpoint.resume(&device)?
+            let (model, record, state) = checkpoint.resume(&device)?;
+            let optim = build_optimizer(&plan.optim, &model).load_record(record);
+            (model, optim, state)
         }
     };
     if state.step > plan.train.steps {
@@ -108,88 +164,83 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             plan.train.steps
         );
     }
-    let mut objective = objective::open(plan, &tokenizer, &state)?;
-    std::fs::create_dir_all(&plan.out_dir)?;
-    k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
-    let mut metrics = run_dir::open_metrics(&plan.out_dir, state.step)?;
+    Ok((tokenizer, model, optim, state))
+}
 
-    let total = plan.train.steps;
-    let first_step = state.step;
-    let last = opts
-        .stop_after
-        .map_or(total, |n| (first_step + n).min(total));
-    let progress = progress_bar(opts.quiet, total, first_step);
-    let started = Instant::now();
-    let (mut first_loss, mut last_loss, mut last_eval) = (None, None, None);
-    while state.step < last {
-        let step_start = Instant::now();
-        let lr = lr_at(&plan.schedule, plan.optim.lr, state.step, total);
-        let step;
-        (model, step) = train_step(plan, model, &mut optim, objective.as_mut(), &state, lr)?;
-        if step.skipped {
-            state.consecutive_bad_steps += 1;
-            progress.println(format!(
+/// What a run reports as it goes: `metrics.jsonl`, the progress bar, the summary.
+struct RunLog {
+    metrics: std::fs::File,
+    progress: indicatif::ProgressBar,
+    started: Instant,
+    first_loss: Option<f64>,
+    last_loss: Option<f64>,
+    last_eval: Option<f64>,
+}
+
+impl RunLog {
+    fn open(plan: &RunPlan, state: &TrainState, quiet: bool) -> Result<Self> {
+        std::fs::create_dir_all(&plan.out_dir)?;
+        k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
+        Ok(Self {
+            metrics: run_dir::open_metrics(&plan.out_dir, state.step)?,
+            progress: progress_bar(quiet, plan.train.steps, state.step),
+            started: Instant::now(),
+            first_loss: None,
+            last_loss: None,
+            last_eval: None,
+        })
+    }
+
+    fn step(&mut self, plan: &RunPlan, state: &TrainState, m: &StepMetrics) -> Result<()> {
+        if m.skipped {
+            self.progress.println(format!(
                 "step {}: non-finite loss or gradient, update skipped",
-                state.step
+                m.step - 1
             ));
-        } else {
-            state.consecutive_bad_steps = 0;
         }
-        state.step += 1;
-        (state.cursor, state.prompts) = objective.cursor();
-        // Throughput of the step itself, before any held-out evaluation.
-        let tokens_per_s = plan.train.batch_tokens as f64 / step_start.elapsed().as_secs_f64();
-        let eval = (state.step % plan.train.eval_every == 0 || state.step == total)
-            .then(|| objective.held_out().evaluate(&model))
-            .flatten();
-        let m = step.metrics(plan, &state, lr, tokens_per_s, eval);
-        if state.step % plan.train.log_every == 0 || m.eval_loss.is_some() || step.skipped {
-            run_dir::log_metrics(&mut metrics, &m)?;
+        if state.step % plan.train.log_every == 0 || m.eval_loss.is_some() || m.skipped {
+            run_dir::log_metrics(&mut self.metrics, m)?;
         }
-        first_loss.get_or_insert(step.loss);
-        last_loss = Some(step.loss);
-        last_eval = m.eval_loss.or(last_eval);
-        progress.set_position(state.step as u64);
-        progress.set_message(format!(
-            "loss {:.4}{}  lr {lr:.2e}  {tokens_per_s:.0} tok/s",
-            step.loss,
+        self.first_loss.get_or_insert(m.loss);
+        self.last_loss = Some(m.loss);
+        self.last_eval = m.eval_loss.or(self.last_eval);
+        self.progress.set_position(state.step as u64);
+        self.progress.set_message(format!(
+            "loss {:.4}{}  lr {:.2e}  {:.0} tok/s",
+            m.loss,
             m.eval_loss
-                .map_or(String::new(), |e| format!("  eval {e:.4}"))
+                .map_or(String::new(), |e| format!("  eval {e:.4}")),
+            m.lr,
+            m.tokens_per_s
         ));
-        if state.consecutive_bad_steps >= plan.train.max_bad_steps {
-            progress.abandon();
-            bail!(
-                "{} consecutive steps had a non-finite loss or gradient (last at step {}); stopping. \
-                 The last good checkpoint in {} is intact; lower optim.lr or check the data.",
-                state.consecutive_bad_steps,
-                state.step,
-                plan.out_dir.display()
-            );
-        }
-        let interrupted = INTERRUPTED.load(Ordering::SeqCst);
-        if state.step % plan.train.checkpoint_every == 0 || state.step == last || interrupted {
-            run_dir::write_checkpoint(plan, &model, &optim, &state)?;
-        }
-        if interrupted {
-            progress.abandon_with_message(format!(
-                "interrupted: checkpoint at step {} written",
-                state.step
-            ));
-            break;
+        Ok(())
+    }
+
+    fn abandon_bad_steps(&self, plan: &RunPlan, state: &TrainState) -> anyhow::Error {
+        self.progress.abandon();
+        anyhow::anyhow!(
+            "{} consecutive steps had a non-finite loss or gradient (last at step {}); stopping. \
+             The last good checkpoint in {} is intact; lower optim.lr or check the data.",
+            state.consecutive_bad_steps,
+            state.step,
+            plan.out_dir.display()
+        )
+    }
+
+    fn finish(self, plan: &RunPlan, first_step: usize, last_step: usize) -> TrainSummary {
+        self.progress.finish();
+        TrainSummary {
+            out_dir: plan.out_dir.clone(),
+            first_step,
+            last_step,
+            first_loss: self.first_loss,
+            last_loss: self.last_loss,
+            eval_loss: self.last_eval,
+            tokens: (last_step - first_step) * plan.train.batch_tokens,
+            wall_s: self.started.elapsed().as_secs_f64(),
+            interrupted: INTERRUPTED.load(Ordering::SeqCst),
         }
     }
-    progress.finish();
-    Ok(TrainSummary {
-        out_dir: plan.out_dir.clone(),
-        first_step,
-        last_step: state.step,
-        first_loss,
-        last_loss,
-        eval_loss: last_eval,
-        tokens: (state.step - first_step) * plan.train.batch_tokens,
-        wall_s: started.elapsed().as_secs_f64(),
-        interrupted: INTERRUPTED.load(Ordering::SeqCst),
-    })
 }
 
 /// What one optimizer step did.
@@ -321,8 +372,8 @@ fn check_fits_this_machine(plan: &RunPlan) -> Result<()> {
              micro-batch's activations; `k3mini model info --recipe` itemises it) but this \
              machine has {}",
             plan.recipe_name(),
-            human_bytes(need),
-            human_bytes(have as f64)
+            bytes(need),
+            bytes(have as f64)
         );
     }
     Ok(())

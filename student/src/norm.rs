@@ -30,8 +30,4 @@ impl RmsNorm {
     }
 }
 
-/// `x / sqrt(mean(x²) + eps)` over the last dimension, without a weight.
-pub fn rms_normalize<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
-    let rms = (x.clone().square().mean_dim(D - 1) + eps).sqrt();
-    x / rms
-}
+pub use k3mini_kernels::norm::rms_normalize;

@@ -24,7 +24,7 @@
 //! what is wrong, never a silently wrong shard.
 
 use crate::{FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError};
-use k3mini_data::pack::splitmix64;
+use k3mini_data::rng::splitmix64;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;

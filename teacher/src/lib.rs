@@ -14,7 +14,7 @@ pub mod manifest;
 pub mod score;
 pub mod server;
 
-use k3mini_data::pack::splitmix64;
+use k3mini_data::rng::uniform;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
@@ -181,7 +181,7 @@ pub fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u3
             break;
         }
     }
-    let u = (splitmix64(rng) >> 11) as f64 / (1u64 << 53) as f64 * kept;
+    let u = uniform(rng) * kept;
     let mut acc = 0.0;
     for &i in &order[..n] {
         acc += probs[i as usize];

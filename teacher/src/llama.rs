@@ -13,7 +13,7 @@
 //! loading (see [`crate::gguf::unpermute_rope_rows`]).
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData, activation};
-use k3mini_student::norm::rms_normalize;
+use k3mini_kernels::norm::rms_normalize;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {

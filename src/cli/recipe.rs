@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 use clap::Subcommand;
-use k3mini::recipe::{self, human_bytes};
+use k3mini::recipe;
+use k3mini::units::bytes;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -27,7 +28,7 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                 file.display(),
                 plan.model.layer_pattern,
                 k3mini_student::info::param_breakdown(&plan.model).total(),
-                human_bytes(memory as f64),
+                bytes(memory as f64),
                 plan.train.steps,
                 plan.train.batch_tokens,
                 plan.accumulation,

@@ -1,6 +1,6 @@
 //! `k3mini bench`: forward+backward throughput, KDA kernels, training-memory peak.
 
-use crate::model_cmd::bytes;
+use crate::cli::model::bytes;
 use anyhow::{Context, Result, bail};
 use burn::tensor::Device;
 use clap::{Args, Subcommand, ValueEnum};

@@ -71,13 +71,7 @@ pub fn human(n: usize) -> String {
 
 /// Bytes in binary units.
 pub fn bytes(n: usize) -> String {
-    let n = n as f64;
-    let gib = 1024f64.powi(3);
-    match n {
-        x if x >= gib => format!("{:.2} GiB", x / gib),
-        x if x >= 1024f64.powi(2) => format!("{:.1} MiB", x / 1024f64.powi(2)),
-        x => format!("{:.1} KiB", x / 1024.0),
-    }
+    k3mini::units::bytes(n as f64)
 }
 
 fn render(info: &ModelInfo) -> String {

@@ -1,0 +1,116 @@
+//! The command line: argument parsing and printing only; every command calls library functions.
+
+mod bench;
+mod data;
+mod eval;
+mod export;
+mod model;
+mod recipe;
+mod teacher;
+mod train;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "k3mini",
+    version,
+    about = "Distil a KDA/MLA hybrid K3 Mini student from a Kimi-class teacher"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect model shapes: parameters, memory, inference state.
+    Model {
+        #[command(subcommand)]
+        command: model::ModelCommand,
+    },
+    /// Train from a recipe: plain next-token training, or distillation with [distill].
+    Train(train::TrainArgs),
+    /// Export a trained student for other runtimes (transformers / vLLM / SGLang).
+    Export(export::ExportArgs),
+    /// Evaluate checkpoints: held-out perplexity and bits per byte, agreement with the teacher,
+    /// passkey retrieval, exact-match reasoning, memory against context, decode speed; a report
+    /// with plots.
+    Eval(eval::EvalArgs),
+    /// The whole pipeline on a laptop: teacher, shards, distilled student and CE baseline, their
+    /// evaluation report, a Q4_K_M GGUF. Re-running skips finished stages.
+    Quickstart {
+        /// The small variant (under 10 minutes on 2 cores).
+        #[arg(long)]
+        fast: bool,
+        /// Where everything goes (default: quickstart, or quickstart-fast).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
+    /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
+    Compare {
+        /// Run directories (each holds metrics.jsonl).
+        #[arg(required = true)]
+        runs: Vec<std::path::PathBuf>,
+    },
+    /// Data tools: tokenizers, chat rendering.
+    Data {
+        #[command(subcommand)]
+        command: data::DataCommand,
+    },
+    /// Validate recipes.
+    Recipe {
+        #[command(subcommand)]
+        command: recipe::RecipeCommand,
+    },
+    /// Teachers: fetch the built-in one, ask it a question.
+    Teacher {
+        #[command(subcommand)]
+        command: teacher::TeacherCommand,
+    },
+    /// Benchmarks (throughput, memory) on this machine.
+    Bench {
+        #[command(subcommand)]
+        command: bench::BenchCommand,
+    },
+}
+
+/// Parses the command line, runs the command, and reports an error on stderr.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model { command } => model::run(command),
+        Command::Train(args) => train::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Eval(args) => eval::run(args),
+        Command::Quickstart { fast, out } => {
+            let out = out.unwrap_or_else(|| {
+                if fast {
+                    "quickstart-fast"
+                } else {
+                    "quickstart"
+                }
+                .into()
+            });
+            k3mini::quickstart::quickstart(&out, fast)
+                .map(|o| print!("{}", k3mini::quickstart::summary(&o)))
+        }
+        Command::Compare { runs } => runs
+            .iter()
+            .map(|r| k3mini::compare::summarise(r))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|s| print!("{}", k3mini::compare::table(&s))),
+        Command::Data { command } => data::run(command),
+        Command::Recipe { command } => recipe::run(command),
+        Command::Teacher { command } => teacher::run(command),
+        Command::Bench { command } => bench::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

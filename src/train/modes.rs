@@ -1,0 +1,63 @@
+//! Which objective a plan trains with, and the held-out set it is measured on: the one place the
+//! modes are told apart.
+
+use crate::recipe::{ModePlan, RunPlan};
+use crate::run_dir::{DataCursor, TrainState};
+use crate::train::distill::{Shards, signal_data};
+use crate::train::held_out::HeldOut;
+use crate::train::lm::Lm;
+use crate::train::objective::TrainingObjective;
+use crate::train::on_policy::OnPolicy;
+use crate::train::online::{self, Online};
+use anyhow::{Result, bail};
+use k3mini_data::Tokenizer;
+
+/// The objective of `plan`, its streams positioned at `state`'s cursors.
+pub fn open(
+    plan: &RunPlan,
+    tokenizer: &Tokenizer,
+    state: &TrainState,
+) -> Result<Box<dyn TrainingObjective>> {
+    let Some(distill) = &plan.distill else {
+        let DataCursor::Packed(cursor) = state.cursor else {
+            bail!("the checkpoint was written by a distillation run, and this plan trains plainly");
+        };
+        return Ok(Box::new(Lm::open(plan, tokenizer, cursor)?));
+    };
+    let DataCursor::Signals(cursor) = state.cursor else {
+        bail!("the checkpoint was written by a plain run, and this plan distils");
+    };
+    Ok(match &distill.mode {
+        ModePlan::Offline | ModePlan::Sequence { .. } => {
+            Box::new(Shards::open(plan, distill, tokenizer, cursor)?)
+        }
+        ModePlan::Online => Box::new(Online::open(plan, distill, tokenizer, cursor)?),
+        ModePlan::OnPolicy { .. } => Box::new(OnPolicy::open(
+            plan,
+            distill,
+            tokenizer,
+            cursor,
+            state.prompts.unwrap_or_default(),
+        )?),
+    })
+}
+
+/// The held-out set of `plan`, as its training run evaluates it, with `n` micro-batches.
+pub fn held_out(plan: &RunPlan, tokenizer: &Tokenizer, n: usize) -> Result<HeldOut> {
+    let rows = plan.train.micro_batch;
+    let Some(distill) = &plan.distill else {
+        let docs = crate::corpus::tokenized_documents(&plan.data, tokenizer)?;
+        let (_, held) =
+            crate::corpus::split_documents(&docs, plan.data.held_out_fraction, plan.seed);
+        return Ok(HeldOut::documents(held, &plan.data, plan.seed, rows, n));
+    };
+    if distill.mode == ModePlan::Online {
+        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
+        return online::held_out(plan, distill, teacher.as_ref(), tokenizer, n);
+    }
+    let signals = signal_data(plan, distill, tokenizer)?;
+    Ok(HeldOut::Signals {
+        batches: signals.held_out_batches(n, rows)?,
+        temperature: signals.temperature,
+    })
+}
