@@ -16,13 +16,13 @@ use crate::recipe::TokenizerSpec;
 use crate::run_dir::Checkpoint;
 use anyhow::{Context, Result, bail};
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use k3mini_checkpoints::gguf::Value;
-use k3mini_checkpoints::gguf::mix::{FileType, tensor_types};
-use k3mini_checkpoints::gguf::quantize::quantize;
-use k3mini_checkpoints::gguf::writer::GgufWriter;
 use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::END_OF_TURN;
+use k3mini_gguf::Value;
+use k3mini_gguf::mix::{FileType, tensor_types};
+use k3mini_gguf::quantize::quantize;
+use k3mini_gguf::writer::GgufWriter;
 use k3mini_student::config::Activation;
 use k3mini_student::hf::{config_to_kimi_linear, kimi_linear_gap};
 use k3mini_student::mlp::{SITU_BETA, SITU_LINEAR_BETA};
@@ -636,7 +636,7 @@ pub fn gguf_tokenizer_metadata(
 ) -> Result<Vec<(String, Value)>> {
     if let (TokenizerSpec::Teacher { model }, None) = (spec, tokenizer) {
         let path = crate::teachers::local_model_path(model)?;
-        let file = k3mini_checkpoints::gguf::GgufFile::open(&path)?;
+        let file = k3mini_gguf::GgufFile::open(&path)?;
         return Ok(file
             .keys
             .iter()
@@ -825,8 +825,7 @@ pub fn export_gguf(
     });
     bar.finish_and_clear();
     for (((name, ne, _), ty), bytes) in jobs.iter().zip(quantised) {
-        w.add_tensor(name, ne, *ty, bytes?)
-            .map_err(anyhow::Error::msg)?;
+        w.add_tensor(name, ne, *ty, bytes?)?;
     }
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;

@@ -19,9 +19,9 @@ use crate::run_dir::open_checkpoint;
 use crate::teachers::{progress_bar, resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
 use anyhow::{Context, Result};
-use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_checkpoints::write_atomic;
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
+use k3mini_gguf::mix::FileType;
 use std::path::{Path, PathBuf};
 
 const HAMLET: &str = include_str!("../recipes/corpus/shakespeare/hamlet.txt");

@@ -205,9 +205,7 @@ pub fn write_checkpoint(
     optim: &ModuleOptimizer,
     state: &TrainState,
 ) -> Result<PathBuf> {
-    let weights = to_hf_bytes(model)
-        .map_err(anyhow::Error::msg)
-        .context("serialising weights")?;
+    let weights = to_hf_bytes(model)?;
     let optimizer = optim
         .to_record()
         .into_bytes()
@@ -230,7 +228,7 @@ pub fn write_checkpoint(
 
 /// Writes a checkpoint of a model that has not trained (tests, benchmarks): weights and plan.
 pub fn write_weights(plan: &RunPlan, model: &K3Mini, step: usize) -> Result<PathBuf> {
-    let weights = to_hf_bytes(model).map_err(anyhow::Error::msg)?;
+    let weights = to_hf_bytes(model)?;
     let files = [(WEIGHTS, weights), (PLAN, plan.to_toml().into_bytes())];
     Ok(k3mini_checkpoints::write(&plan.out_dir, step, &files, 1)?)
 }

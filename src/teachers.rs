@@ -52,7 +52,7 @@ pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
 
 /// The tokenizer stored in a GGUF teacher's metadata.
 pub fn gguf_tokenizer(path: &Path) -> Result<Tokenizer> {
-    let file = k3mini_checkpoints::gguf::GgufFile::open(path)?;
+    let file = k3mini_gguf::GgufFile::open(path)?;
     Ok(k3mini_teacher::gguf::load_tokenizer(&file)?.0)
 }
 
@@ -121,7 +121,7 @@ pub fn plan_prompts(
     tokenizer: &Tokenizer,
     limit: Option<usize>,
 ) -> Result<Vec<PromptIds>> {
-    check_markers(p.template, tokenizer).map_err(anyhow::Error::msg)?;
+    check_markers(p.template, tokenizer)?;
     let mut prompts = Vec::new();
     for set in &p.sets {
         if limit.is_some_and(|l| prompts.len() >= l) {

@@ -4,13 +4,9 @@
 //! are pruned beyond `keep`, and reading verifies every checksum so a corrupt or truncated file is
 //! named instead of loaded.
 //!
-//! [`gguf`] reads llama.cpp's GGUF files (the local teacher's weights; the writer joins it with
-//! export).
-//!
 //! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
 //! transformers-named safetensors weights, so resumption is exact.
 
-pub mod gguf;
 pub mod param_ids;
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +25,9 @@ pub enum CheckpointError {
     Corrupt { dir: PathBuf, file: String },
     #[error("checkpoint {dir}: {message}")]
     Invalid { dir: PathBuf, message: String },
+    /// Saved parameter ids that do not cover the model's parameters.
+    #[error("no saved id for {0:?}")]
+    MissingIds(Vec<String>),
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> CheckpointError {

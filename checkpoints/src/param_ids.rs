@@ -54,7 +54,10 @@ pub fn param_ids<M: Module>(module: &M) -> BTreeMap<String, u64> {
 }
 
 /// Gives every float parameter the id recorded for its path. Errors if a path is missing.
-pub fn restore_param_ids<M: Module>(module: M, ids: &BTreeMap<String, u64>) -> Result<M, String> {
+pub fn restore_param_ids<M: Module>(
+    module: M,
+    ids: &BTreeMap<String, u64>,
+) -> Result<M, crate::CheckpointError> {
     struct Restore<'a> {
         path: PathStack,
         ids: &'a BTreeMap<String, u64>,
@@ -90,6 +93,6 @@ pub fn restore_param_ids<M: Module>(module: M, ids: &BTreeMap<String, u64>) -> R
     if mapper.missing.is_empty() {
         Ok(module)
     } else {
-        Err(format!("no saved id for {:?}", mapper.missing))
+        Err(crate::CheckpointError::MissingIds(mapper.missing))
     }
 }

@@ -153,14 +153,18 @@ pub fn render(
     messages: &[Message],
     format: ChatFormat,
     generation_prompt: bool,
-) -> Result<Rendered, String> {
+) -> Result<Rendered, DataError> {
     if messages.is_empty() {
-        return Err("the conversation has no messages".into());
+        return Err(DataError::Conversation(
+            "the conversation has no messages".into(),
+        ));
     }
     let mut out = Rendered::default();
     for (i, m) in messages.iter().enumerate() {
         if m.thinking.is_some() && m.role != Role::Assistant {
-            return Err(format!("message {i}: only assistant turns carry thinking"));
+            return Err(DataError::Conversation(format!(
+                "message {i}: only assistant turns carry thinking"
+            )));
         }
         let (open, close) = header(format, m.role);
         out.push(Part::Markup, true, open);
@@ -230,7 +234,7 @@ pub fn markers(format: ChatFormat) -> &'static [&'static str] {
 
 /// Refuses a tokenizer in which a template marker is not one token (the markup would be trained as
 /// ordinary text and the model would never see the ids its runtime sends).
-pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), String> {
+pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), DataError> {
     let missing: Vec<&str> = markers(format)
         .iter()
         .copied()
@@ -248,11 +252,12 @@ pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), St
         }
         _ => "",
     };
-    Err(format!(
-        "the {format:?} chat template's markers {} are not single tokens of {}{hint}",
-        missing.join(" "),
-        tokenizer.name()
-    ))
+    Err(DataError::Markers {
+        template: format!("{format:?}"),
+        missing: missing.join(" "),
+        tokenizer: tokenizer.name().to_string(),
+        hint,
+    })
 }
 
 /// A turn's opening and closing markup.

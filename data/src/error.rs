@@ -27,6 +27,19 @@ pub enum DataError {
         source_name: String,
         message: String,
     },
+    /// A conversation the chat templates cannot render.
+    #[error("{0}")]
+    Conversation(String),
+    /// A chat template whose markers are not single tokens of the tokenizer.
+    #[error(
+        "the {template} chat template's markers {missing} are not single tokens of {tokenizer}{hint}"
+    )]
+    Markers {
+        template: String,
+        missing: String,
+        tokenizer: String,
+        hint: &'static str,
+    },
 }
 
 impl DataError {

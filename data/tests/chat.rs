@@ -49,6 +49,7 @@ fn kimi_tokens_carry_their_part() {
     check_markers(ChatFormat::Kimi, &tok).unwrap();
     let k3 = Tokenizer::load("kimi").unwrap();
     let e = check_markers(ChatFormat::Kimi, &k3).unwrap_err();
+    let e = e.to_string();
     assert!(e.contains("<|im_system|>") && e.contains("kimi_k2"), "{e}");
     let r = render(&conversation(), ChatFormat::Kimi, false).unwrap();
     let (ids, parts) = r.encode(&tok).unwrap();
@@ -90,6 +91,7 @@ fn bad_conversations_are_refused() {
     assert!(
         render(&[], ChatFormat::Kimi, false)
             .unwrap_err()
+            .to_string()
             .contains("no messages")
     );
     let mut c = conversation();
@@ -97,6 +99,7 @@ fn bad_conversations_are_refused() {
     assert!(
         render(&c, ChatFormat::Chatml, false)
             .unwrap_err()
+            .to_string()
             .contains("message 1: only assistant turns carry thinking")
     );
 }

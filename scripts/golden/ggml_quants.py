@@ -1,5 +1,5 @@
 """Golden bytes from ggml's own C quantisers (libggml-base of llama-cpp-python 0.3.36, which vendors
-llama.cpp 0c1e57098), for checkpoints/tests/gguf.rs: `<T>.source` (f32) and `<T>.bytes` (the blocks
+llama.cpp 0c1e57098), for gguf/tests/gguf.rs: `<T>.source` (f32) and `<T>.bytes` (the blocks
 `quantize_row_<t>_ref` writes) for every type k3mini quantises to, K-quants included (gguf-py cannot
 quantise those). The same calls back `k3mini export`'s byte-exactness claim.
 

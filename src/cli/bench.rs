@@ -6,7 +6,7 @@ use burn::tensor::Device;
 use clap::{Args, Subcommand, ValueEnum};
 use k3mini::export::bench_export;
 use k3mini::train::bench::bench_recipe;
-use k3mini_checkpoints::gguf::mix::FileType;
+use k3mini_gguf::mix::FileType;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
 use k3mini_student::info::training_memory;
@@ -133,8 +133,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         } => {
             let quants = quant
                 .split(',')
-                .map(|q| FileType::parse(q.trim()).map_err(anyhow::Error::msg))
-                .collect::<Result<Vec<_>>>()?;
+                .map(|q| FileType::parse(q.trim()))
+                .collect::<Result<Vec<_>, _>>()?;
             let rows = bench_export(&preset, &quants, &out)?;
             if json {
                 println!("{}", serde_json::to_string(&rows)?);

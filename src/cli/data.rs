@@ -90,7 +90,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
         } => {
             let format = template;
             let t = Tokenizer::load(&tokenizer)?;
-            check_markers(format, &t).map_err(anyhow::Error::msg)?;
+            check_markers(format, &t)?;
             let loss = LossParts::default();
             for chat in read_chats(&file, &field)?.iter().take(limit) {
                 let rendered = render(&chat.messages, format, false)

@@ -6,8 +6,8 @@ use k3mini::export::{
     GgufArch, check_out, export_gguf, export_hf, plan_tokenizer, write_reference,
 };
 use k3mini::run_dir::open_checkpoint;
-use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_data::Tokenizer;
+use k3mini_gguf::mix::FileType;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -50,7 +50,7 @@ pub fn run(args: ExportArgs) -> Result<()> {
     };
     match args.format {
         Format::Gguf => {
-            let ftype = FileType::parse(&args.quant).map_err(anyhow::Error::msg)?;
+            let ftype = FileType::parse(&args.quant)?;
             let bytes = export_gguf(&ck, ftype, given.as_ref(), &args.out)?;
             println!(
                 "{} ({:.1} MB, {}, {})",

@@ -134,7 +134,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
                 content: question,
                 thinking: None,
             }];
-            let prompt = render(&messages, ChatFormat::Chatml, true).map_err(anyhow::Error::msg)?;
+            let prompt = render(&messages, ChatFormat::Chatml, true)?;
             let (ids, _) = prompt.encode(&t.tokenizer)?;
             let params = GenerateParams {
                 max_tokens,

@@ -13,9 +13,9 @@
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
-use k3mini_checkpoints::gguf::GgmlType;
-use k3mini_checkpoints::gguf::quantize::quantize;
-use k3mini_checkpoints::gguf::quants::dequantize;
+use k3mini_gguf::GgmlType;
+use k3mini_gguf::quantize::quantize;
+use k3mini_gguf::quants::dequantize;
 use k3mini_student::K3Mini;
 use std::collections::HashMap;
 

@@ -29,6 +29,9 @@ pub enum HfError {
     Config { field: String, message: String },
     #[error("loading {path}: {message}")]
     Load { path: String, message: String },
+    /// Weights in memory that do not load into the model, or a model that does not serialise.
+    #[error("weights: {0}")]
+    Weights(String),
 }
 
 fn cfg_err(field: &str, message: impl Into<String>) -> HfError {
@@ -274,8 +277,8 @@ pub fn load_hf_safetensors(model: &mut K3Mini, path: &Path) -> Result<(), HfErro
 }
 
 /// [`load_hf_safetensors`] from bytes in memory.
-pub fn load_hf_bytes(model: &mut K3Mini, bytes: Vec<u8>) -> Result<(), String> {
-    load_hf_store(model, SafetensorsStore::from_bytes(Some(bytes)))
+pub fn load_hf_bytes(model: &mut K3Mini, bytes: Vec<u8>) -> Result<(), HfError> {
+    load_hf_store(model, SafetensorsStore::from_bytes(Some(bytes))).map_err(HfError::Weights)
 }
 
 fn load_hf_store(model: &mut K3Mini, store: SafetensorsStore) -> Result<(), String> {
@@ -297,13 +300,17 @@ fn load_hf_store(model: &mut K3Mini, store: SafetensorsStore) -> Result<(), Stri
 }
 
 /// The model's weights as safetensors bytes with transformers' Kimi Linear names and layouts.
-pub fn to_hf_bytes(model: &K3Mini) -> Result<Vec<u8>, String> {
+pub fn to_hf_bytes(model: &K3Mini) -> Result<Vec<u8>, HfError> {
     let mut store = SafetensorsStore::from_bytes(None)
         .with_to_adapter(BurnToPyTorchAdapter)
         .skip_enum_variants(true);
     for (from, to) in renames(true) {
         store = store.with_key_remapping(from, to);
     }
-    model.save_into(&mut store).map_err(|e| e.to_string())?;
-    store.get_bytes().map_err(|e| e.to_string())
+    model
+        .save_into(&mut store)
+        .map_err(|e| HfError::Weights(e.to_string()))?;
+    store
+        .get_bytes()
+        .map_err(|e| HfError::Weights(e.to_string()))
 }

@@ -7,8 +7,8 @@
 use crate::TeacherError;
 use crate::llama::{Llama, LlamaConfig, LlamaLayer};
 use burn::tensor::{Device, Tensor, TensorData};
-use k3mini_checkpoints::gguf::{GgufFile, Value};
 use k3mini_data::Tokenizer;
+use k3mini_gguf::{GgufFile, Value};
 use std::path::Path;
 
 /// What a GGUF says about its tokenizer besides the vocabulary.

@@ -22,7 +22,7 @@ pub enum TeacherError {
     #[error("{path}: {message}")]
     Load { path: PathBuf, message: String },
     #[error(transparent)]
-    Gguf(#[from] k3mini_checkpoints::gguf::GgufError),
+    Gguf(#[from] k3mini_gguf::GgufError),
     #[error(transparent)]
     Data(#[from] k3mini_data::DataError),
     /// A request the teacher cannot serve (bad ids, too long, k too large).

@@ -7,8 +7,8 @@ use crate::{
     top_k,
 };
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use k3mini_checkpoints::gguf::GgufFile;
 use k3mini_data::Tokenizer;
+use k3mini_gguf::GgufFile;
 use std::path::Path;
 
 /// Positions per forward pass when scoring or prefilling: attention memory stays

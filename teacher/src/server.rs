@@ -426,7 +426,8 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
             format!("`messages` must be a list of {{role, content}}: {e}"),
         )
     })?;
-    let rendered = render(&messages, ChatFormat::Chatml, true).map_err(|e| bad("messages", e))?;
+    let rendered =
+        render(&messages, ChatFormat::Chatml, true).map_err(|e| bad("messages", e.to_string()))?;
     let t = &state.teacher;
     let (ids, _) = rendered
         .encode(&t.tokenizer)

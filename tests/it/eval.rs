@@ -4,8 +4,8 @@
 use k3mini::evaluate::{Suite, evaluate};
 use k3mini::recipe;
 use k3mini::train::trainer::{TrainOptions, train};
-use k3mini_checkpoints::gguf::mix::FileType;
 use k3mini_eval::report::write_report;
+use k3mini_gguf::mix::FileType;
 use std::path::Path;
 
 #[test]
@@ -130,7 +130,7 @@ eval_batches = 2
     let gguf = dir.join("student.gguf");
     let ck = k3mini::run_dir::open_checkpoint(&run).unwrap();
     k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();
-    let file = k3mini_checkpoints::gguf::GgufFile::open(&gguf).unwrap();
+    let file = k3mini_gguf::GgufFile::open(&gguf).unwrap();
     assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
     // A directory without checkpoints is named.
     let e = evaluate(&dir, Suite::Quick).err().unwrap().to_string();

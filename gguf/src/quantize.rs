@@ -346,13 +346,14 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
 }
 
 /// Quantises `x` (a whole number of blocks) to `ty`'s bytes, as ggml's reference quantiser does.
-pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, String> {
+pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, crate::GgufError> {
     let bs = ty.block_size();
     if x.len() % bs != 0 {
-        return Err(format!(
-            "{ty:?} needs a multiple of {bs} values, got {}",
-            x.len()
-        ));
+        return Err(crate::GgufError::Blocks {
+            ty,
+            block: bs,
+            problem: format!("{} values are not whole blocks", x.len()),
+        });
     }
     let mut out = Vec::with_capacity(x.len() / bs * ty.block_bytes());
     let block: fn(&[f32], &mut Vec<u8>) = match ty {
@@ -365,7 +366,7 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, String> {
         GgmlType::Q5_0 => q5_0,
         GgmlType::Q4K => q4_k,
         GgmlType::Q6K => q6_k,
-        other => return Err(format!("k3mini does not quantise to {other:?}")),
+        other => return Err(crate::GgufError::Unsupported(other)),
     };
     for b in x.chunks_exact(bs) {
         block(b, &mut out);

@@ -47,7 +47,8 @@ fn put_string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-fn put_value(out: &mut Vec<u8>, v: &Value) -> Result<(), String> {
+/// Appends `v`'s bytes; `Err` says why GGUF cannot hold it.
+fn put_value(out: &mut Vec<u8>, v: &Value) -> Result<(), &'static str> {
     match v {
         Value::U8(x) => out.push(*x),
         Value::I8(x) => out.push(*x as u8),
@@ -61,10 +62,10 @@ fn put_value(out: &mut Vec<u8>, v: &Value) -> Result<(), String> {
         Value::Array(items) => {
             let inner = items.first().map_or(4, value_type);
             if items.iter().any(|i| value_type(i) != inner) {
-                return Err("a GGUF array holds one type of value".into());
+                return Err("a GGUF array holds one type of value");
             }
             if inner == 9 {
-                return Err("GGUF arrays of arrays are not supported by llama.cpp".into());
+                return Err("GGUF arrays of arrays are not supported by llama.cpp");
             }
             out.extend_from_slice(&inner.to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
@@ -100,32 +101,36 @@ impl GgufWriter {
         ne: &[u64],
         ty: GgmlType,
         data: Vec<u8>,
-    ) -> Result<(), String> {
+    ) -> Result<(), GgufError> {
+        let refuse = |problem: String| {
+            Err(GgufError::Tensor {
+                name: name.to_string(),
+                problem,
+            })
+        };
         if name.len() > MAX_NAME {
-            return Err(format!(
-                "tensor name {name:?} is longer than ggml's {MAX_NAME} bytes"
-            ));
+            return refuse(format!("the name is longer than ggml's {MAX_NAME} bytes"));
         }
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(format!("tensor {name} is added twice"));
+            return refuse("added twice".into());
         }
         let n: u64 = ne.iter().product();
         if ne.is_empty() || n % ty.block_size() as u64 != 0 {
-            return Err(format!(
-                "{name}: {n} values are not whole {ty:?} blocks of {}",
+            return refuse(format!(
+                "{n} values are not whole {ty:?} blocks of {}",
                 ty.block_size()
             ));
         }
         if ne[0] % ty.block_size() as u64 != 0 {
-            return Err(format!(
-                "{name}: rows of {} values are not whole {ty:?} blocks of {}",
+            return refuse(format!(
+                "rows of {} values are not whole {ty:?} blocks of {}",
                 ne[0],
                 ty.block_size()
             ));
         }
         if data.len() as u64 != ty.row_bytes(n) {
-            return Err(format!(
-                "{name}: {} bytes for {n} {ty:?} values (expected {})",
+            return refuse(format!(
+                "{} bytes for {n} {ty:?} values (expected {})",
                 data.len(),
                 ty.row_bytes(n)
             ));
@@ -141,7 +146,7 @@ impl GgufWriter {
 
     /// Writes the file atomically; returns its size.
     pub fn write(&self, path: &Path) -> Result<u64, GgufError> {
-        let err = |message: String| GgufError {
+        let err = |message: String| GgufError::File {
             path: path.to_path_buf(),
             message,
         };
@@ -161,7 +166,10 @@ impl GgufWriter {
         for (k, v) in &self.metadata {
             put_string(&mut head, k);
             head.extend_from_slice(&value_type(v).to_le_bytes());
-            put_value(&mut head, v).map_err(|m| err(format!("metadata {k}: {m}")))?;
+            put_value(&mut head, v).map_err(|problem| GgufError::Metadata {
+                key: k.clone(),
+                problem: problem.into(),
+            })?;
         }
         let mut offset = 0u64;
         for t in &self.tensors {

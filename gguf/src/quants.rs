@@ -33,7 +33,7 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
-    pub fn from_id(id: u32) -> Result<Self, String> {
+    pub fn from_id(id: u32) -> Result<Self, crate::GgufError> {
         Ok(match id {
             0 => Self::F32,
             1 => Self::F16,
@@ -50,7 +50,7 @@ impl GgmlType {
             14 => Self::Q6K,
             15 => Self::Q8K,
             30 => Self::BF16,
-            other => return Err(format!("ggml type {other} is not supported")),
+            other => return Err(crate::GgufError::UnknownType(other)),
         })
     }
 
@@ -114,13 +114,14 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 }
 
 /// `n` values of type `ty` from `bytes`.
-pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, String> {
+pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, crate::GgufError> {
     let (bs, bb) = (ty.block_size(), ty.block_bytes());
     if n % bs != 0 || bytes.len() != n / bs * bb {
-        return Err(format!(
-            "{} bytes do not hold {n} {ty:?} values",
-            bytes.len()
-        ));
+        return Err(crate::GgufError::Blocks {
+            ty,
+            block: bs,
+            problem: format!("{} bytes do not hold {n} values", bytes.len()),
+        });
     }
     let mut out = vec![0f32; n];
     let blocks = bytes.chunks_exact(bb).zip(out.chunks_exact_mut(bs));
@@ -198,7 +199,7 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, Stri
                 }
             }
         }),
-        other => return Err(format!("dequantising {other:?} is not implemented")),
+        other => return Err(crate::GgufError::Undecodable(other)),
     }
     Ok(out)
 }

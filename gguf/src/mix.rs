@@ -35,12 +35,12 @@ impl FileType {
         ("q4_k_m", Self::Q4KM),
     ];
 
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, crate::GgufError> {
         Self::ALL
             .iter()
             .find(|(name, _)| *name == s)
             .map(|&(_, t)| t)
-            .ok_or_else(|| format!("unknown quantisation {s:?}: f32, f16, q8_0, q4_0 or q4_k_m"))
+            .ok_or_else(|| crate::GgufError::UnknownFileType(s.to_string()))
     }
 
     pub fn name(self) -> &'static str {
@@ -234,6 +234,11 @@ mod tests {
         // Tied embeddings: without output.weight, token_embd is the output.
         let refs: Vec<(&str, &[u64])> = vec![("token_embd.weight", &[256, 10])];
         assert_eq!(tensor_types(&refs, 1, FileType::Q4KM), [GgmlType::Q6K]);
-        assert!(FileType::parse("q5_k").unwrap_err().contains("q4_k_m"));
+        assert!(
+            FileType::parse("q5_k")
+                .unwrap_err()
+                .to_string()
+                .contains("q4_k_m")
+        );
     }
 }

@@ -4,7 +4,9 @@
 //! (string key, u32 type, value); tensor infos as (name, n_dims u32, dims u64 × n in ggml's `ne`
 //! order — fastest-varying first —, ggml type u32, offset u64); then, at the next multiple of
 //! `general.alignment` (default 32), the data section the offsets point into. Strings are a u64
-//! length and UTF-8 bytes; everything is little-endian. [`writer::GgufWriter`] writes the same layout.
+//! length and UTF-8 bytes; everything is little-endian. [`writer::GgufWriter`] writes the same
+//! layout, [`quantize`] holds ggml's reference quantisers (byte-identical to its C), [`quants`] the
+//! block formats and their dequantisers, [`mix`] llama.cpp's choice of type per tensor.
 
 pub mod mix;
 pub mod quantize;
@@ -21,10 +23,35 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {message}")]
-pub struct GgufError {
-    pub path: PathBuf,
-    pub message: String,
+pub enum GgufError {
+    /// A file that cannot be read or written, or is not a GGUF k3mini reads.
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    /// Values that are not whole blocks of a type, or bytes that are not.
+    #[error("{ty:?} holds blocks of {block} values: {problem}")]
+    Blocks {
+        ty: GgmlType,
+        block: usize,
+        problem: String,
+    },
+    /// A type k3mini does not write.
+    #[error("k3mini does not quantise to {0:?}")]
+    Unsupported(GgmlType),
+    /// A type k3mini does not read.
+    #[error("dequantising {0:?} is not implemented")]
+    Undecodable(GgmlType),
+    /// A tensor the writer refuses (name, shape, duplicate, size).
+    #[error("tensor {name}: {problem}")]
+    Tensor { name: String, problem: String },
+    /// A ggml type id k3mini does not know.
+    #[error("ggml type {0} is not supported")]
+    UnknownType(u32),
+    /// A file type name that is not one of k3mini's exports.
+    #[error("unknown quantisation {0:?}: f32, f16, q8_0, q4_0 or q4_k_m")]
+    UnknownFileType(String),
+    /// A metadata value GGUF cannot hold.
+    #[error("metadata {key}: {problem}")]
+    Metadata { key: String, problem: String },
 }
 
 /// A metadata value.
@@ -126,7 +153,7 @@ struct Reader<R> {
 
 impl<R: Read> Reader<R> {
     fn err(&self, message: impl Into<String>) -> GgufError {
-        GgufError {
+        GgufError::File {
             path: self.path.clone(),
             message: message.into(),
         }
@@ -197,7 +224,7 @@ impl<R: Read> Reader<R> {
 impl GgufFile {
     /// Parses the header, metadata and tensor infos, and checks every tensor lies inside the file.
     pub fn open(path: &Path) -> Result<Self, GgufError> {
-        let err = |message: String| GgufError {
+        let err = |message: String| GgufError::File {
             path: path.to_path_buf(),
             message,
         };
@@ -286,7 +313,7 @@ impl GgufFile {
     }
 
     fn err(&self, message: String) -> GgufError {
-        GgufError {
+        GgufError::File {
             path: self.path.clone(),
             message,
         }
@@ -332,7 +359,7 @@ impl GgufFile {
             .ok_or_else(|| self.err(format!("no tensor {name}")))?;
         let raw = self.raw(info)?;
         let values = quants::dequantize(info.ty, &raw, info.elements() as usize)
-            .map_err(|m| self.err(format!("tensor {name}: {m}")))?;
+            .map_err(|e| self.err(format!("tensor {name}: {e}")))?;
         Ok((values, info.dims.clone()))
     }
 }

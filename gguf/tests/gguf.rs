@@ -1,7 +1,7 @@
 //! The GGUF reader and ggml dequantisers against files and values made by gguf-py (the `gguf` PyPI
 //! package, llama.cpp's own Python library): scripts/golden/gguf_quants.py.
-use k3mini_checkpoints::gguf::quants::dequantize;
-use k3mini_checkpoints::gguf::{GgmlType, GgufFile, Value};
+use k3mini_gguf::quants::dequantize;
+use k3mini_gguf::{GgmlType, GgufError, GgufFile, Value};
 use std::path::{Path, PathBuf};
 
 fn golden(name: &str) -> PathBuf {
@@ -43,7 +43,12 @@ fn dequantisation_matches_gguf_py_for_every_block_format() {
 #[test]
 fn dequantise_refuses_a_wrong_length() {
     let e = dequantize(GgmlType::Q4_0, &[0u8; 17], 32).unwrap_err();
-    assert!(e.contains("17 bytes do not hold 32 Q4_0 values"), "{e}");
+    assert!(matches!(e, GgufError::Blocks { block: 32, .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("Q4_0 holds blocks of 32 values: 17 bytes do not hold 32 values"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -125,7 +130,7 @@ fn floats(st: &safetensors::SafeTensors, name: &str) -> Vec<f32> {
 
 /// `quantize` reproduces every `<name>.bytes` of a golden file from its `<name>.source`.
 fn assert_byte_identical(file: &str, cases: &[(&str, GgmlType)]) {
-    use k3mini_checkpoints::gguf::quantize::quantize;
+    use k3mini_gguf::quantize::quantize;
     let bytes = std::fs::read(golden(file)).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     for &(name, ty) in cases {
@@ -154,13 +159,13 @@ fn quantisers_are_byte_identical_to_gguf_py() {
             ("Q8_0", GgmlType::Q8_0),
         ],
     );
-    let e = k3mini_checkpoints::gguf::quantize::quantize(GgmlType::Q4K, &[0.0; 100]).unwrap_err();
-    assert!(e.contains("multiple of 256"), "{e}");
+    let e = k3mini_gguf::quantize::quantize(GgmlType::Q4K, &[0.0; 100]).unwrap_err();
+    assert!(matches!(e, GgufError::Blocks { block: 256, .. }), "{e}");
 }
 
 #[test]
 fn every_quantiser_round_trips_within_its_format_error() {
-    use k3mini_checkpoints::gguf::quantize::quantize;
+    use k3mini_gguf::quantize::quantize;
     // A deterministic spread of magnitudes, an all-zero block and an outlier.
     let mut x: Vec<f32> = (0..1024)
         .map(|i| ((i as f32 * 0.37).sin() * (1.0 + (i % 7) as f32)) * 0.05)
@@ -196,7 +201,7 @@ fn every_quantiser_round_trips_within_its_format_error() {
 
 #[test]
 fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
-    use k3mini_checkpoints::gguf::writer::GgufWriter;
+    use k3mini_gguf::writer::GgufWriter;
     let original = golden("tiny.gguf");
     let f = GgufFile::open(&original).unwrap();
     let mut w = GgufWriter::new();
@@ -221,7 +226,8 @@ fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
         .add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 33])
         .unwrap_err();
     assert!(
-        e.contains("33 bytes for 32 Q8_0 values (expected 34)"),
+        e.to_string()
+            .contains("tensor x: 33 bytes for 32 Q8_0 values (expected 34)"),
         "{e}"
     );
     assert!(
@@ -232,6 +238,7 @@ fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
     assert!(
         w.add_tensor(&first, &[1], GgmlType::F32, vec![0; 4])
             .unwrap_err()
+            .to_string()
             .contains("twice")
     );
     assert!(
