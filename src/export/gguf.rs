@@ -1,0 +1,143 @@
+//! Writing the student as a GGUF: tensors mapped (`tensors.rs`), typed by llama.cpp's mix,
+//! quantised in parallel with ggml's quantisers, the tokenizer added; and its benchmark.
+
+use super::arch::GgufArch;
+use super::tensors::student_gguf;
+use super::tokenizer::gguf_tokenizer_metadata;
+use crate::run_dir::Checkpoint;
+use anyhow::Result;
+use burn::tensor::Device;
+use k3mini_data::Tokenizer;
+use k3mini_gguf::Value;
+use k3mini_gguf::mix::{FileType, tensor_types};
+use k3mini_gguf::quantize::quantize;
+use k3mini_gguf::writer::GgufWriter;
+use k3mini_student::K3Mini;
+use std::path::{Path, PathBuf};
+
+/// `f` over `items` on every core (tensors quantise independently; K-quants are slow), in order.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers.min(items.len()))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("quantiser thread panicked"))
+            .collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Writes the student as a llama.cpp GGUF of file type `ftype` with its tokenizer (see
+/// [`gguf_tokenizer_metadata`]); returns the bytes written.
+pub fn export_gguf(
+    ck: &Checkpoint,
+    ftype: FileType,
+    tokenizer: Option<&Tokenizer>,
+    out: &Path,
+) -> Result<u64> {
+    let (metadata, tensors) = student_gguf(ck)?;
+    let tokenizer =
+        gguf_tokenizer_metadata(&ck.plan.data.tokenizer, tokenizer, ck.plan.model.vocab_size)?;
+    let mut w = GgufWriter::new();
+    for (k, v) in metadata.into_iter().chain(tokenizer) {
+        w.set(&k, v);
+    }
+    w.set("general.file_type", Value::U32(ftype.id()));
+    if ftype != FileType::F32 && ftype != FileType::F16 {
+        w.set("general.quantization_version", Value::U32(2));
+    }
+    let shapes: Vec<(&str, &[u64])> = tensors
+        .iter()
+        .map(|(n, ne, _)| (n.as_str(), &ne[..]))
+        .collect();
+    let types = tensor_types(&shapes, ck.plan.model.n_layers, ftype);
+    let jobs: Vec<_> = tensors.iter().zip(types).collect();
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template(
+            "quantising {bar:30} {pos}/{len} tensors {elapsed}",
+        )
+        .expect("template"),
+    );
+    let quantised = parallel_map(&jobs, |((name, _, values), ty)| {
+        let bytes = quantize(*ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"));
+        bar.inc(1);
+        bytes
+    });
+    bar.finish_and_clear();
+    for (((name, ne, _), ty), bytes) in jobs.iter().zip(quantised) {
+        w.add_tensor(name, ne, *ty, bytes?)?;
+    }
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    Ok(w.write(out)?)
+}
+
+/// One export of [`bench_export`].
+#[derive(Debug, serde::Serialize)]
+pub struct ExportTiming {
+    pub quant: String,
+    pub arch: &'static str,
+    pub params: usize,
+    pub seconds: f64,
+    pub bytes: u64,
+    pub path: PathBuf,
+}
+
+/// Times `k3mini export --format gguf` of a freshly initialised `preset` student (the export's
+/// cost does not depend on the weights' values) for each file type, writing the files into `dir`.
+/// The checkpoint's plan names the SmolLM2 teacher's tokenizer, so the preset's vocabulary must
+/// be SmolLM2's (`smoke-300m`, `tiny` with `vocab_size = 49152`).
+pub fn bench_export(preset: &str, quants: &[FileType], dir: &Path) -> Result<Vec<ExportTiming>> {
+    // A real plan for the checkpoint: the preset student on the SmolLM2 teacher's tokenizer.
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("corpus.txt"), "Export benchmark.\n")?;
+    let recipe = dir.join("bench-export.toml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "[run]\nname = \"bench-export\"\nout_dir = {:?}\n[model]\npreset = \"{preset}\"\n\
+             [data]\ntokenizer = \"teacher\"\nseq_len = 64\n[[data.sources]]\npath = \"corpus.txt\"\n\
+             [teacher]\nmodel = \"smollm2\"\n[distill]\nobjectives = [{{ kind = \"ce\" }}]\n\
+             [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
+             [train]\nsteps = 1\nbatch_tokens = 64\nmicro_batch = 1\n",
+            dir.join("checkpoint").display().to_string()
+        ),
+    )?;
+    let plan = crate::recipe::load(&recipe)?;
+    let model = K3Mini::new(&plan.model, &Device::default())?;
+    let params = k3mini_student::info::param_breakdown(&plan.model).total();
+    let ck_dir = crate::run_dir::write_weights(&plan, &model, 0)?;
+    drop(model);
+    let ck = crate::run_dir::open_checkpoint(&ck_dir)?;
+    quants
+        .iter()
+        .map(|&q| {
+            let path = dir.join(format!("{preset}.{}.gguf", q.name()));
+            let t0 = std::time::Instant::now();
+            let bytes = export_gguf(&ck, q, None, &path)?;
+            Ok(ExportTiming {
+                quant: q.name().into(),
+                arch: GgufArch::for_config(&ck.plan.model).name(),
+                params,
+                seconds: t0.elapsed().as_secs_f64(),
+                bytes,
+                path,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,126 @@
+//! The Hugging Face export (transformers' `KimiLinearForCausalLM`), and the reference logits
+//! that the transformers and llama.cpp checks compare against.
+
+use crate::run_dir::Checkpoint;
+use anyhow::{Context, Result};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini_checkpoints::write_atomic;
+use k3mini_data::Tokenizer;
+use k3mini_data::chat::END_OF_TURN;
+use k3mini_student::hf::config_to_kimi_linear;
+use std::path::{Path, PathBuf};
+
+/// Writes the Hugging Face export into `out`; returns the files written.
+pub fn export_hf(
+    ck: &Checkpoint,
+    tokenizer: Option<&Tokenizer>,
+    out: &Path,
+    with_reference: bool,
+) -> Result<Vec<PathBuf>> {
+    let id = |names: &[&str]| tokenizer.and_then(|t| names.iter().find_map(|n| t.token_id(n)));
+    let special = [
+        id(&["<|im_start|>", "<s>", "<|begin_of_text|>"]),
+        id(&[END_OF_TURN, "</s>", "<|endoftext|>", "<|end_of_text|>"]),
+        id(&["<|endoftext|>", "<pad>"]),
+    ];
+    let config = config_to_kimi_linear(&ck.plan.model, special)?;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut written = Vec::new();
+    let mut put = |name: &str, bytes: &[u8]| -> Result<()> {
+        let path = out.join(name);
+        write_atomic(&path, bytes)?;
+        written.push(path);
+        Ok(())
+    };
+    put("model.safetensors", &ck.weights)?;
+    put(
+        "config.json",
+        serde_json::to_string_pretty(&config)?.as_bytes(),
+    )?;
+    if with_reference {
+        put(
+            "k3mini_reference.safetensors",
+            &reference_logits(ck, tokenizer)?,
+        )?;
+    }
+    if let Some(t) = tokenizer {
+        let path = out.join("tokenizer.json");
+        t.save(&path)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// Writes [`reference_logits`] to `path` (atomically).
+pub fn write_reference(ck: &Checkpoint, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<()> {
+    Ok(write_atomic(path, &reference_logits(ck, tokenizer)?)?)
+}
+
+/// A text with spaces, newlines, punctuation, digits and non-ASCII, for tokenizer checks.
+const REFERENCE_TEXT: &str =
+    "To be, or not to be: that is the question.\n  Whether 'tis nobler — Act III, 1603.\n";
+
+/// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors; with a
+/// tokenizer, also `text_ids`, its encoding of the `text` in the metadata.
+fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Vec<u8>> {
+    let device = Device::default();
+    let model = ck.model(&device)?;
+    let (rows, t) = (2usize, 40usize);
+    let mut state = 0x5EED_u64;
+    let ids: Vec<i64> = (0..rows * t)
+        .map(|_| {
+            (k3mini_data::rng::splitmix64(&mut state) % ck.plan.model.vocab_size as u64) as i64
+        })
+        .collect();
+    let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [rows, t]), &device);
+    let logits: Vec<f32> = model
+        .forward(tokens)
+        .into_data()
+        .try_into_vec()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let v = ck.plan.model.vocab_size;
+    let to_bytes = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = Vec::new();
+        f(&mut b);
+        b
+    };
+    let id_bytes = to_bytes(&|b| {
+        ids.iter()
+            .for_each(|x| b.extend_from_slice(&x.to_le_bytes()))
+    });
+    let logit_bytes = to_bytes(&|b| {
+        logits
+            .iter()
+            .for_each(|x| b.extend_from_slice(&x.to_le_bytes()))
+    });
+    let text_ids: Option<Vec<u8>> = tokenizer
+        .map(|t| t.encode(REFERENCE_TEXT))
+        .transpose()?
+        .map(|ids| ids.iter().flat_map(|&i| (i as i64).to_le_bytes()).collect());
+    let mut views = vec![
+        (
+            "input_ids",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::I64,
+                vec![rows, t],
+                &id_bytes,
+            )?,
+        ),
+        (
+            "logits",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![rows, t, v],
+                &logit_bytes,
+            )?,
+        ),
+    ];
+    let mut metadata = None;
+    if let Some(b) = &text_ids {
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![b.len() / 8], b)?;
+        views.push(("text_ids", view));
+        metadata = Some([("text".to_string(), REFERENCE_TEXT.to_string())].into());
+    }
+    Ok(safetensors::serialize(views, metadata)?)
+}
