@@ -1,5 +1,5 @@
 """A three-problem excerpt of CHAMP's v0.json (champ-dataset 1.0.0 on PyPI, MIT) in its own layout,
-for data/tests/trajectories.rs: k3mini reads the real file the same way.
+for data/tests/it/trajectories.rs: k3mini reads the real file the same way.
 
     pip download champ-dataset==1.0.0 --no-deps -d /tmp/champ && unzip -o /tmp/champ/*.whl -d /tmp/champ
     python scripts/golden/champ_fixture.py /tmp/champ/champ_dataset/dataset_files/v0.json

@@ -1,4 +1,4 @@
-"""Parquet corpus fixtures written by pyarrow (the writer real datasets come from), for data/tests/corpus.rs.
+"""Parquet corpus fixtures written by pyarrow (the writer real datasets come from), for data/tests/it/corpus.rs.
 
     python -m venv .venv && .venv/bin/pip install pyarrow==26.0.1
     .venv/bin/python scripts/golden/corpus_fixtures.py

@@ -1,4 +1,4 @@
-"""Reference values and gradients of every distillation objective, for student/tests/distill.rs.
+"""Reference values and gradients of every distillation objective, for student/tests/it/distill.rs.
 
 numpy in float64, written from the formulas (not from k3mini's code): SPEC section 7, DistillKit's
 temperature-from-logprobs rule, GKD's JSD, DistiLLM's skew KLs, random-sampling KD with given

@@ -1,6 +1,6 @@
 //! Analytic accounting from a config alone (no weights allocated, so it works for the 16B preset):
 //! exact parameter counts per component, a training-memory estimate and inference-state sizes.
-//! `tests/info.rs` checks the counts against instantiated models.
+//! `tests/it/config_and_info.rs` checks the counts against instantiated models.
 
 use crate::config::{LayerKind, ModelConfig};
 use serde::Serialize;

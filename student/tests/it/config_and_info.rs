@@ -1,8 +1,7 @@
 //! Presets, validation errors and the analytic parameter counts (checked against real models).
-mod common;
 
+use crate::common::device;
 use burn::module::Module;
-use common::device;
 use k3mini_student::config::{AttnResConfig, ModelConfig, MoeConfig};
 use k3mini_student::info::{active_params, model_info, param_breakdown, state_size};
 use k3mini_student::presets::{self, from_recipe_toml, preset};

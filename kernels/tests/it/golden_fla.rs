@@ -1,9 +1,8 @@
 //! KDA ops against flash-linear-attention's `naive_recurrent_kda` / `naive_chunk_kda`
 //! (tests/golden/kda_ops.safetensors, made by scripts/golden/generate.py).
-mod common;
 
+use crate::common::{golden, max_abs_diff};
 use burn::tensor::Tensor;
-use common::{golden, max_abs_diff};
 use k3mini_kernels::{KdaInputs, chunk_kda, naive_recurrent_kda};
 
 const FILE: &str = "kda_ops.safetensors";

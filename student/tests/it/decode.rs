@@ -1,9 +1,8 @@
 //! Incremental decoding: prefill then token-by-token decode equals the full forward, for every mixer,
 //! FFN and residual variant.
-mod common;
 
+use crate::common::{device, max_abs_diff, random_tokens};
 use burn::tensor::Tensor;
-use common::{device, max_abs_diff, random_tokens};
 use k3mini_student::config::{Activation, AttnResConfig, ModelConfig, MoeConfig};
 use k3mini_student::{K3Mini, presets};
 

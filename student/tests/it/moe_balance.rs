@@ -1,7 +1,6 @@
 //! Aux-loss-free balancing: the correction bias moves load from busy experts to idle ones.
-mod common;
 
-use common::{device, random_tokens};
+use crate::common::{device, random_tokens};
 use k3mini_student::config::{ModelConfig, MoeConfig};
 use k3mini_student::moe::balance_bias;
 use k3mini_student::{K3Mini, presets};

@@ -1,9 +1,8 @@
 //! The student against the public references: transformers' `KimiLinearForCausalLM` (whole-model
 //! logits from the same weights) and fla's `naive_attnres`. Files from scripts/golden/generate.py.
-mod common;
 
+use crate::common::{Golden, device, golden_path, max_abs_diff};
 use burn::module::Param;
-use common::{Golden, device, golden_path, max_abs_diff};
 use k3mini_student::K3Mini;
 use k3mini_student::attnres::attn_res;
 use k3mini_student::hf::{config_from_kimi_linear, load_hf_safetensors};

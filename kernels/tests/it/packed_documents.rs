@@ -1,8 +1,7 @@
 //! Packed documents: with `starts`, nothing crosses a document boundary, in either form.
-mod common;
 
+use crate::common::{device, max_abs_diff, random_inputs};
 use burn::tensor::{Tensor, TensorData};
-use common::{device, max_abs_diff, random_inputs};
 use k3mini_kernels::{KdaInputs, chunk_kda, naive_recurrent_kda};
 
 /// `[B, T]` starts with documents beginning at the given positions in every row.

@@ -1,9 +1,8 @@
 //! Packed training sequences: every document's logits equal those of the document run alone, so
 //! neither KDA state, short conv nor MLA attention leaks across a boundary.
-mod common;
 
+use crate::common::{device, max_abs_diff, random_tokens};
 use burn::tensor::{Int, Tensor, TensorData};
-use common::{device, max_abs_diff, random_tokens};
 use k3mini_student::config::{AttnResConfig, KdaConfig, ModelConfig, MoeConfig};
 use k3mini_student::{K3Mini, presets};
 

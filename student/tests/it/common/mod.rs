@@ -1,4 +1,4 @@
-// Shared helpers for the student tests (included with `mod common;`).
+// Shared helpers for the student tests.
 #![allow(dead_code)]
 
 use burn::tensor::{Device, Int, Tensor, TensorData};

@@ -1,8 +1,7 @@
 //! The chunkwise form and the decode step must agree with the naive recurrence.
-mod common;
 
+use crate::common::{max_abs_diff, random_inputs};
 use burn::tensor::{Distribution, Tensor};
-use common::{max_abs_diff, random_inputs};
 use k3mini_kernels::kda::default_scale;
 use k3mini_kernels::{chunk_kda, kda_step, naive_recurrent_kda};
 
@@ -29,7 +28,7 @@ fn chunk_carries_an_initial_state() {
     let s0 = Tensor::<4>::random(
         [1, 2, 8, 8],
         Distribution::Normal(0.0, 1.0),
-        &common::device(),
+        &crate::common::device(),
     );
     let naive = naive_recurrent_kda(&x, 0.5, Some(s0.clone()));
     let fast = chunk_kda(&x, 0.5, Some(s0), 32);
@@ -68,7 +67,7 @@ fn splitting_a_sequence_and_carrying_the_state_is_exact() {
 fn strong_decay_does_not_overflow() {
     // Γ reaches -5 * 64 = -320 inside a chunk: exp(+320) would overflow if the decay were factored.
     let mut x = random_inputs(1, 64, 1, 8, 8, 11);
-    x.g = Tensor::<4>::ones([1, 64, 1, 8], &common::device()) * -5.0;
+    x.g = Tensor::<4>::ones([1, 64, 1, 8], &crate::common::device()) * -5.0;
     let fast = chunk_kda(&x, 1.0, None, 64);
     let naive = naive_recurrent_kda(&x, 1.0, None);
     assert!(max_abs_diff(fast.o, naive.o) < 1e-5);
