@@ -7,6 +7,7 @@ pub mod corpus;
 pub mod error;
 pub mod pack;
 mod parquet_io;
+pub mod pool;
 pub mod prompts;
 pub mod rng;
 pub mod shards;

@@ -8,38 +8,13 @@ use crate::run_dir::Checkpoint;
 use anyhow::Result;
 use burn::tensor::Device;
 use k3mini_data::Tokenizer;
+use k3mini_data::pool::run_many;
 use k3mini_gguf::Value;
 use k3mini_gguf::mix::{FileType, tensor_types};
 use k3mini_gguf::quantize::quantize;
 use k3mini_gguf::writer::GgufWriter;
 use k3mini_student::K3Mini;
 use std::path::{Path, PathBuf};
-
-/// `f` over `items` on every core (tensors quantise independently; K-quants are slow), in order.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers.min(items.len()))
-            .map(|_| {
-                s.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break done };
-                        done.push((i, f(item)));
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("quantiser thread panicked"))
-            .collect()
-    });
-    out.sort_by_key(|(i, _)| *i);
-    out.into_iter().map(|(_, r)| r).collect()
-}
 
 /// Writes the student as a llama.cpp GGUF of file type `ftype` with its tokenizer (see
 /// [`gguf_tokenizer_metadata`]); returns the bytes written.
@@ -72,14 +47,20 @@ pub fn export_gguf(
         )
         .expect("template"),
     );
-    let quantised = parallel_map(&jobs, |((name, _, values), ty)| {
-        let bytes = quantize(*ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"));
-        bar.inc(1);
-        bytes
-    });
+    // Tensors quantise independently (K-quants are slow): one worker per core.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let quantised = run_many(
+        jobs.len(),
+        cores,
+        &|i| {
+            let ((name, _, values), ty) = &jobs[i];
+            quantize(*ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+        },
+        &mut |_| bar.inc(1),
+    )?;
     bar.finish_and_clear();
     for (((name, ne, _), ty), bytes) in jobs.iter().zip(quantised) {
-        w.add_tensor(name, ne, *ty, bytes?)?;
+        w.add_tensor(name, ne, *ty, bytes)?;
     }
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;

@@ -7,9 +7,9 @@
 //! interrupted. Shards, the manifest and resuming are [`crate::manifest`]'s.
 
 use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
-use crate::score::run_many;
 use crate::{FinishReason, GenerateParams, Generation, Teacher, TeacherError};
 use k3mini_data::chat::split_thinking;
+use k3mini_data::pool::run_many;
 use k3mini_data::shards::ShardMeta;
 use k3mini_data::trajectories::{
     SCHEMA_VERSION, TrajectoryMeta, TrajectoryRow, write_trajectories,

@@ -6,10 +6,10 @@
 
 use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
 use crate::{Scored, Teacher, TeacherError};
+use k3mini_data::pool::run_many;
 use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// What to score and where.
 #[derive(Clone, Debug)]
@@ -54,61 +54,6 @@ pub struct ScoreProgress {
 /// The segments of one document: consecutive windows of at most `seq_len` ids (≥ 2 each).
 pub fn segments(doc: &[u32], seq_len: usize) -> impl Iterator<Item = &[u32]> {
     doc.chunks(seq_len).filter(|s| s.len() >= 2)
-}
-
-/// Runs `work(i)` for every `i < n` with up to `concurrency` calls in flight, results in order.
-/// `done` is called (on this thread) with each finished result. The first error stops new calls
-/// and is returned.
-pub fn run_many<T: Send>(
-    n: usize,
-    concurrency: usize,
-    work: &(dyn Fn(usize) -> Result<T, TeacherError> + Sync),
-    done: &mut dyn FnMut(&T),
-) -> Result<Vec<T>, TeacherError> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let mut slots: Vec<Option<T>> = (0..n).map(|_| None).collect();
-    let mut first_error = None;
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        for _ in 0..concurrency.clamp(1, n.max(1)) {
-            let (tx, next, failed) = (tx.clone(), &next, &failed);
-            scope.spawn(move || {
-                while !failed.load(Ordering::SeqCst) {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    if i >= n {
-                        break;
-                    }
-                    let result = work(i);
-                    if result.is_err() {
-                        failed.store(true, Ordering::SeqCst);
-                    }
-                    if tx.send((i, result)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        drop(tx);
-        for (i, result) in rx {
-            match result {
-                Ok(v) => {
-                    done(&v);
-                    slots[i] = Some(v);
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-    });
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    Ok(slots
-        .into_iter()
-        .map(|s| s.expect("every input done"))
-        .collect())
 }
 
 /// Scores every sequence with up to `concurrency` requests in flight, results in input order;

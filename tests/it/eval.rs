@@ -1,6 +1,7 @@
 //! `k3mini eval` on a real (briefly trained) run: the held-out numbers are the trainer's own, the
 //! memory rows are measured states with the hybrid's growth a quarter of the all-MLA twin's, and
 //! the report's files are written.
+use crate::fixture::Recipe;
 use k3mini::evaluate::{Suite, evaluate};
 use k3mini::recipe;
 use k3mini::train::trainer::{TrainOptions, train};
@@ -18,33 +19,23 @@ fn eval_measures_a_run_and_writes_its_report() {
         let text = std::fs::read_to_string(root.join(format!("shakespeare/{play}.txt"))).unwrap();
         std::fs::write(dir.join(format!("{play}.txt")), &text[..20_000]).unwrap();
     }
-    let recipe_text = r#"[run]
-name = "e"
-seed = 5
-[model]
-preset = "tiny"
-vocab_size = 4096
-d_model = 64
-[data]
-tokenizer = "tok/bpe.json"
-seq_len = 128
-held_out_fraction = 0.3
-[[data.sources]]
-path = "hamlet.txt"
-[[data.sources]]
-path = "macbeth.txt"
-[optim]
-lr = 3e-3
-[schedule]
-kind = "constant"
-warmup_steps = 0
-[train]
-steps = 4
-batch_tokens = 512
-micro_batch = 4
-eval_every = 4
-eval_batches = 2
-"#;
+    let recipe_text = Recipe::default()
+        .with("run", "name = \"e\"\nseed = 5")
+        .with(
+            "model",
+            "preset = \"tiny\"\nvocab_size = 4096\nd_model = 64",
+        )
+        .with(
+            "data",
+            "tokenizer = \"tok/bpe.json\"\nseq_len = 128\nheld_out_fraction = 0.3\n\
+             [[data.sources]]\npath = \"hamlet.txt\"\n[[data.sources]]\npath = \"macbeth.txt\"",
+        )
+        .with("schedule", "kind = \"constant\"\nwarmup_steps = 0")
+        .with(
+            "train",
+            "steps = 4\nbatch_tokens = 512\nmicro_batch = 4\neval_every = 4\neval_batches = 2",
+        )
+        .text();
     // A tokenizer named relative to the recipe (as recipes/ci-tiny.toml names its own).
     std::fs::create_dir_all(dir.join("tok")).unwrap();
     std::fs::copy(

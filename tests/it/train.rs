@@ -1,6 +1,6 @@
 //! The training loop end to end on a small real corpus (this repository's own sources and README):
 //! exact resume, the loss falling, non-finite steps, corrupt checkpoints.
-use crate::fixture::Scratch;
+use crate::fixture::{Recipe, Scratch};
 use k3mini::recipe;
 use k3mini::run_dir::{StepMetrics, read_metrics};
 use k3mini::train::trainer::{TrainOptions, train};
@@ -36,37 +36,23 @@ fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
     let sources: String = (0..4)
         .map(|i| format!("[[data.sources]]\npath = \"doc{i}.txt\"\n"))
         .collect();
-    let recipe = format!(
-        r#"[run]
-name = "t"
-seed = 11
-
-[model]
-preset = "tiny"
-vocab_size = 512
-d_model = 64
-
-[data]
-tokenizer = "tok.json"
-seq_len = 64
-held_out_fraction = 0.25
-{sources}
-[optim]
-lr = 3e-3
-
-[schedule]
-kind = "cosine"
-warmup_steps = 2
-
-[train]
-steps = {steps}
-batch_tokens = 256
-micro_batch = 2
-eval_every = 4
-eval_batches = 2
-checkpoint_every = 3
-{extra}"#
-    );
+    let recipe = Recipe::default()
+        .with("run", "name = \"t\"\nseed = 11")
+        .with("model", "preset = \"tiny\"\nvocab_size = 512\nd_model = 64")
+        .with(
+            "data",
+            &format!("tokenizer = \"tok.json\"\nseq_len = 64\nheld_out_fraction = 0.25\n{sources}"),
+        )
+        .with("schedule", "kind = \"cosine\"\nwarmup_steps = 2")
+        .with(
+            "train",
+            &format!(
+                "steps = {steps}\nbatch_tokens = 256\nmicro_batch = 2\neval_every = 4\n\
+                 eval_batches = 2\ncheckpoint_every = 3"
+            ),
+        )
+        .extra(extra)
+        .text();
     let path = dir.join("recipe.toml");
     std::fs::write(&path, recipe).unwrap();
     (scratch, path)
