@@ -1,7 +1,7 @@
 //! `k3mini compare RUN…`: runs side by side, from their `metrics.jsonl`.
 
+use crate::error::{Context, Result};
 use crate::run_dir::{StepMetrics, read_metrics};
-use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 
 /// What a run reached: its last logged step and its last held-out evaluation.

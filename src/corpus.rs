@@ -2,8 +2,9 @@
 //! and held-out documents by a seeded draw. Training, teacher scoring, online distillation and
 //! evaluation all take their documents from here, so they agree on ids, targets and the split.
 
+use crate::bail;
+use crate::error::Result;
 use crate::recipe::DataPlan;
-use anyhow::{Result, bail};
 use k3mini_data::chat::{check_markers, render};
 use k3mini_data::pack::split_held_out;
 use k3mini_data::tokenizer::BPE_EOS;
@@ -22,10 +23,10 @@ pub fn tokenized_documents(data: &DataPlan, tokenizer: &Tokenizer) -> Result<Vec
         let path = &source.path;
         if let Some(template) = source.chat {
             check_markers(template, tokenizer)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                .map_err(|e| crate::refused!("{}: {e}", path.display()))?;
             for chat in read_chats(path, &source.field)? {
                 let rendered = render(&chat.messages, template, false)
-                    .map_err(|e| anyhow::anyhow!("{}:{}: {e}", path.display(), chat.index + 1))?;
+                    .map_err(|e| crate::refused!("{}:{}: {e}", path.display(), chat.index + 1))?;
                 let (ids, parts) = rendered.encode(tokenizer)?;
                 let targets = parts.iter().map(|&p| data.train_on.trains(p)).collect();
                 if ids.len() >= 2 {

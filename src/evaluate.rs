@@ -3,11 +3,11 @@
 //! reasoning answers), for inference memory against an all-MLA twin and for decode speed; written
 //! as `eval.json`, `report.md` and SVG plots by `k3mini_eval::report`.
 
+use crate::error::Result;
 use crate::recipe;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::teachers::{plan_prompts, student_tokenizer};
 use crate::train::modes::held_out;
-use anyhow::Result;
 use burn::tensor::Device;
 use k3mini_data::chat::END_OF_TURN;
 use k3mini_eval::memory::memory_vs_context;
@@ -62,7 +62,7 @@ pub fn evaluate(path: &Path, suite: Suite) -> Result<(EvalReport, Curves)> {
     progress("held-out data");
     let held = held_out(plan, &tokenizer, batches)?;
     let Some(h) = held.evaluate(&model) else {
-        anyhow::bail!("{}: nothing is held out to evaluate on", plan.recipe_name());
+        crate::bail!("{}: nothing is held out to evaluate on", plan.recipe_name());
     };
     let (tokens, bytes) = held.tokens_and_bytes(&tokenizer)?;
     let (contexts, depths): (&[usize], &[f64]) = match suite {
@@ -100,7 +100,7 @@ pub fn evaluate(path: &Path, suite: Suite) -> Result<(EvalReport, Curves)> {
         Suite::Full => &[512, 2048, 8192, 16384],
     };
     let memory = memory_vs_context(&plan.model, memory_contexts, &device)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| crate::refused!("{e}"))?;
     progress("decode speed");
     let decode = decode_tokens_per_s(&model, 64, 64);
     let finite = |x: f64| x.is_finite().then_some(x);

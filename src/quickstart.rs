@@ -12,13 +12,13 @@
 //! A rerun skips the stages listed in `OUT/stages` and resumes the one that was interrupted
 //! (scoring and training resume from their shards and checkpoints).
 
+use crate::error::{Context, Result};
 use crate::evaluate::{Suite, evaluate};
 use crate::export::export_gguf;
 use crate::recipe::{self, RunPlan};
 use crate::run_dir::open_checkpoint;
 use crate::teachers::{progress_bar, resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
-use anyhow::{Context, Result};
 use k3mini_checkpoints::write_atomic;
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
 use k3mini_gguf::mix::FileType;

@@ -14,8 +14,9 @@
 //! the manifest when read. The plan makes a checkpoint self-contained: export, eval and resume
 //! rebuild the run from it, not from the recipe file or the presets as they are now.
 
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::recipe::RunPlan;
-use anyhow::{Context, Result, bail};
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
@@ -170,7 +171,7 @@ impl Checkpoint {
     pub fn model(&self, device: &Device) -> Result<K3Mini> {
         let mut model = K3Mini::new(&self.plan.model, device)?;
         load_hf_bytes(&mut model, self.weights.clone())
-            .map_err(|e| anyhow::anyhow!("checkpoint {}: {WEIGHTS}: {e}", self.dir.display()))?;
+            .map_err(|e| crate::refused!("checkpoint {}: {WEIGHTS}: {e}", self.dir.display()))?;
         Ok(model)
     }
 
@@ -190,9 +191,9 @@ impl Checkpoint {
             .with_context(|| format!("{dir}: {STATE}"))?;
         let optimizer = self.take(OPTIMIZER)?;
         let model = restore_param_ids(self.model(device)?, &ids)
-            .map_err(|e| anyhow::anyhow!("{dir}: {IDS}: {e}"))?;
+            .map_err(|e| crate::refused!("{dir}: {IDS}: {e}"))?;
         let record = OptimizerRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(optimizer))
-            .map_err(|e| anyhow::anyhow!("{dir}: {OPTIMIZER}: {e:?}"))?;
+            .map_err(|e| crate::refused!("{dir}: {OPTIMIZER}: {e:?}"))?;
         Ok((model, record, state))
     }
 }
@@ -209,7 +210,7 @@ pub fn write_checkpoint(
     let optimizer = optim
         .to_record()
         .into_bytes()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?
+        .map_err(|e| crate::refused!("{e:?}"))?
         .to_vec();
     let files = [
         (WEIGHTS, weights),

@@ -2,11 +2,11 @@
 //! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement; the student's
 //! tokenizer; prompt sets; scoring a plan's corpus.
 
+use crate::error::Result;
 use crate::recipe::{
     DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RunPlan, TeacherSource,
     TokenizerSpec,
 };
-use anyhow::Result;
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
@@ -35,7 +35,7 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
         )?);
     }
     let path = Path::new(teacher);
-    anyhow::ensure!(
+    crate::ensure!(
         path.is_file(),
         "{teacher}: not a built-in teacher (smollm2) and no such file"
     );
@@ -77,7 +77,7 @@ pub fn plan_teacher(
     student: &Tokenizer,
 ) -> Result<Arc<dyn Teacher + Send + Sync>> {
     let mismatch = |what: &str| {
-        anyhow::anyhow!(
+        crate::refused!(
             "data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids would \
              mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
              distillation is not supported yet)."
@@ -157,7 +157,7 @@ pub fn plan_prompts(
                 );
             }
             let rendered = render(&messages, p.template, true)
-                .map_err(|e| anyhow::anyhow!("prompt {}: {e}", prompt.id))?;
+                .map_err(|e| crate::refused!("prompt {}: {e}", prompt.id))?;
             Ok(PromptIds {
                 id: prompt.id,
                 ids: rendered.encode(tokenizer)?.0,

@@ -37,7 +37,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         .runs
         .iter()
         .map(|r| evaluate(r, suite))
-        .collect::<Result<Vec<_>>>()?
+        .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .unzip();
     let report = write_report(&args.out, &reports, &curves)?;

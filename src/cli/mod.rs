@@ -95,12 +95,14 @@ pub fn main() -> ExitCode {
             });
             k3mini::quickstart::quickstart(&out, fast)
                 .map(|o| print!("{}", k3mini::quickstart::summary(&o)))
+                .map_err(Into::into)
         }
         Command::Compare { runs } => runs
             .iter()
             .map(|r| k3mini::compare::summarise(r))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .map(|s| print!("{}", k3mini::compare::table(&s))),
+            .collect::<Result<Vec<_>, _>>()
+            .map(|s| print!("{}", k3mini::compare::table(&s)))
+            .map_err(Into::into),
         Command::Data { command } => data::run(command),
         Command::Recipe { command } => recipe::run(command),
         Command::Teacher { command } => teacher::run(command),

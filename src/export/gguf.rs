@@ -4,8 +4,8 @@
 use super::arch::GgufArch;
 use super::tensors::student_gguf;
 use super::tokenizer::gguf_tokenizer_metadata;
+use crate::error::Result;
 use crate::run_dir::Checkpoint;
-use anyhow::Result;
 use burn::tensor::Device;
 use k3mini_data::Tokenizer;
 use k3mini_data::pool::run_many;
@@ -54,7 +54,7 @@ pub fn export_gguf(
         cores,
         &|i| {
             let ((name, _, values), ty) = &jobs[i];
-            quantize(*ty, values).map_err(|e| anyhow::anyhow!("{name}: {e}"))
+            quantize(*ty, values).map_err(|e| crate::refused!("{name}: {e}"))
         },
         &mut |_| bar.inc(1),
     )?;

@@ -1,8 +1,8 @@
 //! The Hugging Face export (transformers' `KimiLinearForCausalLM`), and the reference logits
 //! that the transformers and llama.cpp checks compare against.
 
+use crate::error::{Context, Result};
 use crate::run_dir::Checkpoint;
-use anyhow::{Context, Result};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
@@ -77,7 +77,7 @@ fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Ve
         .forward(tokens)
         .into_data()
         .try_into_vec()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        .map_err(|e| crate::refused!("{e:?}"))?;
     let v = ck.plan.model.vocab_size;
     let to_bytes = |f: &dyn Fn(&mut Vec<u8>)| {
         let mut b = Vec::new();

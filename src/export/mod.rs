@@ -32,8 +32,9 @@ pub use hf::{export_hf, write_reference};
 pub use tensors::{GgufTensor, student_gguf};
 pub use tokenizer::{bpe_tokenizer_metadata, gguf_tokenizer_metadata, plan_tokenizer};
 
+use crate::bail;
+use crate::error::Result;
 use crate::run_dir::Checkpoint;
-use anyhow::{Result, bail};
 use std::path::Path;
 
 /// Refuses an output path that would overwrite the checkpoint itself.

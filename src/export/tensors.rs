@@ -4,8 +4,9 @@
 //! reason.
 
 use super::arch::{GgufArch, KdaGate, Rename, TensorNames, gguf_metadata};
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::run_dir::Checkpoint;
-use anyhow::{Context, Result, bail};
 use k3mini_gguf::Value;
 use k3mini_student::{LayerKind, ModelConfig};
 use std::collections::HashMap;
@@ -66,7 +67,7 @@ fn hf_tensors(ck: &Checkpoint) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>
     st.tensors()
         .into_iter()
         .map(|(name, view)| {
-            anyhow::ensure!(
+            crate::ensure!(
                 view.dtype() == safetensors::Dtype::F32,
                 "{name}: {:?}, expected F32",
                 view.dtype()

@@ -2,8 +2,9 @@
 //! when the student uses it, else the student's byte-level BPE tokenizer.json converted to
 //! llama.cpp's `gpt2` tokenizer.
 
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::recipe::TokenizerSpec;
-use anyhow::{Context, Result, bail};
 use k3mini_data::Tokenizer;
 use k3mini_gguf::Value;
 
@@ -82,7 +83,7 @@ pub fn bpe_tokenizer_metadata(
     let mut types = vec![NORMAL; tokens.len()];
     for (piece, id) in vocab {
         let id = id.as_u64().context("tokenizer.json: a non-integer id")? as usize;
-        anyhow::ensure!(
+        crate::ensure!(
             id < n_vocab,
             "tokenizer token {piece:?} has id {id}, past the student's {n_vocab} ids"
         );
@@ -94,7 +95,7 @@ pub fn bpe_tokenizer_metadata(
             bail!("tokenizer.json: malformed added token {added}");
         };
         let id = id as usize;
-        anyhow::ensure!(
+        crate::ensure!(
             id < n_vocab,
             "tokenizer token {content:?} has id {id}, past the student's {n_vocab} ids"
         );

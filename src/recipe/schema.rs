@@ -1,5 +1,5 @@
 //! The recipe as written: the TOML schema, with every default spelled out. Every table rejects
-//! unknown keys. [`super::plan`] turns a parsed recipe into the typed plan a run executes.
+//! unknown keys. `plan.rs` turns a parsed recipe into the typed plan a run executes.
 //!
 //! ```toml
 //! [run]       name, out_dir, seed
@@ -28,7 +28,7 @@ use std::path::PathBuf;
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
     pub run: RunConfig,
-    /// `preset` plus overrides; resolved into [`super::RunPlan::model`].
+    /// `preset` plus overrides; resolved into the plan's `model`.
     pub model: toml::Table,
     pub data: DataConfig,
     pub optim: OptimConfig,

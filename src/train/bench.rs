@@ -1,10 +1,11 @@
 //! Benchmark of a recipe's real training steps (packing, forward, backward, clipping, AdamW), as
 //! `k3mini bench train RECIPE` reports them for the README.
 
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::recipe::RunPlan;
 use crate::run_dir::read_metrics;
 use crate::train::trainer::{TrainOptions, train};
-use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 #[derive(Clone, Debug, Serialize)]

@@ -8,12 +8,13 @@
 //! held-out cross-entropy (perplexity), the student's top-1 agreement with the teacher, and the
 //! forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail.
 
+use crate::bail;
+use crate::error::{Context, Result};
 use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::batch::{flatten, position_logits};
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
-use anyhow::{Context, Result, bail};
 use burn::tensor::{Tensor, TensorData};
 use k3mini_data::chat::THINK_CLOSE;
 use k3mini_data::pack::split_held_out;

@@ -6,9 +6,9 @@
 //!   online runs), cross-entropy plus the student's top-1 agreement with the teacher and the
 //!   forward `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k and tail.
 
+use crate::error::Result;
 use crate::recipe::DataPlan;
 use crate::train::batch::{flatten, packed_tensors, position_logits};
-use anyhow::Result;
 use burn::tensor::Device;
 use k3mini_data::signals::SignalBatch;
 use k3mini_data::{PackedBatch, Packer, TokenDoc, Tokenizer};

@@ -1,12 +1,13 @@
 //! Plain next-token training: the plan's documents packed into rows (a seeded per-epoch order,
 //! resumed from its cursor), cross-entropy on the trained positions.
 
+use crate::bail;
+use crate::error::Result;
 use crate::recipe::RunPlan;
 use crate::run_dir::DataCursor;
 use crate::train::batch::packed_tensors;
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
-use anyhow::{Result, bail};
 use k3mini_data::signals::SignalCursor;
 use k3mini_data::{Cursor, Packer, Tokenizer};
 use k3mini_student::K3Mini;

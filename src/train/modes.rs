@@ -1,6 +1,8 @@
 //! Which objective a plan trains with, and the held-out set it is measured on: the one place the
 //! modes are told apart.
 
+use crate::bail;
+use crate::error::Result;
 use crate::recipe::{ModePlan, RunPlan};
 use crate::run_dir::{DataCursor, TrainState};
 use crate::train::distill::{Shards, signal_data};
@@ -9,7 +11,6 @@ use crate::train::lm::Lm;
 use crate::train::objective::TrainingObjective;
 use crate::train::on_policy::OnPolicy;
 use crate::train::online::{self, Online};
-use anyhow::{Result, bail};
 use k3mini_data::Tokenizer;
 
 /// The objective of `plan`, its streams positioned at `state`'s cursors.

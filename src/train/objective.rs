@@ -10,9 +10,9 @@
 //! | `online` | corpus segments, scored by the teacher in the loop | the same |
 //! | `on_policy` | the student's own samples, scored by the teacher (a `mix` share; the rest offline) | the reverse-KL advantage |
 
+use crate::error::Result;
 use crate::run_dir::DataCursor;
 use crate::train::held_out::HeldOut;
-use anyhow::Result;
 use burn::tensor::Tensor;
 use k3mini_data::signals::SignalCursor;
 use k3mini_student::K3Mini;

@@ -6,12 +6,13 @@
 //! Prompts are taken in a seeded per-epoch order from a cursor stored in checkpoints; sampling is
 //! seeded per micro-batch and row, so a resumed run samples what an uninterrupted one would.
 
+use crate::bail;
+use crate::error::Result;
 use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::distill::Shards;
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, OnPolicyStats, TrainingObjective};
-use anyhow::{Result, bail};
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
 use k3mini_data::rng::uniform;

@@ -6,12 +6,12 @@
 //! state is a cursor `(epoch, row)`, so a resumed run asks the teacher for exactly the batches an
 //! uninterrupted one would have.
 
+use crate::error::Result;
 use crate::recipe::{DistillPlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::distill::distill_loss;
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
-use anyhow::Result;
 use k3mini_data::pack::split_held_out;
 use k3mini_data::shards::ShardRow;
 use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble, take_in_epoch_order};
@@ -121,7 +121,7 @@ impl OnlineStream {
         rows: usize,
         cursor: SignalCursor,
     ) -> Result<Self> {
-        anyhow::ensure!(
+        crate::ensure!(
             !segments.is_empty(),
             "no training segments left after the held-out split"
         );
@@ -165,7 +165,7 @@ impl OnlineStream {
         let (after, handle) = self.next.take().expect("a batch is always being scored");
         let batch = handle
             .join()
-            .map_err(|_| anyhow::anyhow!("the teacher thread panicked"))??;
+            .map_err(|_| crate::refused!("the teacher thread panicked"))??;
         self.cursor = after;
         self.prefetch();
         Ok(batch)

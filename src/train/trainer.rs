@@ -7,6 +7,8 @@
 //! cursors, and the plan. Training draws no randomness after initialisation (no dropout; the data
 //! order is a function of the seed and the cursor, sampling of the step).
 
+use crate::bail;
+use crate::error::Result;
 use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
 use crate::train::modes;
@@ -15,7 +17,6 @@ use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::qat::FakeQuantizer;
 use crate::train::schedule::lr_at;
 use crate::units::bytes;
-use anyhow::{Result, bail};
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Device;
 use k3mini_data::Tokenizer;
@@ -216,9 +217,9 @@ impl RunLog {
         Ok(())
     }
 
-    fn abandon_bad_steps(&self, plan: &RunPlan, state: &TrainState) -> anyhow::Error {
+    fn abandon_bad_steps(&self, plan: &RunPlan, state: &TrainState) -> crate::error::Error {
         self.progress.abandon();
-        anyhow::anyhow!(
+        crate::refused!(
             "{} consecutive steps had a non-finite loss or gradient (last at step {}); stopping. \
              The last good checkpoint in {} is intact; lower optim.lr or check the data.",
             state.consecutive_bad_steps,
