@@ -4,6 +4,7 @@
 
 pub mod chat;
 pub mod corpus;
+pub mod digest;
 pub mod error;
 pub mod pack;
 mod parquet_io;

@@ -151,13 +151,30 @@ pub(crate) fn write_atomic(
 /// An opened k3mini Parquet file: its `k3mini.*` metadata (prefix stripped) and a reader builder.
 pub(crate) struct Opened {
     pub meta: HashMap<String, String>,
-    pub builder: ParquetRecordBatchReaderBuilder<std::fs::File>,
+    pub builder: ParquetRecordBatchReaderBuilder<bytes::Bytes>,
 }
 
 impl Opened {
-    pub fn open(path: &Path, what: &str) -> Result<Self, DataError> {
-        let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+    /// Opens `path`, read once: when `sha256` is given the bytes must have it (a damaged or
+    /// replaced file is refused before any value of it is used), and the parse reads the same
+    /// bytes.
+    pub fn open(path: &Path, what: &str, sha256: Option<&str>) -> Result<Self, DataError> {
+        let data = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        if let Some(expected) = sha256 {
+            let found = crate::digest::sha256_hex(&data);
+            if found != expected {
+                return Err(file_err(
+                    path,
+                    what,
+                    format!(
+                        "checksum mismatch: the manifest records SHA-256 {expected}, the file has \
+                         {found} (damaged or replaced since it was written; rerun the command \
+                         that wrote it)"
+                    ),
+                ));
+            }
+        }
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(data))
             .map_err(|e| file_err(path, what, format!("not a readable Parquet file: {e}")))?;
         let meta = builder
             .metadata()
@@ -182,8 +199,9 @@ impl Opened {
         kind: &str,
         default_kind: Option<&str>,
         version: u32,
+        sha256: Option<&str>,
     ) -> Result<Self, DataError> {
-        let opened = Self::open(path, what)?;
+        let opened = Self::open(path, what, sha256)?;
         let found: u32 = opened.parse(path, what, "schema_version")?;
         let found_kind = match (opened.meta.get("kind"), default_kind) {
             (Some(k), _) => k.as_str(),

@@ -79,6 +79,25 @@ pub struct ShardRow {
 }
 
 /// `1 − Σ_k exp(logprob)` for each row of `k` top logprobs, clamped at 0: the mass outside the top-k.
+/// How far above 0 a stored log-probability may be (f32 rounding of `log_softmax`).
+const LOGPROB_SLACK: f32 = 1e-6;
+/// How far above 1 a top-k's summed probabilities may be (f32 rounding).
+const MASS_SLACK: f64 = 1e-4;
+
+/// Refuses a value of `column` that cannot be a log-probability (NaN, infinite, above 0).
+pub(crate) fn check_logprobs(at: &str, column: &str, values: &[f32]) -> Result<(), String> {
+    match values
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !(v.is_finite() && **v <= LOGPROB_SLACK))
+    {
+        Some((j, v)) => Err(format!(
+            "{at}: column {column}, entry {j}: {v} is not a log-probability (finite, ≤ 0)"
+        )),
+        None => Ok(()),
+    }
+}
+
 pub fn tail_mass(top_logprobs: &[f32], k: usize) -> Vec<f32> {
     top_logprobs
         .chunks_exact(k)
@@ -91,22 +110,34 @@ impl ShardRow {
         self.target_logprobs.len()
     }
 
+    /// Lengths, and values that can be log-probabilities: finite, at most 0 (up to f32 rounding),
+    /// and a top-k whose probabilities sum to at most 1.
     fn check(&self, k: usize) -> Result<(), String> {
         let n = self.input_ids.len();
         let p = n.saturating_sub(1);
+        let at = format!("document {} segment {}", self.doc_id, self.segment);
         if n < 2
             || self.target_logprobs.len() != p
             || self.top_ids.len() != p * k
             || self.top_logprobs.len() != p * k
         {
             return Err(format!(
-                "document {} segment {}: {n} ids need {p} target logprobs and {p}×{k} top-k entries, got {}, {} and {}",
-                self.doc_id,
-                self.segment,
+                "{at}: {n} ids need {p} target logprobs and {p}×{k} top-k entries, got {}, {} and {}",
                 self.target_logprobs.len(),
                 self.top_ids.len(),
                 self.top_logprobs.len()
             ));
+        }
+        check_logprobs(&at, "target_logprobs", &self.target_logprobs)?;
+        check_logprobs(&at, "top_logprobs", &self.top_logprobs)?;
+        for (pos, top) in self.top_logprobs.chunks_exact(k).enumerate() {
+            let mass: f64 = top.iter().map(|&l| (l as f64).exp()).sum();
+            if mass > 1.0 + MASS_SLACK {
+                return Err(format!(
+                    "{at}: column top_logprobs, position {pos}: the top-{k} probabilities sum to \
+                     {mass}, more than 1"
+                ));
+            }
         }
         Ok(())
     }
@@ -163,10 +194,14 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
     )
 }
 
-/// Reads and validates a shard: kind, schema version, metadata, column types and every row's lengths.
-pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
+/// Reads and validates a shard: its checksum when `sha256` is given (the manifest's), kind,
+/// schema version, metadata, column types and every row's lengths.
+pub fn read_shard(
+    path: &Path,
+    sha256: Option<&str>,
+) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
     // Shards from before `kind` existed are teacher-signal shards.
-    let opened = Opened::open_versioned(path, WHAT, KIND, Some(KIND), SCHEMA_VERSION)?;
+    let opened = Opened::open_versioned(path, WHAT, KIND, Some(KIND), SCHEMA_VERSION, sha256)?;
     let meta = ShardMeta::read(&opened, path, WHAT)?;
     let k = meta.k;
     opened
@@ -177,6 +212,7 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
             ("target_logprobs", Col::FloatList),
             ("top_ids", Col::TopkInt(k)),
             ("top_logprobs", Col::TopkFloat(k)),
+            ("tail_mass", Col::FloatList),
         ])
         .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
@@ -188,6 +224,7 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
             column(&batch, "target_logprobs"),
         );
         let (top_ids, top_lp) = (column(&batch, "top_ids"), column(&batch, "top_logprobs"));
+        let tails = column(&batch, "tail_mass");
         for i in 0..batch.num_rows() {
             let row = ShardRow {
                 doc_id: doc.value(i) as u64,
@@ -198,6 +235,24 @@ pub fn read_shard(path: &Path) -> Result<(ShardMeta, Vec<ShardRow>), DataError> 
                 top_logprobs: f32s(top_lp, i),
             };
             row.check(k).map_err(|m| file_err(path, WHAT, m))?;
+            // The stored tail mass is what the top-k leaves (the writer computed it so).
+            let (stored, left) = (f32s(tails, i), tail_mass(&row.top_logprobs, k));
+            if stored.len() != left.len()
+                || stored.iter().zip(&left).any(|(s, l)| (s - l).abs() > 1e-5)
+            {
+                return Err(file_err(
+                    path,
+                    WHAT,
+                    format!(
+                        "document {} segment {}: column tail_mass is not the 1 − Σp its top-{k} \
+                         leaves (first values {:?}, expected {:?})",
+                        row.doc_id,
+                        row.segment,
+                        &stored[..stored.len().min(3)],
+                        &left[..left.len().min(3)]
+                    ),
+                ));
+            }
             rows.push(row);
         }
     }

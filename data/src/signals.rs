@@ -211,11 +211,13 @@ pub enum SignalSource {
     },
 }
 
-/// A shard file and the job index of its first row (trajectory rows are numbered by prompt).
+/// A shard file, the job index of its first row (trajectory rows are numbered by prompt) and the
+/// SHA-256 its manifest records, which the file must still have when it is read.
 #[derive(Clone, Debug)]
 pub struct ShardFile {
     pub path: PathBuf,
     pub first: u64,
+    pub sha256: String,
 }
 
 /// What a stream expects of every shard it reads.
@@ -243,7 +245,7 @@ impl SignalSpec {
         let path = &file.path;
         match &self.source {
             SignalSource::Scores => {
-                let (meta, rows) = read_shard(path)?;
+                let (meta, rows) = read_shard(path, Some(&file.sha256))?;
                 self.check(path, &meta)?;
                 let mut kept = Vec::new();
                 for row in rows {
@@ -288,7 +290,7 @@ impl SignalSpec {
                 think_close,
                 train_on,
             } => {
-                let (meta, rows) = read_trajectories(path)?;
+                let (meta, rows) = read_trajectories(path, Some(&file.sha256))?;
                 self.check(path, &meta.signals)?;
                 Ok(rows
                     .into_iter()
@@ -360,6 +362,24 @@ impl SignalStream {
             return Err(DataError::Empty {
                 path: PathBuf::from("(no teacher shards)"),
             });
+        }
+        if cursor.shard >= files.len() {
+            let dir = files[0]
+                .path
+                .parent()
+                .unwrap_or(&files[0].path)
+                .to_path_buf();
+            return Err(DataError::io(
+                &dir,
+                format!(
+                    "the run's data cursor is at shard {} (epoch {}), but there are {} shards: \
+                     they were rescored since the checkpoint was written, or its state.json is \
+                     damaged. Resume with the shards it trained on, or start a new run",
+                    cursor.shard,
+                    cursor.epoch,
+                    files.len()
+                ),
+            ));
         }
         let mut s = Self {
             files: Arc::new(files),

@@ -242,7 +242,7 @@ impl Tokenizer {
     /// SHA-256 (hex) of the id → token table: equal fingerprints mean the same ids for the same
     /// strings, which is what a teacher and its student must share.
     pub fn fingerprint(&self) -> String {
-        use sha2::{Digest, Sha256};
+        use crate::digest::{Digest, Sha256, hex};
         let mut h = Sha256::new();
         for id in 0..self.vocab_size() as u32 {
             match self {
@@ -253,7 +253,7 @@ impl Tokenizer {
             }
             h.update([0xFF]); // never inside a UTF-8 token: separates entries unambiguously
         }
-        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+        hex(h)
     }
 
     /// The id of a special (or any whole) token string.

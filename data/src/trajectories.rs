@@ -75,6 +75,9 @@ impl TrajectoryRow {
                 self.top_logprobs.len()
             ));
         }
+        let at = format!("prompt {}", self.prompt_id);
+        crate::shards::check_logprobs(&at, "logprobs", &self.logprobs)?;
+        crate::shards::check_logprobs(&at, "top_logprobs", &self.top_logprobs)?;
         if !matches!(self.finish_reason.as_str(), "stop" | "length") {
             return Err(format!(
                 "prompt {}: finish_reason {:?} is not stop or length",
@@ -173,9 +176,12 @@ pub fn write_trajectories(
 }
 
 /// Reads and validates a trajectory shard.
-pub fn read_trajectories(path: &Path) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
+pub fn read_trajectories(
+    path: &Path,
+    sha256: Option<&str>,
+) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
     // Files without `kind` are teacher-signal shards from before it: refused as that kind.
-    let opened = Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), SCHEMA_VERSION)?;
+    let opened = Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), SCHEMA_VERSION, sha256)?;
     let meta = TrajectoryMeta {
         signals: ShardMeta::read(&opened, path, WHAT)?,
         top_p: opened.parse(path, WHAT, "top_p")?,

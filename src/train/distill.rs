@@ -62,7 +62,15 @@ fn finished_manifest<J: serde::de::DeserializeOwned>(
         .with_context(|| format!("{}: not a `teacher {command}` manifest", path.display()))?;
     let (total, per_shard) = items(&m.job);
     let expected = total.div_ceil(per_shard.max(1));
-    if m.shards.len() != expected {
+    if m.shards.len() > expected {
+        bail!(
+            "{}: the manifest lists {} shards but its job has {expected}: it is inconsistent \
+             (edited, or mixed with another job's); rescore into a new directory with `{rerun}`",
+            path.display(),
+            m.shards.len(),
+        );
+    }
+    if m.shards.len() < expected {
         bail!(
             "{}: {} of {expected} shards are finished: rerun `{rerun}` to complete them",
             dir.display(),
@@ -185,6 +193,7 @@ fn shard_files<J>(dir: &Path, m: &Manifest<J>) -> Vec<ShardFile> {
         .map(|s| ShardFile {
             path: dir.join(&s.file),
             first: s.items[0] as u64,
+            sha256: s.sha256.clone(),
         })
         .collect()
 }

@@ -6,7 +6,7 @@
 //! atomically.
 
 use crate::TeacherError;
-use sha2::{Digest, Sha256};
+pub use k3mini_data::digest::sha256_file;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -84,18 +84,6 @@ pub fn cached_path(t: &Known, cache: &Path) -> PathBuf {
         .file_name()
         .expect("member has a file name");
     cache.join(t.kind.dir()).join(t.name).join(file)
-}
-
-/// SHA-256 (hex) of a file, streamed.
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut f = std::fs::File::open(path)?;
-    std::io::copy(&mut f, &mut hasher)?;
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
 }
 
 /// Returns the file of a known teacher or prompt set, fetching it first if the cache lacks it (or

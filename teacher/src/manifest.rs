@@ -9,9 +9,9 @@
 
 use crate::TeacherError;
 use crate::fetch::sha256_file;
+use k3mini_data::digest::{Digest, Sha256, hex};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::ops::Range;
 use std::path::Path;
 
@@ -91,7 +91,7 @@ pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
             h.update(id.to_le_bytes());
         }
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex(h)
 }
 
 fn write_manifest<J: Serialize>(dir: &Path, m: &Manifest<J>) -> Result<(), TeacherError> {

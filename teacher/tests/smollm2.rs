@@ -223,7 +223,7 @@ mod scoring {
         assert_eq!((p.shards_total, p.skipped), (segs.div_ceil(4), 1));
         assert_eq!(m.shards.iter().map(|s| s.rows).sum::<usize>(), segs);
         // Shards hold exactly what the teacher says.
-        let (meta, rows) = read_shard(&dir.join("shard-00002.parquet")).unwrap();
+        let (meta, rows) = read_shard(&dir.join("shard-00002.parquet"), None).unwrap();
         assert_eq!(meta, job.meta);
         let direct = t.score(&rows[0].input_ids, 8).unwrap();
         assert_eq!((rows[0].doc_id, rows[0].segment), (4, 0));
@@ -315,7 +315,7 @@ mod scoring {
         assert_eq!((p.prompts_done, p.skipped_shards), (5, 1));
         assert_eq!(m.shards.len(), 3);
         // Each row is exactly the teacher's generation with prompt i's seed.
-        let (meta, rows) = read_trajectories(&dir.join("shard-00001.parquet")).unwrap();
+        let (meta, rows) = read_trajectories(&dir.join("shard-00001.parquet"), None).unwrap();
         assert_eq!((meta.signals.k, meta.seed, meta.max_tokens), (4, 11, 6));
         assert_eq!(rows[1].prompt_id, "q3");
         let direct = t
@@ -332,7 +332,7 @@ mod scoring {
         assert_eq!(rows[1].logprobs, direct.logprobs);
         let text = t.tokenizer.decode(&direct.ids).unwrap();
         assert_eq!(rows[1].answer, text.trim_end_matches("<|im_end|>").trim());
-        let (_, first) = read_trajectories(&dir.join("shard-00000.parquet")).unwrap();
+        let (_, first) = read_trajectories(&dir.join("shard-00000.parquet"), None).unwrap();
         assert_eq!(first[0].reference.as_deref(), Some("5"));
         // Concurrency changes nothing; a rerun of the finished job skips every shard.
         let parallel = GenerateJob {

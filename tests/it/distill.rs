@@ -235,6 +235,32 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
         e.contains("16-token segments but data.seq_len is 32"),
         "{e}"
     );
+    // A shard whose bytes changed after it was written (here one byte of the data pages flipped
+    // in each; a zeroed checksum is the same case) is refused by name before any of it trains.
+    let shards: Vec<PathBuf> = std::fs::read_dir(dir.join("shards"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    let originals: Vec<Vec<u8>> = shards.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    for (path, good) in shards.iter().zip(&originals) {
+        let mut bad = good.clone();
+        bad[good.len() / 2] ^= 0x40;
+        std::fs::write(path, &bad).unwrap();
+    }
+    let damaged = TrainOptions {
+        out_dir: Some(dir.join("runs/damaged")),
+        quiet: true,
+        ..Default::default()
+    };
+    let e = train(&main, &damaged).unwrap_err().to_string();
+    assert!(
+        e.contains("shards/shard-0") && e.contains("checksum mismatch"),
+        "{e}"
+    );
+    for (path, good) in shards.iter().zip(&originals) {
+        std::fs::write(path, good).unwrap();
+    }
     // A corpus edited since scoring is caught before training on stale signals.
     let original = std::fs::read(dir.join("b.txt")).unwrap();
     std::fs::write(dir.join("b.txt"), "Tomorrow, and tomorrow, and yesterday.").unwrap();
@@ -249,6 +275,13 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     let manifest = dir.join("shards/manifest.json");
     let mut m: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    // A manifest with more entries than its job has shards is named as inconsistent.
+    let mut more = m.clone();
+    let extra = more["shards"][0].clone();
+    more["shards"].as_array_mut().unwrap().push(extra);
+    std::fs::write(&manifest, more.to_string()).unwrap();
+    let e = train(&main, &damaged).unwrap_err().to_string();
+    assert!(e.contains("it is inconsistent"), "{e}");
     m["shards"].as_array_mut().unwrap().pop();
     std::fs::write(&manifest, m.to_string()).unwrap();
     std::fs::remove_dir_all(dir.join("runs/each")).ok();

@@ -365,7 +365,8 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (_, rows) = k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet")).unwrap();
+    let (_, rows) =
+        k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet"), None).unwrap();
     let direct = local.score(&rows[1].input_ids, 5).unwrap();
     assert_eq!(
         (rows[1].top_ids.clone(), rows[1].top_logprobs.clone()),
@@ -387,7 +388,8 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         String::from_utf8_lossy(&out.stderr)
     );
     let (_, rows) =
-        k3mini_data::trajectories::read_trajectories(&traj.join("shard-00000.parquet")).unwrap();
+        k3mini_data::trajectories::read_trajectories(&traj.join("shard-00000.parquet"), None)
+            .unwrap();
     assert_eq!(rows.len(), 2);
     let direct = local
         .generate(

@@ -11,7 +11,8 @@ fn rows(k: usize) -> Vec<ShardRow> {
             for t in 0..n - 1 {
                 for r in 0..k {
                     top_ids.push(((t * 31 + r * 17) % 49152) as u32);
-                    top_lp.push(-0.1 - r as f32 * 0.731 - t as f32 * 1e-3);
+                    // A real distribution's top-k: descending, summing to under 1.
+                    top_lp.push(-1.0 - r as f32 * 0.731 - t as f32 * 1e-3);
                 }
             }
             ShardRow {
@@ -39,7 +40,7 @@ fn shards_round_trip_losslessly_with_metadata() {
     let path = dir.join("shard-00000.parquet");
     let written = write_shard(&path, &meta, &rows(8)).unwrap();
     assert!(written > 0 && !dir.join("shard-00000.parquet.tmp").exists());
-    let (m, back) = read_shard(&path).unwrap();
+    let (m, back) = read_shard(&path, None).unwrap();
     assert_eq!(m, meta);
     assert_eq!(back, rows(8));
     // A row whose lengths disagree with k is refused before anything is written.
@@ -55,14 +56,14 @@ fn shards_round_trip_losslessly_with_metadata() {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/sonnet_snappy.parquet"
     );
-    let e = read_shard(std::path::Path::new(corpus))
+    let e = read_shard(std::path::Path::new(corpus), None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("no k3mini.schema_version metadata"), "{e}");
     let bytes = std::fs::read(&path).unwrap();
     let cut = dir.join("cut.parquet");
     std::fs::write(&cut, &bytes[..bytes.len() - 40]).unwrap();
-    let e = read_shard(&cut).unwrap_err().to_string();
+    let e = read_shard(&cut, None).unwrap_err().to_string();
     assert!(
         e.contains("cut.parquet") && e.contains("not a readable Parquet file"),
         "{e}"
@@ -100,7 +101,49 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
     let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
     w.write(&batch).unwrap();
     w.close().unwrap();
-    let e = read_shard(&path).unwrap_err().to_string();
+    let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("column doc_id has type Utf8"), "{e}");
     std::fs::remove_file(&path).ok();
+}
+
+#[test]
+fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
+    let dir = std::env::temp_dir().join(format!("k3mini-shard-values-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let meta = ShardMeta {
+        teacher: "t".into(),
+        tokenizer_sha256: "ab".repeat(32),
+        k: 8,
+        temperature: 1.0,
+    };
+    let path = dir.join("shard-00000.parquet");
+    type Damage = fn(&mut ShardRow);
+    let cases: [(Damage, &str); 4] = [
+        (
+            |r| r.top_logprobs[3] = 50.0,
+            "column top_logprobs, entry 3: 50",
+        ),
+        (
+            |r| r.target_logprobs[1] = f32::NAN,
+            "column target_logprobs, entry 1: NaN",
+        ),
+        (
+            |r| r.top_logprobs[8] = f32::NEG_INFINITY,
+            "column top_logprobs, entry 8: -inf",
+        ),
+        (
+            |r| r.top_logprobs[..8].fill(-0.01),
+            "position 0: the top-8 probabilities sum to",
+        ),
+    ];
+    for (damage, says) in cases {
+        let mut bad = rows(8);
+        damage(&mut bad[1]);
+        let e = write_shard(&path, &meta, &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("document 10 segment 1") && e.contains(says),
+            "{e}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

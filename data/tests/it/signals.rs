@@ -1,5 +1,6 @@
 //! Batches from teacher shards: a resumed stream continues exactly, held-out documents never train,
 //! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
+use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, ShardRow, write_shard};
 use k3mini_data::signals::{
     OUT_OF_VOCAB_LOGPROB, ShardFile, SignalCursor, SignalRow, SignalSource, SignalSpec,
@@ -44,6 +45,7 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
             let path = dir.join(format!("shard-{i:05}.parquet"));
             write_shard(&path, &meta, rows).unwrap();
             ShardFile {
+                sha256: sha256_hex(&std::fs::read(&path).unwrap()),
                 path,
                 first: i as u64 * 3,
             }
@@ -127,11 +129,44 @@ fn a_resumed_stream_continues_exactly_and_never_trains_on_held_out_documents() {
         tokenizer_sha256: "cd".repeat(32),
         ..spec(1000)
     };
-    let e = SignalStream::new(files.clone(), other, keep, 3, SignalCursor::default())
+    let e = SignalStream::new(
+        files.clone(),
+        other,
+        keep.clone(),
+        3,
+        SignalCursor::default(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("another tokenizer"), "{e}");
+    // A cursor past the shards (rescored with fewer since the checkpoint, or a damaged
+    // state.json) is named, not an index out of bounds.
+    let past = SignalCursor {
+        epoch: 1,
+        shard: files.len() + 2,
+        row: 0,
+    };
+    let e = SignalStream::new(files[..1].to_vec(), spec(1000), keep.clone(), 3, past)
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("another tokenizer"), "{e}");
+    assert!(
+        e.contains("cursor is at shard 6") && e.contains("there are 1 shards"),
+        "{e}"
+    );
+    // A shard whose bytes are not the ones its manifest recorded (a zeroed checksum here) is
+    // refused by name when it is opened.
+    let mut wrong = files[..1].to_vec();
+    wrong[0].sha256 = "0".repeat(64);
+    let e = SignalStream::new(wrong, spec(1000), keep, 3, SignalCursor::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("shard-00000.parquet") && e.contains("checksum mismatch"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

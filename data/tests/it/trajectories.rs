@@ -133,7 +133,7 @@ fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
     ];
     let path = dir.join("t.parquet");
     write_trajectories(&path, &meta(), &rows).unwrap();
-    let (m, back) = read_trajectories(&path).unwrap();
+    let (m, back) = read_trajectories(&path, None).unwrap();
     assert_eq!((m, back), (meta(), rows.clone()));
     // Rows without nulls write the same schema (nullability is declared, not inferred).
     let all_set = dir.join("all.parquet");
@@ -177,9 +177,9 @@ fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
         top_logprobs: vec![-1.0, -2.0],
     };
     write_shard(&signals, &shard_meta, &[srow]).unwrap();
-    let e = read_trajectories(&signals).unwrap_err().to_string();
+    let e = read_trajectories(&signals, None).unwrap_err().to_string();
     assert!(e.contains("holds teacher-signals, not trajectories"), "{e}");
-    let e = read_shard(&path).unwrap_err().to_string();
+    let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("holds trajectories, not teacher-signals"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
