@@ -146,6 +146,7 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
     let weights = files
         .remove(WEIGHTS)
         .with_context(|| format!("checkpoint {}: no {WEIGHTS}", dir.display()))?;
+    check_finite(&dir, &weights)?;
     let plan = files.remove(PLAN).with_context(|| {
         format!(
             "checkpoint {}: no {PLAN} (written by a k3mini before runs stored their resolved \
@@ -164,6 +165,26 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
         weights,
         files,
     })
+}
+
+/// Refuses weights holding NaN or ±inf (a checksum proves the bytes are the ones written, not
+/// that they are a model anything should be exported or evaluated from).
+fn check_finite(dir: &Path, weights: &[u8]) -> Result<()> {
+    let st = safetensors::SafeTensors::deserialize(weights)
+        .with_context(|| format!("checkpoint {}: {WEIGHTS}", dir.display()))?;
+    for (name, view) in st.tensors() {
+        let finite = view.dtype() != safetensors::Dtype::F32
+            || view
+                .data()
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite());
+        crate::ensure!(
+            finite,
+            "checkpoint {}: tensor {name} holds NaN or infinite values; refusing to load it",
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 impl Checkpoint {
@@ -193,7 +214,9 @@ impl Checkpoint {
         let model = restore_param_ids(self.model(device)?, &ids)
             .map_err(|e| crate::refused!("{dir}: {IDS}: {e}"))?;
         let record = OptimizerRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(optimizer))
-            .map_err(|e| crate::refused!("{dir}: {OPTIMIZER}: {e:?}"))?;
+            .map_err(|e| {
+                crate::refused!("{dir}: {OPTIMIZER} is not an optimizer state k3mini wrote ({e:?})")
+            })?;
         Ok((model, record, state))
     }
 }

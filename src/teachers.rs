@@ -35,6 +35,7 @@ pub fn resolve(teacher: &str) -> Result<PathBuf> {
         )?);
     }
     let path = Path::new(teacher);
+    crate::ensure!(!path.is_dir(), "{teacher}: is a directory, not a GGUF file");
     crate::ensure!(
         path.is_file(),
         "{teacher}: not a built-in teacher (smollm2) and no such file"

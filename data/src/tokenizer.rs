@@ -66,11 +66,23 @@ impl Tokenizer {
                 message: "not `kimi` and no such tokenizer.json file".into(),
             });
         }
-        let tokenizer =
-            tokenizers::Tokenizer::from_file(path).map_err(|e| DataError::Tokenizer {
-                source_name: spec.into(),
-                message: format!("does not parse: {e}"),
-            })?;
+        let err = |message: String| DataError::Tokenizer {
+            source_name: spec.into(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        // Tell a file that is not JSON from JSON that is not a tokenizer (the tokenizers crate
+        // reports both as a syntax error at its first unexpected key).
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| err(format!("is not JSON: {e}")))?;
+        if json.get("model").is_none() {
+            return Err(err(
+                "is JSON but not a tokenizer.json (no `model` section)".into()
+            ));
+        }
+        let tokenizer = text
+            .parse::<tokenizers::Tokenizer>()
+            .map_err(|e| err(format!("does not parse as a tokenizer: {e}")))?;
         Ok(Self::Hf {
             tokenizer: Box::new(tokenizer),
             source: spec.into(),
@@ -309,6 +321,12 @@ pub fn train_byte_level_bpe(
         source_name: out.display().to_string(),
         message,
     };
+    if let Some(bad) = specials.iter().find(|s| s.is_empty() || s.trim() != **s) {
+        return Err(err(format!(
+            "special token {bad:?}: a special token is a non-empty string without surrounding \
+             whitespace"
+        )));
+    }
     if vocab_size <= 257 || vocab_size > MAX_BPE_VOCAB {
         return Err(err(format!(
             "a vocabulary of {vocab_size} ids: it must exceed 257 (256 bytes and the end-of-text \

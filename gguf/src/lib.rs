@@ -179,7 +179,10 @@ impl<R: Read> Reader<R> {
     fn len(&mut self, limit: u64, what: &str) -> Result<usize, GgufError> {
         let n = self.u64()?;
         if n > limit {
-            return Err(self.err(format!("{what} length {n} exceeds the file size")));
+            return Err(self.err(format!(
+                "{what} {n} is more than a file of {limit} bytes can hold: the file is truncated \
+                 (or not a GGUF)"
+            )));
         }
         Ok(n as usize)
     }
@@ -229,7 +232,11 @@ impl GgufFile {
             message,
         };
         let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-        let file_len = file.metadata().map_err(|e| err(e.to_string()))?.len();
+        let meta = file.metadata().map_err(|e| err(e.to_string()))?;
+        if meta.is_dir() {
+            return Err(err("is a directory, not a GGUF file".into()));
+        }
+        let file_len = meta.len();
         let mut r = Reader {
             inner: BufReader::new(file),
             path: path.to_path_buf(),

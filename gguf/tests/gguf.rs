@@ -112,6 +112,19 @@ fn corrupt_files_are_named() {
     };
     check("cut.gguf", &good[..good.len() - 100], "truncated");
     check("header.gguf", &good[..40], "truncated header");
+    // A big model's file cut to 100 bytes: its 272 tensors cannot fit, which is a truncation.
+    let mut short = b"GGUF\x03\x00\x00\x00".to_vec();
+    short.extend(272u64.to_le_bytes());
+    short.resize(100, 0);
+    check(
+        "short.gguf",
+        &short,
+        "tensor count 272 is more than a file of 100 bytes can hold: the file is truncated",
+    );
+    let as_dir = dir.join("dir.gguf");
+    std::fs::create_dir_all(&as_dir).unwrap();
+    let e = GgufFile::open(&as_dir).unwrap_err().to_string();
+    assert!(e.contains("dir.gguf: is a directory"), "{e}");
     check("magic.gguf", b"GGML\x03\x00\x00\x00", "bad magic");
     let mut v9 = good.clone();
     v9[4] = 9;

@@ -78,6 +78,13 @@ enum Command {
 
 /// Parses the command line, runs the command, and reports an error on stderr.
 pub fn main() -> ExitCode {
+    // A reader that closes stdout early (`| head`) ends the process, as it does `cat`, instead of
+    // a panic in print!.
+    #[cfg(unix)]
+    // SAFETY: called once at start-up, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Model { command } => model::run(command),

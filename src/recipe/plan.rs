@@ -489,6 +489,12 @@ fn local_model(name: &str, at: &dyn Fn(&Path) -> PathBuf) -> Result<LocalModel, 
         return Ok(LocalModel::Builtin { name: name.into() });
     }
     let path = at(Path::new(name));
+    if path.is_dir() {
+        return refuse(
+            "teacher.model",
+            format!("{} is a directory, not a GGUF file", path.display()),
+        );
+    }
     if !path.is_file() {
         return refuse(
             "teacher.model",

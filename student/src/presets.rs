@@ -161,17 +161,48 @@ pub fn k3_mini_moe() -> ModelConfig {
 /// Unknown keys are rejected by name.
 pub fn resolve(name: &str, overrides: &toml::Table) -> Result<ModelConfig, ConfigError> {
     let base = preset(name)?;
-    let mut value = toml::Table::try_from(&base).expect("a config serialises to TOML");
+    let base = toml::Table::try_from(&base).expect("a config serialises to TOML");
+    let mut value = base.clone();
     merge(&mut value, overrides);
-    let config: ModelConfig =
-        toml::Value::Table(value)
-            .try_into()
-            .map_err(|e: toml::de::Error| ConfigError {
-                field: "model".into(),
-                message: e.message().to_string(),
-            })?;
+    let config = parse_config(value).map_err(|e| {
+        // Name the override that does not fit (an unknown key, a wrong type), not the preset.
+        culprit(&base, overrides, &[]).unwrap_or_else(|| ConfigError {
+            field: "model".into(),
+            message: e.message().to_string(),
+        })
+    })?;
     config.validate()?;
     Ok(config)
+}
+
+fn parse_config(table: toml::Table) -> Result<ModelConfig, toml::de::Error> {
+    toml::Value::Table(table).try_into()
+}
+
+/// The first override (by dotted path) that alone makes `base` fail to parse, with the reason.
+fn culprit(base: &toml::Table, overrides: &toml::Table, path: &[&str]) -> Option<ConfigError> {
+    for (key, value) in overrides {
+        let here: Vec<&str> = path.iter().copied().chain([key.as_str()]).collect();
+        if let toml::Value::Table(inner) = value
+            && let Some(e) = culprit(base, inner, &here)
+        {
+            return Some(e);
+        }
+        // `value` alone, at its path, over the preset.
+        let mut single = toml::Table::from_iter([(key.clone(), value.clone())]);
+        for k in path.iter().rev() {
+            single = toml::Table::from_iter([(k.to_string(), toml::Value::Table(single))]);
+        }
+        let mut trial = base.clone();
+        merge(&mut trial, &single);
+        if let Err(e) = parse_config(trial) {
+            return Some(ConfigError {
+                field: here.join("."),
+                message: e.message().to_string(),
+            });
+        }
+    }
+    None
 }
 
 /// The `[model]` table of a recipe: `preset = "NAME"` plus overrides.

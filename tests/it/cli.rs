@@ -157,5 +157,39 @@ fn tokenizer_train_then_encode() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(1), "{err}");
     assert!(err.contains("at most 16777216"), "{err}");
+    // So is an empty special token.
+    let run = k3mini()
+        .args(["data", "tokenizer", "train", "--special", "", "--out"])
+        .arg(dir.join("z.json"))
+        .arg(&corpus)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("special token \"\""), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    // `k3mini data chat many.jsonl --limit 5000 | head -c 100`: the reader goes away early.
+    let dir = std::env::temp_dir().join(format!("k3mini-cli-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let line = r#"{"messages": [{"role": "user", "content": "Tomorrow, and tomorrow?"}, {"role": "assistant", "content": "And tomorrow."}]}"#;
+    let file = dir.join("many.jsonl");
+    std::fs::write(&file, format!("{line}\n").repeat(5000)).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["data", "chat", "--limit", "5000"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut head = [0u8; 100];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut head).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -106,6 +106,20 @@ fn bad_values_name_key_and_line() {
             "model.preset",
             "preset =",
         ),
+        // A model override of the wrong type, or an unknown one, is named at its own line (not
+        // the preset's).
+        (
+            "d_model = 64",
+            "d_model = 64\nn_heads = -2",
+            "model.n_heads",
+            "n_heads = -2",
+        ),
+        (
+            "d_model = 64",
+            "d_model = 64\nn_head = 4",
+            "model.n_head",
+            "n_head = 4",
+        ),
         (
             "batch_tokens = 1024",
             "batch_tokens = 1000",

@@ -511,3 +511,47 @@ fn moe_router_biases_resume_exactly() {
     };
     assert_eq!(loads(&straight), loads(&split), "the same routing");
 }
+
+#[test]
+fn a_garbage_optimizer_state_or_non_finite_weights_are_refused_by_name() {
+    let (s, path) = setup("garbage", 4, "");
+    let r = recipe::load(&path).unwrap();
+    let out = s.0.join("run");
+    train(
+        &r,
+        &TrainOptions {
+            stop_after: Some(3),
+            ..opts(&out)
+        },
+    )
+    .unwrap();
+    let (step, dir) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
+    let files = k3mini_checkpoints::read(&dir).unwrap();
+    // The checkpoint rewritten, manifest and all, with one file replaced: its checksums hold.
+    let rewrite = |name: &str, bytes: Vec<u8>| {
+        let mut replaced = files.clone();
+        replaced.insert(name.into(), bytes);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let list: Vec<(&str, Vec<u8>)> = replaced
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
+        k3mini_checkpoints::write(&out, step, &list, 3).unwrap();
+    };
+    rewrite("optimizer.bpk", b"not an optimizer".to_vec());
+    let resume = TrainOptions {
+        resume: true,
+        ..opts(&out)
+    };
+    let e = train(&r, &resume).unwrap_err().to_string();
+    assert!(e.contains("optimizer.bpk is not an optimizer state"), "{e}");
+    let mut weights = files["model.safetensors"].clone();
+    let n = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
+    weights[8 + n..8 + n + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    rewrite("model.safetensors", weights);
+    let e = k3mini::run_dir::open_checkpoint(&out)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("holds NaN or infinite values"), "{e}");
+}

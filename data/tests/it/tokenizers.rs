@@ -69,6 +69,17 @@ fn a_tokenizer_file_that_does_not_parse_is_named() {
         msg.contains("tokenizer.json") && msg.contains("does not parse"),
         "{msg}"
     );
+    // JSON that is not a tokenizer, and a file that is not JSON, are told apart.
+    std::fs::write(&path, "{\"a\": 1}").unwrap();
+    let msg = Tokenizer::load(path.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("is JSON but not a tokenizer.json"), "{msg}");
+    std::fs::write(&path, "not json").unwrap();
+    let msg = Tokenizer::load(path.to_str().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("is not JSON"), "{msg}");
     let missing = Tokenizer::load("/no/such/tokenizer.json")
         .unwrap_err()
         .to_string();
