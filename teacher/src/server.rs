@@ -17,7 +17,10 @@
 //!
 //! Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) with
 //! status 400/404/405; a failure inside the model is a 500 with the reason. Requests are served by
-//! a pool of threads; the model runs one request at a time (it uses every core already).
+//! a pool of threads; the model runs one request at a time (it uses every core already). A request
+//! the model cannot serve whole (prompt + `max_tokens` beyond its context) or that names an id
+//! outside the vocabulary is a 400; when every worker but one is taken by model requests, another
+//! is a 503 with `Retry-After` (k3mini's client retries it), so `/health` always answers.
 
 use crate::local::LocalTeacher;
 use crate::{FinishReason, GenerateParams, Teacher, TeacherError};
@@ -25,7 +28,7 @@ use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, render};
 use serde_json::{Value, json};
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,7 +83,46 @@ struct State {
     pieces: Vec<String>,
     /// One forward pass at a time.
     compute: Mutex<()>,
+    /// Model requests running or waiting for `compute`, and how many may: one worker fewer than
+    /// the pool, so a worker is always free for `/health` and `/v1/models`.
+    admitted: AtomicUsize,
+    capacity: usize,
     created: u64,
+}
+
+/// A model request's turn: the compute lock, and its place among the admitted.
+struct Turn<'a> {
+    _compute: std::sync::MutexGuard<'a, ()>,
+    admitted: &'a AtomicUsize,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl State {
+    /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full.
+    fn turn(&self) -> Result<Turn<'_>, ApiError> {
+        let before = self.admitted.fetch_add(1, Ordering::SeqCst);
+        if before >= self.capacity {
+            self.admitted.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError {
+                status: 503,
+                message: format!(
+                    "the teacher is busy: {before} requests are running or queued (at most {}); \
+                     retry shortly",
+                    self.capacity
+                ),
+                param: None,
+            });
+        }
+        Ok(Turn {
+            _compute: self.compute.lock().unwrap_or_else(|e| e.into_inner()),
+            admitted: &self.admitted,
+        })
+    }
 }
 
 /// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one).
@@ -105,6 +147,8 @@ pub fn serve(
         pieces,
         teacher,
         compute: Mutex::new(()),
+        admitted: AtomicUsize::new(0),
+        capacity: threads.saturating_sub(1).max(1),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -144,12 +188,16 @@ fn handle(state: &State, mut request: tiny_http::Request) {
         Ok(v) => (200, v),
         Err(e) => (e.status, e.body()),
     };
-    let response = tiny_http::Response::from_string(value.to_string())
+    let mut response = tiny_http::Response::from_string(value.to_string())
         .with_status_code(status)
         .with_header(
             tiny_http::Header::from_bytes("Content-Type", "application/json")
                 .expect("valid header"),
         );
+    if status == 503 {
+        response
+            .add_header(tiny_http::Header::from_bytes("Retry-After", "1").expect("valid header"));
+    }
     let _ = request.respond(response);
 }
 
@@ -237,6 +285,37 @@ fn count(req: &Value, key: &'static str) -> Result<Option<usize>, ApiError> {
     Ok(Some(k))
 }
 
+/// A JSON list of token ids, each inside the vocabulary (an id past it, `2^32 + 5` included, is a
+/// 400, never wrapped or clamped); `None` when `v` is not a list of non-negative integers.
+fn token_ids(state: &State, v: &[Value], key: &'static str) -> Option<Result<Vec<u32>, ApiError>> {
+    let vocab = state.teacher.vocab_size() as u64;
+    let ids: Vec<u64> = v.iter().map(Value::as_u64).collect::<Option<_>>()?;
+    Some(match ids.iter().find(|&&id| id >= vocab) {
+        Some(id) => Err(bad(
+            key,
+            format!("token id {id} is outside the vocabulary of {vocab} ids"),
+        )),
+        None => Ok(ids.into_iter().map(|id| id as u32).collect()),
+    })
+}
+
+/// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
+/// context (vLLM answers this with a 400 too).
+fn check_length(state: &State, prompt: usize, p: &GenerateParams) -> Result<(), ApiError> {
+    let max = state.teacher.model.config.context_length;
+    if prompt.saturating_add(p.max_tokens) > max {
+        return Err(bad(
+            "max_tokens",
+            format!(
+                "this model's maximum context length is {max} tokens; the prompt has {prompt} \
+                 and max_tokens asks for {} more",
+                p.max_tokens
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The prompt as ids: a string (tokenized, special tokens recognised) or a list of ids.
 fn prompt_ids(state: &State, req: &Value) -> Result<Vec<u32>, ApiError> {
     let ids = match req.get("prompt") {
@@ -245,16 +324,12 @@ fn prompt_ids(state: &State, req: &Value) -> Result<Vec<u32>, ApiError> {
             .tokenizer
             .encode(s)
             .map_err(|e| bad("prompt", e.to_string()))?,
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => a
-            .iter()
-            .map(|v| v.as_u64().expect("checked") as u32)
-            .collect(),
-        Some(Value::Array(_)) => {
-            return Err(bad(
+        Some(Value::Array(a)) => token_ids(state, a, "prompt").unwrap_or_else(|| {
+            Err(bad(
                 "prompt",
                 "a prompt list must hold token ids (one prompt per request)",
-            ));
-        }
+            ))
+        })?,
         _ => {
             return Err(bad(
                 "prompt",
@@ -278,19 +353,28 @@ fn token_key(state: &State, id: u32, as_ids: bool) -> String {
 }
 
 fn params(state: &State, req: &Value, default_max: usize) -> Result<GenerateParams, ApiError> {
+    let list = |v: &Value| match v {
+        Value::Array(a) => token_ids(state, a, "stop_token_ids"),
+        _ => None,
+    };
     let mut stop: Vec<u32> = match req.get("stop_token_ids") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => a
-            .iter()
-            .map(|v| v.as_u64().expect("checked") as u32)
-            .collect(),
-        Some(_) => {
-            return Err(bad(
+        Some(v) => list(v).unwrap_or_else(|| {
+            Err(bad(
                 "stop_token_ids",
                 "`stop_token_ids` must be a list of ids",
+            ))
+        })?,
+    };
+    // One completion per request: more are refused rather than silently not made.
+    for key in ["n", "best_of"] {
+        if uint(req, key, 1)? != 1 {
+            return Err(bad(
+                key,
+                format!("`{key}` must be 1: this server makes one completion per request"),
             ));
         }
-    };
+    }
     if !flag(req, "ignore_eos")? {
         stop.extend(state.teacher.meta.eos);
     }
@@ -315,13 +399,14 @@ fn params(state: &State, req: &Value, default_max: usize) -> Result<GeneratePara
 fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
     let ids = prompt_ids(state, req)?;
     let mut p = params(state, req, 16)?;
+    check_length(state, ids.len(), &p)?;
     let logprobs = count(req, "logprobs")?;
     let prompt_logprobs = count(req, "prompt_logprobs")?;
     let echo = flag(req, "echo")?;
     let as_ids = flag(req, "return_tokens_as_token_ids")?;
     p.logprobs = logprobs.unwrap_or(0);
     let t = &state.teacher;
-    let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = state.turn()?;
     // Prompt scoring (for echo + logprobs and for prompt_logprobs) over the whole prompt.
     let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
     let score_k = want_prompt.filter(|_| ids.len() >= 2).map(|k| k.max(1));
@@ -433,6 +518,7 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
         .encode(&t.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
     let mut p = params(state, req, 256)?;
+    check_length(state, ids.len(), &p)?;
     let want = flag(req, "logprobs")?;
     let top = count(req, "top_logprobs")?.unwrap_or(0);
     if top > 0 && !want {
@@ -440,7 +526,7 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
     }
     p.logprobs = top;
     let g = {
-        let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = state.turn()?;
         t.generate(&ids, &p)?
     };
     let content_ids: Vec<u32> = g
@@ -486,21 +572,26 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
 /// SGLang's `/generate`.
 fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     let t = &state.teacher;
-    let ids: Vec<u32> = match (req.get("input_ids"), req.get("text")) {
-        (Some(Value::Array(a)), _) if !a.is_empty() && a.iter().all(Value::is_u64) => a
-            .iter()
-            .map(|v| v.as_u64().expect("checked") as u32)
-            .collect(),
+    let malformed = || {
+        bad(
+            "input_ids",
+            "give `input_ids` (a non-empty list of ids) or `text`",
+        )
+    };
+    let listed = match req.get("input_ids") {
+        Some(Value::Array(a)) if !a.is_empty() => {
+            Some(token_ids(state, a, "input_ids").unwrap_or_else(|| Err(malformed())))
+        }
+        Some(_) => Some(Err(malformed())),
+        None => None,
+    };
+    let ids: Vec<u32> = match (listed, req.get("text")) {
+        (Some(ids), _) => ids?,
         (None, Some(Value::String(text))) if !text.is_empty() => t
             .tokenizer
             .encode(text)
             .map_err(|e| bad("text", e.to_string()))?,
-        _ => {
-            return Err(bad(
-                "input_ids",
-                "give `input_ids` (a non-empty list of ids) or `text`",
-            ));
-        }
+        _ => return Err(malformed()),
     };
     let sampling = req.get("sampling_params").cloned().unwrap_or(json!({}));
     if !sampling.is_object() {
@@ -516,12 +607,13 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
             .ok_or_else(|| bad("sampling_params", "`max_new_tokens` must be an integer"))?
             as usize;
     }
+    check_length(state, ids.len(), &p)?;
     let want = flag(req, "return_logprob")?;
     let top = count(req, "top_logprobs_num")?.unwrap_or(0);
     let start = uint(req, "logprob_start_len", 0)?;
     p.logprobs = top;
     let (scored, generated) = {
-        let _guard = state.compute.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = state.turn()?;
         let score_k = (want && ids.len() >= 2).then_some(top.max(1));
         t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p))?
     };

@@ -264,7 +264,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
             "/v1/completions",
             r#"{"prompt": [1, 99999999], "max_tokens": 1}"#,
             400,
-            "outside the teacher's vocabulary",
+            "token id 99999999 is outside the vocabulary",
         ),
         (
             "POST",
@@ -286,6 +286,64 @@ fn client_and_server_agree_with_the_in_process_teacher() {
             r#"{"messages": [{"role": "robot", "content": "x"}]}"#,
             400,
             "messages",
+        ),
+        // What the model cannot serve whole, ids outside the vocabulary (never wrapped), and
+        // more than one completion are refused up front, in every endpoint.
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "hi", "max_tokens": 18446744073709551615, "temperature": 0}"#,
+            400,
+            "maximum context length is 8192 tokens",
+        ),
+        (
+            "POST",
+            "/generate",
+            r#"{"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 9000}}"#,
+            400,
+            "maximum context length",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}"#,
+            400,
+            "maximum context length",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": [4294967800, 4294967298], "max_tokens": 1}"#,
+            400,
+            "token id 4294967800 is outside the vocabulary of 49152",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": [1, 2], "max_tokens": 1, "stop_token_ids": [4294967296]}"#,
+            400,
+            "token id 4294967296 is outside",
+        ),
+        (
+            "POST",
+            "/generate",
+            r#"{"input_ids": [49152], "sampling_params": {"max_new_tokens": 1}}"#,
+            400,
+            "token id 49152 is outside",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "hi", "max_tokens": 1, "n": 3}"#,
+            400,
+            "`n` must be 1",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "hi", "max_tokens": 1, "best_of": 2}"#,
+            400,
+            "`best_of` must be 1",
         ),
         ("GET", "/v1/completions", "", 405, "not allowed"),
         ("GET", "/nope", "", 404, "no route"),
@@ -426,4 +484,63 @@ fn client_and_server_agree_with_the_in_process_teacher() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("differ"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_server_stays_available_under_load() {
+    // Bounded in count (6 clients x 3 generations, plus malformed requests) and in time; all on
+    // loopback. The server runs 4 workers: at most 3 model requests are admitted, the others get
+    // a 503 with Retry-After, so a worker is always free for /health.
+    let server = start();
+    let url = server.url.clone();
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let clients: Vec<_> = (0..6u64)
+        .map(|c| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut done = 0;
+                for i in 0..3 {
+                    let body = json!({"prompt": "Once upon a time", "max_tokens": 24,
+                                      "temperature": 0.7, "seed": c * 10 + i})
+                    .to_string();
+                    loop {
+                        let (status, v) = raw(&url, "POST", "/v1/completions", &body);
+                        match status {
+                            200 => {
+                                assert!(v["choices"][0]["text"].is_string(), "{v}");
+                                done += 1;
+                                break;
+                            }
+                            503 => std::thread::sleep(Duration::from_millis(300)),
+                            other => panic!("{other}: {v}"),
+                        }
+                        assert!(std::time::Instant::now() < deadline, "no progress");
+                    }
+                    for bad in [
+                        r#"{"prompt": [4294967800], "max_tokens": 1}"#,
+                        r#"{"prompt": "x", "max_tokens": 18446744073709551615}"#,
+                        "{not json",
+                    ] {
+                        assert_eq!(raw(&url, "POST", "/v1/completions", bad).0, 400, "{bad}");
+                    }
+                }
+                done
+            })
+        })
+        .collect();
+    let mut worst = Duration::ZERO;
+    while clients.iter().any(|c| !c.is_finished()) {
+        let t0 = std::time::Instant::now();
+        assert_eq!(raw(&url, "GET", "/health", "").0, 200);
+        worst = worst.max(t0.elapsed());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let done: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    eprintln!("under load: {done} generations completed, slowest /health {worst:?}");
+    assert_eq!(done, 18, "every valid request completed");
+    assert!(worst < Duration::from_secs(1), "/health took {worst:?}");
 }
