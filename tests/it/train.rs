@@ -62,6 +62,24 @@ fn metrics(out: &Path) -> Vec<StepMetrics> {
     read_metrics(out).unwrap()
 }
 
+/// Trains `r` into `out` for `steps` steps (with a checkpoint at the last).
+fn train_steps(r: &recipe::RunPlan, out: &Path, steps: usize) {
+    let stop = TrainOptions {
+        stop_after: Some(steps),
+        ..opts(out)
+    };
+    train(r, &stop).unwrap();
+}
+
+/// Resumes `r` in `out` from its newest checkpoint to the end.
+fn resume_run(r: &recipe::RunPlan, out: &Path) {
+    let resume = TrainOptions {
+        resume: true,
+        ..opts(out)
+    };
+    train(r, &resume).unwrap();
+}
+
 fn opts(out: &Path) -> TrainOptions {
     TrainOptions {
         out_dir: Some(out.to_path_buf()),
@@ -168,14 +186,7 @@ fn a_corrupt_checkpoint_is_named_not_loaded() {
     let (s, path) = setup("corrupt", 6, "");
     let r = recipe::load(&path).unwrap();
     let out = s.0.join("run");
-    train(
-        &r,
-        &TrainOptions {
-            stop_after: Some(3),
-            ..opts(&out)
-        },
-    )
-    .unwrap();
+    train_steps(&r, &out, 3);
     let (_, dir) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
     let weights = dir.join("model.safetensors");
     let bytes = std::fs::read(&weights).unwrap();
@@ -360,14 +371,7 @@ fn a_resume_under_another_plan_is_refused_and_a_refused_run_changes_nothing() {
     let (s, path) = setup("replan", 6, "");
     let out = s.0.join("run");
     let r = recipe::load(&path).unwrap();
-    train(
-        &r,
-        &TrainOptions {
-            stop_after: Some(3),
-            ..opts(&out)
-        },
-    )
-    .unwrap();
+    train_steps(&r, &out, 3);
     let before = snapshot(&out);
     // Another objective and learning rate: resuming would silently mix two runs.
     let changed = std::fs::read_to_string(&path)
@@ -486,22 +490,8 @@ fn moe_router_biases_resume_exactly() {
     let straight = s.0.join("straight");
     train(&r, &opts(&straight)).unwrap();
     let split = s.0.join("split");
-    train(
-        &r,
-        &TrainOptions {
-            stop_after: Some(5),
-            ..opts(&split)
-        },
-    )
-    .unwrap();
-    train(
-        &r,
-        &TrainOptions {
-            resume: true,
-            ..opts(&split)
-        },
-    )
-    .unwrap();
+    train_steps(&r, &split, 5);
+    resume_run(&r, &split);
     assert_eq!(loss_bits(&straight), loss_bits(&split));
     let loads = |out: &Path| -> Vec<_> {
         metrics(out)
@@ -517,14 +507,7 @@ fn a_garbage_optimizer_state_or_non_finite_weights_are_refused_by_name() {
     let (s, path) = setup("garbage", 4, "");
     let r = recipe::load(&path).unwrap();
     let out = s.0.join("run");
-    train(
-        &r,
-        &TrainOptions {
-            stop_after: Some(3),
-            ..opts(&out)
-        },
-    )
-    .unwrap();
+    train_steps(&r, &out, 3);
     let (step, dir) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
     let files = k3mini_checkpoints::read(&dir).unwrap();
     // The checkpoint rewritten, manifest and all, with one file replaced: its checksums hold.
