@@ -404,6 +404,17 @@ fn a_resume_under_another_plan_is_refused_and_a_refused_run_changes_nothing() {
     )
     .unwrap();
     assert_eq!((s2.first_step, s2.last_step), (3, 8));
+    // A checkpoint past the plan's last step has nothing to resume: said, not a silent exit 0.
+    let past = TrainOptions {
+        resume: true,
+        accept_changes: true,
+        ..opts(&out)
+    };
+    let err = train(&r, &past).unwrap_err().to_string();
+    assert!(
+        err.contains("is at step 8 but the plan has train.steps = 6"),
+        "{err}"
+    );
 }
 
 #[test]
