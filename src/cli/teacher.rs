@@ -13,6 +13,7 @@ use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum TeacherCommand {
@@ -52,6 +53,10 @@ pub enum TeacherCommand {
         /// Threads accepting requests (the model runs one request at a time).
         #[arg(long, default_value_t = 4)]
         threads: usize,
+        /// Seconds one model request may take, queueing included, before it is stopped with a
+        /// 504 (0: no limit).
+        #[arg(long, default_value_t = 300)]
+        request_timeout: u64,
     },
     /// Write a local teacher's tokenizer as tokenizer.json (for recipes that use a served teacher).
     Tokenizer {
@@ -98,6 +103,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             host,
             port,
             threads,
+            request_timeout,
         } => {
             let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &Device::default())?;
             let stop = Arc::new(AtomicBool::new(false));
@@ -108,6 +114,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
                 Arc::new(t),
                 &format!("{host}:{port}"),
                 threads,
+                (request_timeout > 0).then(|| Duration::from_secs(request_timeout)),
                 stop,
                 |addr| {
                     // The first line says where (scripts and tests read the port from it).

@@ -57,7 +57,7 @@ pub fn bench_teacher(
     let server = {
         let (teacher, stop) = (teacher.clone(), stop.clone());
         std::thread::spawn(move || {
-            serve(teacher, "127.0.0.1:0", 2, stop, |addr| {
+            serve(teacher, "127.0.0.1:0", 2, None, stop, |addr| {
                 tx.send(addr).expect("bench waits")
             })
         })

@@ -28,6 +28,9 @@ pub enum TeacherError {
     /// A request the teacher cannot serve (bad ids, too long, k too large).
     #[error("{0}")]
     Request(String),
+    /// Work stopped at its time limit.
+    #[error("stopped after {0:?}: the request's time limit")]
+    TimedOut(std::time::Duration),
     /// A teacher server that failed, gave up, or answered something malformed.
     #[error("teacher server: {0}")]
     Server(String),

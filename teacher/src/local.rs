@@ -78,7 +78,7 @@ impl Teacher for LocalTeacher {
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
         Ok(self
-            .run(ids, Some(k), None)?
+            .run(ids, Some(k), None, None)?
             .0
             .expect("scoring was asked for"))
     }
@@ -89,7 +89,7 @@ impl Teacher for LocalTeacher {
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
         Ok(self
-            .run(prompt, None, Some(params))?
+            .run(prompt, None, Some(params), None)?
             .1
             .expect("generation was asked for"))
     }
@@ -97,13 +97,21 @@ impl Teacher for LocalTeacher {
 
 impl LocalTeacher {
     /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
-    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both).
+    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both). Past `deadline` (checked
+    /// between prefill chunks and generated tokens) it stops with [`TeacherError::TimedOut`].
     pub fn run(
         &self,
         ids: &[u32],
         k: Option<usize>,
         params: Option<&GenerateParams>,
+        deadline: Option<(std::time::Instant, std::time::Duration)>,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
+        let check = || match deadline {
+            Some((at, limit)) if std::time::Instant::now() > at => {
+                Err(TeacherError::TimedOut(limit))
+            }
+            _ => Ok(()),
+        };
         self.check_ids(ids)?;
         let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
         if let Some(k) = k {
@@ -137,6 +145,7 @@ impl LocalTeacher {
         let mut last = Vec::new();
         let mut t = 0;
         for chunk in fed.chunks(CHUNK) {
+            check()?;
             last = self.logits(chunk, &mut cache);
             for row in last.chunks_exact(vocab) {
                 if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
@@ -165,6 +174,7 @@ impl LocalTeacher {
         };
         let budget = params.max_tokens.min(context - ids.len());
         for _ in 0..budget {
+            check()?;
             let row = &last[last.len() - vocab..];
             let logprobs = log_softmax(row);
             let id = if params.temperature <= 0.0 {

@@ -53,10 +53,10 @@ fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
 
 impl From<TeacherError> for ApiError {
     fn from(e: TeacherError) -> Self {
-        let status = if matches!(e, TeacherError::Request(_)) {
-            400
-        } else {
-            500
+        let status = match e {
+            TeacherError::Request(_) => 400,
+            TeacherError::TimedOut(_) => 504,
+            _ => 500,
         };
         ApiError {
             status,
@@ -87,6 +87,8 @@ struct State {
     /// the pool, so a worker is always free for `/health` and `/v1/models`.
     admitted: AtomicUsize,
     capacity: usize,
+    /// How long one model request may take, queueing included.
+    request_timeout: Option<Duration>,
     created: u64,
 }
 
@@ -103,6 +105,12 @@ impl Drop for Turn<'_> {
 }
 
 impl State {
+    /// The time limit of a request received now.
+    fn deadline(&self) -> Option<(std::time::Instant, Duration)> {
+        self.request_timeout
+            .map(|limit| (std::time::Instant::now() + limit, limit))
+    }
+
     /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full.
     fn turn(&self) -> Result<Turn<'_>, ApiError> {
         let before = self.admitted.fetch_add(1, Ordering::SeqCst);
@@ -125,11 +133,14 @@ impl State {
     }
 }
 
-/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one).
+/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one). A
+/// model request that takes longer than `request_timeout` (queueing included) is stopped with a
+/// 504.
 pub fn serve(
     teacher: Arc<LocalTeacher>,
     addr: &str,
     threads: usize,
+    request_timeout: Option<Duration>,
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<(), TeacherError> {
@@ -149,6 +160,7 @@ pub fn serve(
         compute: Mutex::new(()),
         admitted: AtomicUsize::new(0),
         capacity: threads.saturating_sub(1).max(1),
+        request_timeout,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -397,6 +409,7 @@ fn params(state: &State, req: &Value, default_max: usize) -> Result<GeneratePara
 }
 
 fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let deadline = state.deadline();
     let ids = prompt_ids(state, req)?;
     let mut p = params(state, req, 16)?;
     check_length(state, ids.len(), &p)?;
@@ -411,7 +424,7 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
     let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
     let score_k = want_prompt.filter(|_| ids.len() >= 2).map(|k| k.max(1));
     // One prefill serves both the prompt's logprobs and the generation.
-    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p))?;
+    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), deadline)?;
     drop(_guard);
     let tok = |id: u32| token_key(state, id, as_ids);
     let text = |ids: &[u32]| t.tokenizer.decode(ids).unwrap_or_default();
@@ -502,6 +515,7 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
 }
 
 fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let deadline = state.deadline();
     let messages: Vec<Message> = serde_json::from_value(
         req.get("messages").cloned().unwrap_or(Value::Null),
     )
@@ -527,7 +541,9 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
     p.logprobs = top;
     let g = {
         let _guard = state.turn()?;
-        t.generate(&ids, &p)?
+        t.run(&ids, None, Some(&p), deadline)?
+            .1
+            .expect("generation was asked for")
     };
     let content_ids: Vec<u32> = g
         .ids
@@ -571,6 +587,7 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
 
 /// SGLang's `/generate`.
 fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
+    let deadline = state.deadline();
     let t = &state.teacher;
     let malformed = || {
         bad(
@@ -615,7 +632,7 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     let (scored, generated) = {
         let _guard = state.turn()?;
         let score_k = (want && ids.len() >= 2).then_some(top.max(1));
-        t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p))?
+        t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), deadline)?
     };
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
     let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);

@@ -23,8 +23,14 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(&[])
+}
+
+/// `k3mini teacher serve smollm2` on a free port, with `extra` arguments.
+fn start_with(extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3mini"))
         .args(["teacher", "serve", "smollm2", "--port", "0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -543,4 +549,26 @@ fn the_server_stays_available_under_load() {
     eprintln!("under load: {done} generations completed, slowest /health {worst:?}");
     assert_eq!(done, 18, "every valid request completed");
     assert!(worst < Duration::from_secs(1), "/health took {worst:?}");
+}
+
+#[test]
+fn a_request_past_its_time_limit_is_stopped() {
+    // ~4000 greedy tokens take far longer than 1 s on these CPUs: stopped at the limit, with a
+    // 504, and the model is free for the next request.
+    let server = start_with(&["--request-timeout", "1"]);
+    let long = r#"{"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}"#;
+    let t0 = std::time::Instant::now();
+    let (status, v) = raw(&server.url, "POST", "/v1/completions", long);
+    let took = t0.elapsed();
+    assert_eq!(status, 504, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("time limit"),
+        "{v}"
+    );
+    assert!(took < Duration::from_secs(10), "stopped after {took:?}");
+    let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
+    assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
 }
