@@ -15,9 +15,15 @@ use std::path::Path;
 /// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
 pub type GgufTensor = (String, Vec<u64>, Vec<f32>);
 
+/// GGUF metadata, in the order it is written.
+pub type Metadata = Vec<(String, Value)>;
+
+/// Checkpoint tensors by transformers name: (shape, f32 values).
+type HfTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// The student as a llama.cpp GGUF (metadata and f32 tensors) of architecture
 /// [`GgufArch::for_config`]. What neither architecture expresses is refused by name.
-pub fn student_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTensor>)> {
+pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
     let cfg = &ck.plan.model;
     let arch = GgufArch::for_config(cfg);
     if let Some(ar) = &cfg.attn_res
@@ -62,7 +68,7 @@ pub fn student_gguf(ck: &Checkpoint) -> Result<(Vec<(String, Value)>, Vec<GgufTe
 }
 
 /// The student's tensors by transformers name: (shape, f32 values).
-fn hf_tensors(ck: &Checkpoint) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>> {
+fn hf_tensors(ck: &Checkpoint) -> Result<HfTensors> {
     let st = safetensors::SafeTensors::deserialize(&ck.weights)?;
     st.tensors()
         .into_iter()
@@ -85,7 +91,7 @@ fn hf_tensors(ck: &Checkpoint) -> Result<HashMap<String, (Vec<usize>, Vec<f32>)>
 /// Moves checkpoint tensors (transformers names) into GGUF tensors, so that a tensor left over at
 /// the end is one the mapping forgot.
 struct Mapper<'a> {
-    tensors: HashMap<String, (Vec<usize>, Vec<f32>)>,
+    tensors: HfTensors,
     dir: &'a Path,
     out: Vec<GgufTensor>,
 }
