@@ -190,6 +190,7 @@ pub fn score_plan(
             tokenizer_sha256: tokenizer.fingerprint(),
             k: t.k,
             temperature: t.logprob_temperature,
+            vocab: Some(teacher.vocab_size()),
         },
         seq_len: plan.data.seq_len,
         segments_per_shard: t.segments_per_shard,

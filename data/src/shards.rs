@@ -15,7 +15,12 @@
 //! Position `t` is the distribution of token `t + 1`, aligned with the student's logits at `t`.
 //! Logprobs are stored losslessly (float32, byte-stream-split encoded so zstd finds the exponent
 //! bytes' redundancy). File metadata: `k3mini.schema_version`, `k3mini.teacher`,
-//! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`.
+//! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`, and `k3mini.vocab` (the teacher's
+//! vocabulary size, which every id is below; optional, as older shards lack it).
+//!
+//! Reading verifies: the file's SHA-256 when the caller has the manifest's, the kind and schema
+//! version, column types, every row's lengths, log-probabilities finite and ≤ 0, top-k masses at
+//! most 1, `tail_mass` equal to what the top-k leaves, and ids below `k3mini.vocab`.
 
 use crate::error::DataError;
 use crate::parquet_io::{
@@ -41,19 +46,24 @@ pub struct ShardMeta {
     pub tokenizer_sha256: String,
     pub k: usize,
     pub temperature: f32,
+    /// The teacher's vocabulary size: every id the shard holds is below it (`k3mini.vocab`;
+    /// absent in shards written before it was recorded, which are not checked for it).
+    pub vocab: Option<usize>,
 }
 
 impl ShardMeta {
     /// As `k3mini.*` metadata pairs, after the file's kind and schema version.
     pub(crate) fn pairs(&self, kind: &str, version: u32) -> Vec<(&'static str, String)> {
-        vec![
+        let mut pairs = vec![
             ("kind", kind.into()),
             ("schema_version", version.to_string()),
             ("teacher", self.teacher.clone()),
             ("tokenizer_sha256", self.tokenizer_sha256.clone()),
             ("k", self.k.to_string()),
             ("temperature", self.temperature.to_string()),
-        ]
+        ];
+        pairs.extend(self.vocab.map(|v| ("vocab", v.to_string())));
+        pairs
     }
 
     pub(crate) fn read(opened: &Opened, path: &Path, what: &str) -> Result<Self, DataError> {
@@ -62,7 +72,31 @@ impl ShardMeta {
             tokenizer_sha256: opened.get(path, what, "tokenizer_sha256")?.into(),
             k: opened.parse(path, what, "k")?,
             temperature: opened.parse(path, what, "temperature")?,
+            vocab: match opened.meta.contains_key("vocab") {
+                true => Some(opened.parse(path, what, "vocab")?),
+                false => None,
+            },
         })
+    }
+
+    /// Refuses ids at or past the teacher's vocabulary (a negative id stored as int32 reads as
+    /// one past it too), naming the column.
+    pub(crate) fn check_ids(&self, at: &str, column: &str, ids: &[u32]) -> Result<(), String> {
+        let Some(vocab) = self.vocab else {
+            return Ok(());
+        };
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| **id as usize >= vocab)
+        {
+            Some((j, id)) => Err(format!(
+                "{at}: column {column}, entry {j}: id {} is not below the teacher's vocabulary of \
+                 {vocab}",
+                *id as i32
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -106,6 +140,13 @@ pub fn tail_mass(top_logprobs: &[f32], k: usize) -> Vec<f32> {
 }
 
 impl ShardRow {
+    /// Every id (the input and the teacher's top-k) below the teacher's vocabulary.
+    fn check_ids(&self, meta: &ShardMeta) -> Result<(), String> {
+        let at = format!("document {} segment {}", self.doc_id, self.segment);
+        meta.check_ids(&at, "input_ids", &self.input_ids)?;
+        meta.check_ids(&at, "top_ids", &self.top_ids)
+    }
+
     pub fn positions(&self) -> usize {
         self.target_logprobs.len()
     }
@@ -147,7 +188,9 @@ impl ShardRow {
 pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, DataError> {
     let k = meta.k;
     for r in rows {
-        r.check(k).map_err(|m| file_err(path, WHAT, m))?;
+        r.check(k)
+            .and_then(|()| r.check_ids(meta))
+            .map_err(|m| file_err(path, WHAT, m))?;
     }
     let tails: Vec<Vec<f32>> = rows.iter().map(|r| tail_mass(&r.top_logprobs, k)).collect();
     let batch = RecordBatch::try_from_iter([
@@ -234,7 +277,9 @@ pub fn read_shard(
                 top_ids: u32s(top_ids, i),
                 top_logprobs: f32s(top_lp, i),
             };
-            row.check(k).map_err(|m| file_err(path, WHAT, m))?;
+            row.check(k)
+                .and_then(|()| row.check_ids(&meta))
+                .map_err(|m| file_err(path, WHAT, m))?;
             // The stored tail mass is what the top-k leaves (the writer computed it so).
             let (stored, left) = (f32s(tails, i), tail_mass(&row.top_logprobs, k));
             if stored.len() != left.len()

@@ -58,6 +58,14 @@ pub struct TrajectoryRow {
 }
 
 impl TrajectoryRow {
+    /// Every id (prompt, completion, the teacher's top-k) below the teacher's vocabulary.
+    fn check_ids(&self, meta: &ShardMeta) -> Result<(), String> {
+        let at = format!("prompt {}", self.prompt_id);
+        meta.check_ids(&at, "prompt_ids", &self.prompt_ids)?;
+        meta.check_ids(&at, "completion_ids", &self.completion_ids)?;
+        meta.check_ids(&at, "top_ids", &self.top_ids)
+    }
+
     fn check(&self, k: usize) -> Result<(), String> {
         let n = self.completion_ids.len();
         if self.prompt_ids.is_empty()
@@ -99,7 +107,9 @@ pub fn write_trajectories(
         return Err(file_err(path, WHAT, "k must be at least 1"));
     }
     for r in rows {
-        r.check(k).map_err(|m| file_err(path, WHAT, m))?;
+        r.check(k)
+            .and_then(|()| r.check_ids(&meta.signals))
+            .map_err(|m| file_err(path, WHAT, m))?;
     }
     // Nullability is declared, not inferred from this shard's rows: every shard has one schema.
     let batch = RecordBatch::try_from_iter_with_nullable([
@@ -226,7 +236,9 @@ pub fn read_trajectories(
                 finish_reason: required("finish_reason")?,
                 reference: text("reference", i),
             };
-            row.check(k).map_err(|m| file_err(path, WHAT, m))?;
+            row.check(k)
+                .and_then(|()| row.check_ids(&meta.signals))
+                .map_err(|m| file_err(path, WHAT, m))?;
             rows.push(row);
         }
     }

@@ -103,6 +103,7 @@ pub fn bench_teacher(
             tokenizer_sha256: teacher.tokenizer.fingerprint(),
             k: kk,
             temperature: 1.0,
+            vocab: Some(teacher.vocab_size()),
         };
         let bytes = write_shard(&dir.join(format!("bench-k{kk}.parquet")), &meta, &rows)?;
         let positions: usize = rows.iter().map(ShardRow::positions).sum();

@@ -47,6 +47,7 @@ impl GenerateJob {
                 tokenizer_sha256: self.tokenizer_sha256.clone(),
                 k: self.params.logprobs,
                 temperature: self.params.temperature,
+                vocab: None,
             },
             top_p: self.params.top_p,
             max_tokens: self.params.max_tokens,
@@ -145,7 +146,8 @@ pub fn generate_trajectories(
         prompts: prompts.len(),
         inputs_sha256: ids_sha256(prompts.iter().map(|p| &p.ids[..])),
     };
-    let meta = job.meta();
+    let mut meta = job.meta();
+    meta.signals.vocab = Some(teacher.vocab_size());
     let report = Reporter::new(
         GenerateProgress {
             prompts_total: prompts.len(),

@@ -195,6 +195,7 @@ mod scoring {
                 tokenizer_sha256: t.tokenizer.fingerprint(),
                 k: 8,
                 temperature: 1.0,
+                vocab: None,
             },
             seq_len: 6, // several segments per line
             segments_per_shard: 4,

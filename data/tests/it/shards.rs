@@ -36,6 +36,7 @@ fn shards_round_trip_losslessly_with_metadata() {
         tokenizer_sha256: "ab".repeat(32),
         k: 8,
         temperature: 1.0,
+        vocab: None,
     };
     let path = dir.join("shard-00000.parquet");
     let written = write_shard(&path, &meta, &rows(8)).unwrap();
@@ -115,6 +116,7 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
         tokenizer_sha256: "ab".repeat(32),
         k: 8,
         temperature: 1.0,
+        vocab: None,
     };
     let path = dir.join("shard-00000.parquet");
     type Damage = fn(&mut ShardRow);
@@ -142,6 +144,26 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
         let e = write_shard(&path, &meta, &bad).unwrap_err().to_string();
         assert!(
             e.contains("document 10 segment 1") && e.contains(says),
+            "{e}"
+        );
+    }
+    // Ids are checked against the teacher's vocabulary the shard records (-7 stored as int32
+    // reads as a huge id, and is named as -7).
+    let meta = ShardMeta {
+        vocab: Some(49152),
+        ..meta
+    };
+    write_shard(&path, &meta, &rows(8)).unwrap();
+    let (back, _) = read_shard(&path, None).unwrap();
+    assert_eq!(back.vocab, Some(49152));
+    for (id, says) in [(2_000_000_000u32, "id 2000000000"), (-7i32 as u32, "id -7")] {
+        let mut bad = rows(8);
+        bad[1].top_ids[2] = id;
+        let e = write_shard(&path, &meta, &bad).unwrap_err().to_string();
+        assert!(
+            e.contains("column top_ids, entry 2")
+                && e.contains(says)
+                && e.contains("not below the teacher's vocabulary of 49152"),
             "{e}"
         );
     }

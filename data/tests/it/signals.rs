@@ -35,6 +35,7 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
         tokenizer_sha256: "ab".repeat(32),
         k: K,
         temperature: 1.0,
+        vocab: None,
     };
     let all: Vec<ShardRow> = (0..6u64)
         .flat_map(|d| [row(d, 0, 8), row(d, 1, 5)])

@@ -101,6 +101,7 @@ fn meta() -> TrajectoryMeta {
             tokenizer_sha256: "cd".repeat(32),
             k: 3,
             temperature: 0.7,
+            vocab: None,
         },
         top_p: 0.9,
         max_tokens: 64,
@@ -167,6 +168,7 @@ fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
         tokenizer_sha256: "ab".repeat(32),
         k: 2,
         temperature: 1.0,
+        vocab: None,
     };
     let srow = ShardRow {
         doc_id: 0,
