@@ -108,17 +108,9 @@ fn tokenizer_train_then_encode() {
     )
     .unwrap();
     let out = dir.join("tokenizer.json");
-    let run = k3mini()
-        .args(["data", "tokenizer", "train", "--vocab-size", "300", "--out"])
-        .arg(&out)
-        .arg(&corpus)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let args = ["data", "tokenizer", "train", "--vocab-size", "300", "--out"];
+    let args = args.iter().map(std::ffi::OsStr::new);
+    crate::fixture::k3mini_ok(args.chain([out.as_os_str(), corpus.as_os_str()]));
     let enc = k3mini()
         .args(["data", "tokenizer", "encode"])
         .arg(&out)

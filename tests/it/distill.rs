@@ -7,7 +7,6 @@ use k3mini::recipe;
 use k3mini::run_dir::{StepMetrics, read_metrics};
 use k3mini::train::trainer::{TrainOptions, train};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const LINES: [&str; 3] = [
     "To be, or not to be, that is the question: Whether 'tis nobler in the mind to suffer \
@@ -101,16 +100,13 @@ fn quiet() -> TrainOptions {
 /// that map in hash order) and the data bytes.
 /// Runs `k3mini teacher COMMAND --quiet RECIPE` and insists it succeeds.
 fn teacher(command: &str, recipe: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args(["teacher", command, "--quiet"])
-        .arg(recipe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let recipe = recipe.as_os_str();
+    crate::fixture::k3mini_ok([
+        "teacher".as_ref(),
+        command.as_ref(),
+        "--quiet".as_ref(),
+        recipe,
+    ]);
 }
 
 /// Trains `recipe` straight, and again stopped after `stop` steps then resumed into `name`: the

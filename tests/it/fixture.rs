@@ -32,6 +32,25 @@ impl Drop for Scratch {
     }
 }
 
+/// Runs the `k3mini` binary with `args` and insists it succeeds (its stderr is the failure
+/// message); returns what it printed.
+pub fn k3mini_ok<I, S>(args: I) -> std::process::Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The repository's root (recipes, corpus, goldens).
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -166,17 +166,7 @@ fn an_unreadable_file_is_named() {
 fn recipe_check_prints_the_resolved_recipe() {
     let s = scratch("cli");
     let path = s.write("recipe.toml", GOOD);
-    let out = assert_cmd::Command::cargo_bin("k3mini")
-        .unwrap()
-        .args(["recipe", "check"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = crate::fixture::k3mini_ok(["recipe".as_ref(), "check".as_ref(), path.as_os_str()]);
     let resolved: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
     assert_eq!(resolved["model"]["d_model"].as_integer(), Some(64));
     let bad = s.write(
