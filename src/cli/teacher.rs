@@ -50,9 +50,10 @@ pub enum TeacherCommand {
         /// 0 picks a free port (printed on the first line).
         #[arg(long, default_value_t = 8000)]
         port: u16,
-        /// Threads accepting requests (the model runs one request at a time).
-        #[arg(long, default_value_t = 4)]
-        threads: usize,
+        /// Model requests running or waiting for the model, at most (it runs one at a time);
+        /// more are answered 503 with Retry-After. `/health` and `/v1/models` are never queued.
+        #[arg(long, default_value_t = 3)]
+        max_queued: usize,
         /// Seconds one model request may take, queueing included, before it is stopped with a
         /// 504 (0: no limit).
         #[arg(long, default_value_t = 300)]
@@ -102,7 +103,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             teacher,
             host,
             port,
-            threads,
+            max_queued,
             request_timeout,
         } => {
             let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &Device::default())?;
@@ -113,7 +114,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             serve(
                 Arc::new(t),
                 &format!("{host}:{port}"),
-                threads,
+                max_queued,
                 (request_timeout > 0).then(|| Duration::from_secs(request_timeout)),
                 stop,
                 |addr| {

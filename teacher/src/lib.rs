@@ -8,6 +8,7 @@ pub mod client;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
+pub mod http;
 pub mod llama;
 pub mod local;
 pub mod manifest;
@@ -31,11 +32,37 @@ pub enum TeacherError {
     /// Work stopped at its time limit.
     #[error("stopped after {0:?}: the request's time limit")]
     TimedOut(std::time::Duration),
+    /// Work stopped because nobody wants it any more (the reason says who left).
+    #[error("stopped: {0}")]
+    Cancelled(&'static str),
     /// A teacher server that failed, gave up, or answered something malformed.
     #[error("teacher server: {0}")]
     Server(String),
     #[error("fetch {name}: {message}")]
     Fetch { name: String, message: String },
+}
+
+/// When a request's work stops early: past its deadline (the instant, and the limit it came from),
+/// or once `cancelled` gives a reason (the client disconnected, the server is stopping). Checked
+/// between prefill chunks and generated tokens.
+#[derive(Clone, Copy, Default)]
+pub struct Interrupt<'a> {
+    pub deadline: Option<(std::time::Instant, std::time::Duration)>,
+    pub cancelled: Option<&'a dyn Fn() -> Option<&'static str>>,
+}
+
+impl Interrupt<'_> {
+    pub fn check(&self) -> Result<(), TeacherError> {
+        if let Some((at, limit)) = self.deadline
+            && std::time::Instant::now() > at
+        {
+            return Err(TeacherError::TimedOut(limit));
+        }
+        match self.cancelled.and_then(|why| why()) {
+            Some(reason) => Err(TeacherError::Cancelled(reason)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Teacher signals for one sequence of `n` ids: `n − 1` positions, position `t` being the

@@ -3,8 +3,8 @@
 use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
 use crate::llama::{KvCache, Llama};
 use crate::{
-    FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError, log_softmax, sample,
-    top_k,
+    FinishReason, GenerateParams, Generation, Interrupt, Scored, Teacher, TeacherError,
+    log_softmax, sample, top_k,
 };
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
@@ -78,7 +78,7 @@ impl Teacher for LocalTeacher {
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
         Ok(self
-            .run(ids, Some(k), None, None)?
+            .run(ids, Some(k), None, Interrupt::default())?
             .0
             .expect("scoring was asked for"))
     }
@@ -89,7 +89,7 @@ impl Teacher for LocalTeacher {
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
         Ok(self
-            .run(prompt, None, Some(params), None)?
+            .run(prompt, None, Some(params), Interrupt::default())?
             .1
             .expect("generation was asked for"))
     }
@@ -97,21 +97,16 @@ impl Teacher for LocalTeacher {
 
 impl LocalTeacher {
     /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
-    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both). Past `deadline` (checked
-    /// between prefill chunks and generated tokens) it stops with [`TeacherError::TimedOut`].
+    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both), until `interrupt` says stop
+    /// (checked between prefill chunks and generated tokens).
     pub fn run(
         &self,
         ids: &[u32],
         k: Option<usize>,
         params: Option<&GenerateParams>,
-        deadline: Option<(std::time::Instant, std::time::Duration)>,
+        interrupt: Interrupt,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
-        let check = || match deadline {
-            Some((at, limit)) if std::time::Instant::now() > at => {
-                Err(TeacherError::TimedOut(limit))
-            }
-            _ => Ok(()),
-        };
+        let check = || interrupt.check();
         self.check_ids(ids)?;
         let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
         if let Some(k) = k {

@@ -16,25 +16,26 @@
 //!   `input_top_logprobs` / `output_token_logprobs` / `output_top_logprobs` as `[logprob, id, null]`.
 //!
 //! Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) with
-//! status 400/404/405; a failure inside the model is a 500 with the reason. Requests are served by
-//! a pool of threads; the model runs one request at a time (it uses every core already). A request
-//! the model cannot serve whole (prompt + `max_tokens` beyond its context) or that names an id
-//! outside the vocabulary is a 400; when every worker but one is taken by model requests, another
-//! is a 503 with `Retry-After` (k3mini's client retries it), so `/health` always answers.
+//! status 400/404/405; a failure inside the model is a 500 with the reason. Each connection has its
+//! thread ([`http`]); the model runs one request at a time (it uses every core already), so
+//! `/health` and `/v1/models` answer while it works. A request the model cannot serve whole
+//! (prompt + `max_tokens` beyond its context) or that names an id outside the vocabulary is a 400;
+//! beyond `max_queued` model requests running or waiting, another is a 503 with `Retry-After`
+//! (k3mini's client retries it). A request stops between tokens at its time limit (504), when its
+//! client disconnects, or when the server stops (503).
 
+use crate::http;
 use crate::local::LocalTeacher;
-use crate::{FinishReason, GenerateParams, Teacher, TeacherError};
+use crate::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, render};
 use serde_json::{Value, json};
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 /// Largest `logprobs` / `prompt_logprobs` / `top_logprobs` accepted (vLLM's `--max-logprobs`).
 pub const MAX_LOGPROBS: usize = 1000;
-const MAX_BODY: u64 = 64 << 20;
 
 /// An OpenAI-style error.
 struct ApiError {
@@ -56,6 +57,7 @@ impl From<TeacherError> for ApiError {
         let status = match e {
             TeacherError::Request(_) => 400,
             TeacherError::TimedOut(_) => 504,
+            TeacherError::Cancelled(_) => 503,
             _ => 500,
         };
         ApiError {
@@ -83,39 +85,37 @@ struct State {
     pieces: Vec<String>,
     /// One forward pass at a time.
     compute: Mutex<()>,
-    /// Model requests running or waiting for `compute`, and how many may: one worker fewer than
-    /// the pool, so a worker is always free for `/health` and `/v1/models`.
+    /// Model requests running or waiting for `compute`, and how many may.
     admitted: AtomicUsize,
     capacity: usize,
     /// How long one model request may take, queueing included.
     request_timeout: Option<Duration>,
+    stop: Arc<AtomicBool>,
     created: u64,
+}
+
+/// A model request's place among the admitted, given back when dropped.
+struct Admitted<'a>(&'a AtomicUsize);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A model request's turn: the compute lock, and its place among the admitted.
 struct Turn<'a> {
     _compute: std::sync::MutexGuard<'a, ()>,
-    admitted: &'a AtomicUsize,
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.admitted.fetch_sub(1, Ordering::SeqCst);
-    }
+    _admitted: Admitted<'a>,
 }
 
 impl State {
-    /// The time limit of a request received now.
-    fn deadline(&self) -> Option<(std::time::Instant, Duration)> {
-        self.request_timeout
-            .map(|limit| (std::time::Instant::now() + limit, limit))
-    }
-
-    /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full.
-    fn turn(&self) -> Result<Turn<'_>, ApiError> {
+    /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full. A
+    /// queued request whose `interrupt` fires leaves the queue.
+    fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
         let before = self.admitted.fetch_add(1, Ordering::SeqCst);
+        let admitted = Admitted(&self.admitted);
         if before >= self.capacity {
-            self.admitted.fetch_sub(1, Ordering::SeqCst);
             return Err(ApiError {
                 status: 503,
                 message: format!(
@@ -126,109 +126,117 @@ impl State {
                 param: None,
             });
         }
+        let compute = loop {
+            match self.compute.try_lock() {
+                Ok(guard) => break guard,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    interrupt.check()?;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
         Ok(Turn {
-            _compute: self.compute.lock().unwrap_or_else(|e| e.into_inner()),
-            admitted: &self.admitted,
+            _compute: compute,
+            _admitted: admitted,
         })
     }
 }
 
-/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one). A
-/// model request that takes longer than `request_timeout` (queueing included) is stopped with a
-/// 504.
+/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one). At
+/// most `max_queued` model requests run or wait for the model; one that takes longer than
+/// `request_timeout` (queueing included) is stopped with a 504, and one whose client disconnects
+/// is stopped at the next token.
 pub fn serve(
     teacher: Arc<LocalTeacher>,
     addr: &str,
-    threads: usize,
+    max_queued: usize,
     request_timeout: Option<Duration>,
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(std::net::SocketAddr),
 ) -> Result<(), TeacherError> {
-    let server = tiny_http::Server::http(addr)
-        .map_err(|e| TeacherError::Request(format!("cannot listen on {addr}: {e}")))?;
-    let local = server
-        .server_addr()
-        .to_ip()
-        .ok_or_else(|| TeacherError::Request(format!("{addr} is not an IP address")))?;
-    let server = Arc::new(server);
+    let listen_err =
+        |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
+    let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
+    let local = listener.local_addr().map_err(listen_err)?;
     let pieces = (0..teacher.vocab_size() as u32)
         .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
         .collect();
-    let state = Arc::new(State {
+    let state = State {
         pieces,
         teacher,
         compute: Mutex::new(()),
         admitted: AtomicUsize::new(0),
-        capacity: threads.saturating_sub(1).max(1),
+        capacity: max_queued.max(1),
         request_timeout,
+        stop: stop.clone(),
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-    });
+    };
     ready(local);
-    let workers: Vec<_> = (0..threads.max(1))
-        .map(|_| {
-            let (server, state, stop) = (server.clone(), state.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::SeqCst) {
-                    match server.recv_timeout(Duration::from_millis(200)) {
-                        Ok(Some(request)) => handle(&state, request),
-                        Ok(None) => {}
-                        Err(_) => break,
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        let _ = w.join();
-    }
-    Ok(())
+    http::serve(listener, &stop, &|request, peer| {
+        handle(&state, request, peer)
+    })
+    .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
 }
 
-fn handle(state: &State, mut request: tiny_http::Request) {
-    let method = request.method().clone();
-    let url = request.url().split('?').next().unwrap_or("").to_string();
-    let mut body = String::new();
-    let read = request
-        .as_reader()
-        .take(MAX_BODY)
-        .read_to_string(&mut body)
-        .map_err(|e| bad("body", format!("unreadable request body: {e}")));
-    let result = read.and_then(|_| route(state, &method, &url, &body));
+fn handle(
+    state: &State,
+    request: Result<&http::Request, http::HttpError>,
+    peer: &http::Peer,
+) -> http::Response {
+    let cancelled = || {
+        if state.stop.load(Ordering::SeqCst) {
+            Some("the server is shutting down")
+        } else if peer.gone() {
+            Some("the client disconnected")
+        } else {
+            None
+        }
+    };
+    let interrupt = Interrupt {
+        deadline: state
+            .request_timeout
+            .map(|limit| (std::time::Instant::now() + limit, limit)),
+        cancelled: Some(&cancelled),
+    };
+    let result = match request {
+        Ok(r) => route(state, &r.method, &r.path, &r.body, interrupt),
+        Err(e) => Err(ApiError {
+            status: e.status,
+            message: e.message,
+            param: None,
+        }),
+    };
     let (status, value) = match result {
         Ok(v) => (200, v),
         Err(e) => (e.status, e.body()),
     };
-    let mut response = tiny_http::Response::from_string(value.to_string())
-        .with_status_code(status)
-        .with_header(
-            tiny_http::Header::from_bytes("Content-Type", "application/json")
-                .expect("valid header"),
-        );
-    if status == 503 {
-        response
-            .add_header(tiny_http::Header::from_bytes("Retry-After", "1").expect("valid header"));
+    http::Response {
+        status,
+        content_type: "application/json",
+        body: value.to_string().into_bytes(),
+        retry_after: (status == 503).then_some(1),
     }
-    let _ = request.respond(response);
 }
 
 fn route(
     state: &State,
-    method: &tiny_http::Method,
+    method: &str,
     url: &str,
-    body: &str,
+    body: &[u8],
+    interrupt: Interrupt,
 ) -> Result<Value, ApiError> {
-    use tiny_http::Method::{Get, Post};
     let name = state.teacher.name();
     match (method, url) {
-        (Get, "/health") => Ok(json!({"status": "ok"})),
-        (Get, "/v1/models") => Ok(json!({"object": "list", "data": [{
+        ("GET", "/health") => Ok(json!({"status": "ok"})),
+        ("GET", "/v1/models") => Ok(json!({"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "k3mini",
             "max_model_len": state.teacher.model.config.context_length}]})),
-        (Post, "/v1/completions") => completions(state, &parse(body)?),
-        (Post, "/v1/chat/completions") => chat(state, &parse(body)?),
-        (Post, "/generate") => sglang_generate(state, &parse(body)?),
+        ("POST", "/v1/completions") => completions(state, &parse(body)?, interrupt),
+        ("POST", "/v1/chat/completions") => chat(state, &parse(body)?, interrupt),
+        ("POST", "/generate") => sglang_generate(state, &parse(body)?, interrupt),
         (
             _,
             "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate",
@@ -245,9 +253,9 @@ fn route(
     }
 }
 
-fn parse(body: &str) -> Result<Value, ApiError> {
+fn parse(body: &[u8]) -> Result<Value, ApiError> {
     let v: Value =
-        serde_json::from_str(body).map_err(|e| bad("body", format!("invalid JSON: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| bad("body", format!("invalid JSON: {e}")))?;
     if !v.is_object() {
         return Err(bad("body", "the request must be a JSON object"));
     }
@@ -408,8 +416,7 @@ fn params(state: &State, req: &Value, default_max: usize) -> Result<GeneratePara
     })
 }
 
-fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
-    let deadline = state.deadline();
+fn completions(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value, ApiError> {
     let ids = prompt_ids(state, req)?;
     let mut p = params(state, req, 16)?;
     check_length(state, ids.len(), &p)?;
@@ -419,12 +426,12 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
     let as_ids = flag(req, "return_tokens_as_token_ids")?;
     p.logprobs = logprobs.unwrap_or(0);
     let t = &state.teacher;
-    let _guard = state.turn()?;
+    let _guard = state.turn(interrupt)?;
     // Prompt scoring (for echo + logprobs and for prompt_logprobs) over the whole prompt.
     let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
     let score_k = want_prompt.filter(|_| ids.len() >= 2).map(|k| k.max(1));
     // One prefill serves both the prompt's logprobs and the generation.
-    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), deadline)?;
+    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?;
     drop(_guard);
     let tok = |id: u32| token_key(state, id, as_ids);
     let text = |ids: &[u32]| t.tokenizer.decode(ids).unwrap_or_default();
@@ -514,8 +521,7 @@ fn completions(state: &State, req: &Value) -> Result<Value, ApiError> {
     }))
 }
 
-fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
-    let deadline = state.deadline();
+fn chat(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value, ApiError> {
     let messages: Vec<Message> = serde_json::from_value(
         req.get("messages").cloned().unwrap_or(Value::Null),
     )
@@ -540,8 +546,8 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
     }
     p.logprobs = top;
     let g = {
-        let _guard = state.turn()?;
-        t.run(&ids, None, Some(&p), deadline)?
+        let _guard = state.turn(interrupt)?;
+        t.run(&ids, None, Some(&p), interrupt)?
             .1
             .expect("generation was asked for")
     };
@@ -586,8 +592,7 @@ fn chat(state: &State, req: &Value) -> Result<Value, ApiError> {
 }
 
 /// SGLang's `/generate`.
-fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
-    let deadline = state.deadline();
+fn sglang_generate(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value, ApiError> {
     let t = &state.teacher;
     let malformed = || {
         bad(
@@ -630,9 +635,9 @@ fn sglang_generate(state: &State, req: &Value) -> Result<Value, ApiError> {
     let start = uint(req, "logprob_start_len", 0)?;
     p.logprobs = top;
     let (scored, generated) = {
-        let _guard = state.turn()?;
+        let _guard = state.turn(interrupt)?;
         let score_k = (want && ids.len() >= 2).then_some(top.max(1));
-        t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), deadline)?
+        t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?
     };
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
     let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);

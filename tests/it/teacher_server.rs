@@ -495,8 +495,8 @@ fn client_and_server_agree_with_the_in_process_teacher() {
 #[test]
 fn the_server_stays_available_under_load() {
     // Bounded in count (6 clients x 3 generations, plus malformed requests) and in time; all on
-    // loopback. The server runs 4 workers: at most 3 model requests are admitted, the others get
-    // a 503 with Retry-After, so a worker is always free for /health.
+    // loopback. At most 3 model requests run or wait (--max-queued's default), the others get a
+    // 503 with Retry-After; /health is never queued.
     let server = start();
     let url = server.url.clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
@@ -571,4 +571,34 @@ fn a_request_past_its_time_limit_is_stopped() {
     assert!(took < Duration::from_secs(10), "stopped after {took:?}");
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
     assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
+}
+
+#[test]
+fn a_disconnected_clients_request_is_stopped() {
+    // ~4000 greedy tokens take minutes on these CPUs. The client leaves after 0.5 s; the model
+    // stops at the next token, so a request behind it is answered within seconds, and /health
+    // answered all along.
+    let server = start();
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let long = r#"{"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}"#;
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{long}",
+        long.len()
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = std::time::Instant::now();
+    assert_eq!(raw(&server.url, "GET", "/health", "").0, 200);
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    drop(s);
+    let t0 = std::time::Instant::now();
+    let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
+    assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the next request waited {took:?}"
+    );
 }
