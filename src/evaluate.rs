@@ -3,12 +3,12 @@
 //! reasoning answers), for inference memory against an all-MLA twin and for decode speed; written
 //! as `eval.json`, `report.md` and SVG plots by `k3mini_eval::report`.
 
+use crate::device::DeviceList;
 use crate::error::Result;
 use crate::recipe;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::teachers::{plan_prompts, student_tokenizer};
 use crate::train::modes::held_out;
-use burn::tensor::Device;
 use k3mini_data::chat::END_OF_TURN;
 use k3mini_eval::memory::memory_vs_context;
 use k3mini_eval::metrics::{bits_per_byte, perplexity};
@@ -47,10 +47,17 @@ pub fn locate(path: &Path) -> Result<(Checkpoint, PathBuf)> {
 }
 
 /// Evaluates the newest checkpoint of a run (or the checkpoint `path` names) on the plan it was
-/// trained with.
-pub fn evaluate(path: &Path, suite: Suite) -> Result<(EvalReport, Curves)> {
-    let (ck, run) = locate(path)?;
-    let device = Device::default();
+/// trained with, on `devices`' main device (default: the plan's).
+pub fn evaluate(
+    path: &Path,
+    suite: Suite,
+    devices: Option<&DeviceList>,
+) -> Result<(EvalReport, Curves)> {
+    let (mut ck, run) = locate(path)?;
+    if let Some(d) = devices {
+        ck.plan.devices = d.clone();
+    }
+    let device = ck.plan.devices.open_main()?;
     let model = ck.model(&device)?;
     let plan = &ck.plan;
     let batches = match suite {

@@ -4,6 +4,7 @@
 
 pub mod compare;
 pub mod corpus;
+pub mod device;
 pub mod error;
 pub mod evaluate;
 pub mod export;

@@ -217,7 +217,7 @@ pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
     stages.run(6, "evaluate both", || {
         let (reports, curves): (Vec<_>, Vec<_>) = [&distill_path, &baseline_path]
             .iter()
-            .map(|p| evaluate(p, Suite::Quick))
+            .map(|p| evaluate(p, Suite::Quick, None))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();

@@ -2,6 +2,7 @@
 //! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement; the student's
 //! tokenizer; prompt sets; scoring a plan's corpus.
 
+use crate::device::DeviceList;
 use crate::error::Result;
 use crate::recipe::{
     DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RunPlan, TeacherSource,
@@ -75,6 +76,7 @@ const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\
 /// does (and its ids are read through the student's vocabulary).
 pub fn plan_teacher(
     distill: &DistillPlan,
+    devices: &DeviceList,
     student: &Tokenizer,
 ) -> Result<Arc<dyn Teacher + Send + Sync>> {
     let mismatch = |what: &str| {
@@ -87,7 +89,8 @@ pub fn plan_teacher(
     Ok(match &distill.teacher.source {
         TeacherSource::Local { model } => {
             let file = local_model_path(model)?;
-            let local = LocalTeacher::from_gguf(&file, &burn::tensor::Device::default())?;
+            // A local teacher runs on the stage's main device.
+            let local = LocalTeacher::from_gguf(&file, &devices.open_main()?)?;
             if student.fingerprint() != local.tokenizer.fingerprint() {
                 return Err(mismatch(
                     "their id → token tables have different fingerprints",
@@ -177,7 +180,7 @@ pub fn score_plan(
     on_progress: &mut dyn FnMut(ScoreProgress),
 ) -> Result<(Manifest<ScoreManifestJob>, PathBuf)> {
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
-    let teacher = plan_teacher(distill, &tokenizer)?;
+    let teacher = plan_teacher(distill, &plan.devices, &tokenizer)?;
     let t = &distill.teacher;
     let docs: Vec<Vec<u32>> = crate::corpus::tokenized_documents(&plan.data, &tokenizer)?
         .into_iter()
@@ -211,7 +214,7 @@ pub fn generate_plan(
     on_progress: &mut dyn FnMut(GenerateProgress),
 ) -> Result<(Manifest<GenerateManifestJob>, PathBuf)> {
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
-    let teacher = plan_teacher(distill, &tokenizer)?;
+    let teacher = plan_teacher(distill, &plan.devices, &tokenizer)?;
     let prompts = plan_prompts(&generate.prompts, &tokenizer, limit)?;
     // The turn ends at the template's end-of-turn marker (one id: check_markers made sure).
     let end_of_turn = tokenizer.encode_with_specials(generate.prompts.template.end_of_turn())?;

@@ -2,14 +2,14 @@
 
 use crate::cli::model::bytes;
 use anyhow::{Context, Result, bail};
-use burn::tensor::Device;
 use clap::{Args, Subcommand, ValueEnum};
+use k3mini::device::DeviceList;
 use k3mini::export::bench_export;
 use k3mini::train::bench::bench_recipe;
 use k3mini_gguf::mix::FileType;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
-use k3mini_student::info::training_memory;
+use k3mini_student::info::{Footprint, training_memory};
 use k3mini_student::presets::preset;
 
 #[derive(Subcommand)]
@@ -25,6 +25,12 @@ pub enum BenchCommand {
         steps: usize,
         #[arg(long)]
         json: bool,
+        /// Overrides the recipe's run.device.
+        #[arg(long)]
+        device: Option<DeviceList>,
+        /// Turns on train.activation_checkpointing (to compare peak memory against the recipe).
+        #[arg(long)]
+        activation_checkpointing: bool,
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
@@ -37,6 +43,9 @@ pub enum BenchCommand {
         seq_len: usize,
         #[arg(long, default_value_t = 8)]
         segments: usize,
+        /// cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceList,
     },
     /// `export --format gguf` of a freshly initialised preset: seconds and file size per file type.
     Export {
@@ -79,6 +88,9 @@ pub struct ModelArgs {
     kernel: Kernel,
     #[arg(long)]
     json: bool,
+    /// cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceList,
 }
 
 #[derive(Args)]
@@ -93,6 +105,9 @@ pub struct KdaArgs {
     head_dim: usize,
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// cpu or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceList,
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -116,7 +131,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                 a.heads,
                 a.head_dim,
                 a.reps,
-                &Device::default(),
+                &a.device.open_main()?,
             ) {
                 println!(
                     "| {} | {} | {} x {} | {:.1} | {:.1} |",
@@ -160,8 +175,15 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             recipe,
             steps,
             json,
+            device,
+            activation_checkpointing,
         } => {
-            let r = bench_recipe(&k3mini::recipe::load(&recipe)?, steps)?;
+            let mut plan = k3mini::recipe::load(&recipe)?;
+            if let Some(d) = device {
+                plan = plan.with_devices(d)?;
+            }
+            plan.train.activation_checkpointing |= activation_checkpointing;
+            let r = bench_recipe(&plan, steps)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
@@ -186,10 +208,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             corpus,
             seq_len,
             segments,
+            device,
         } => {
             let local = k3mini_teacher::local::LocalTeacher::from_gguf(
                 &k3mini::teachers::resolve(&teacher)?,
-                &Device::default(),
+                &device.open_main()?,
             )?;
             let text = k3mini_data::read_source(&corpus, k3mini_data::SourceFormat::Text, "text")?;
             let ids = local.tokenizer.encode(&text[0].text)?;
@@ -243,7 +266,7 @@ fn model(a: &ModelArgs) -> Result<TrainStepBench> {
         a.batch,
         a.seq_len,
         a.steps,
-        &Device::default(),
+        &a.device.open_main()?,
     ))
 }
 
@@ -256,7 +279,7 @@ fn row(r: &TrainStepBench, batch: usize, seq_len: usize, name: &str) -> String {
         "bench-50m" => bench_50m(),
         other => preset(other).expect("benchmarked preset"),
     };
-    let estimate = training_memory(&config, batch, seq_len).total();
+    let estimate = training_memory(&config, &Footprint::new(batch, seq_len)).total();
     format!(
         "| {} | {:.1}M | {} x {} | {} | {:.0} | {:.0} | {} | {} |",
         r.name,

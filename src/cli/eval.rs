@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
+use k3mini::device::DeviceList;
 use k3mini::evaluate::{Suite, evaluate};
 use k3mini_eval::report::{summary_table, write_report};
 use std::path::PathBuf;
@@ -26,6 +27,9 @@ pub struct EvalArgs {
     /// Where eval.json, report.md and the plots go.
     #[arg(long, default_value = "eval-report")]
     out: PathBuf,
+    /// Evaluate on this device instead of the run's own (run.device).
+    #[arg(long)]
+    device: Option<DeviceList>,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -36,7 +40,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let (reports, curves): (Vec<_>, Vec<_>) = args
         .runs
         .iter()
-        .map(|r| evaluate(r, suite))
+        .map(|r| evaluate(r, suite, args.device.as_ref()))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .unzip();

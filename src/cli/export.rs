@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
+use k3mini::device::DeviceList;
 use k3mini::export::{
     GgufArch, check_out, export_gguf, export_hf, plan_tokenizer, write_reference,
 };
@@ -38,10 +39,16 @@ pub struct ExportArgs {
     /// FILE.reference.safetensors (scripts/interop/check_hf.py and check_gguf.py compare them).
     #[arg(long)]
     with_reference: bool,
+    /// Where the reference logits are computed (default: the run's run.device).
+    #[arg(long)]
+    device: Option<DeviceList>,
 }
 
 pub fn run(args: ExportArgs) -> Result<()> {
-    let ck = open_checkpoint(&args.checkpoint)?;
+    let mut ck = open_checkpoint(&args.checkpoint)?;
+    if let Some(d) = args.device {
+        ck.plan.devices = d;
+    }
     check_out(&ck, &args.out)?;
     let given = args.tokenizer.as_deref().map(Tokenizer::load).transpose()?;
     let tokenizer = match &given {

@@ -2,7 +2,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use k3mini_student::info::{ModelInfo, model_info};
+use k3mini_student::info::{
+    CHECKPOINTED_ACTIVATIONS, Footprint, GPUS, ModelInfo, USABLE_SHARE, model_info,
+};
 use k3mini_student::presets::{from_recipe_toml, preset};
 use std::path::PathBuf;
 
@@ -20,12 +22,14 @@ pub struct InfoArgs {
     /// A recipe TOML whose [model] table names a preset and overrides.
     #[arg(long)]
     recipe: Option<PathBuf>,
-    /// Sequences per step for the training-memory estimate.
-    #[arg(long, default_value_t = 8)]
-    batch: usize,
-    /// Tokens per sequence for the training-memory estimate.
-    #[arg(long, default_value_t = 2048)]
-    seq_len: usize,
+    /// Sequences per micro-batch for the training-memory estimate (default: the recipe's
+    /// train.micro_batch, else 8).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per sequence for the training-memory estimate (default: the recipe's
+    /// data.seq_len, else 2048).
+    #[arg(long)]
+    seq_len: Option<usize>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -38,18 +42,33 @@ pub fn run(cmd: ModelCommand) -> Result<()> {
 }
 
 fn info(args: InfoArgs) -> Result<()> {
-    let (name, config) = match (&args.preset, &args.recipe) {
-        (Some(p), None) => (p.clone(), preset(p)?),
+    // A run recipe is resolved whole: its micro-batch, checkpointing and devices set the estimate.
+    let default = Footprint::new(8, 2048);
+    let (name, config, mut footprint) = match (&args.preset, &args.recipe) {
+        (Some(p), None) => (p.clone(), preset(p)?, default),
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
-            let config =
-                from_recipe_toml(&text).with_context(|| format!("in recipe {}", path.display()))?;
-            (path.display().to_string(), config)
+            let name = path.display().to_string();
+            if text
+                .parse::<toml::Table>()
+                .is_ok_and(|t| t.contains_key("run"))
+            {
+                let plan = k3mini::recipe::load(path)?;
+                let footprint = plan.footprint();
+                (name, plan.model, footprint)
+            } else {
+                // A model-only recipe (recipes/tiny-k3.toml): its [model] table alone.
+                let config =
+                    from_recipe_toml(&text).with_context(|| format!("in recipe {name}"))?;
+                (name, config, default)
+            }
         }
         _ => bail!("give --preset NAME or --recipe FILE"),
     };
-    let info = model_info(&name, &config, args.batch, args.seq_len);
+    footprint.batch = args.batch.unwrap_or(footprint.batch);
+    footprint.seq_len = args.seq_len.unwrap_or(footprint.seq_len);
+    let info = model_info(&name, &config, &footprint);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
@@ -100,25 +119,60 @@ fn render(info: &ModelInfo) -> String {
         }
     }
     let m = &info.training_memory;
+    let f = &m.footprint;
     let _ = writeln!(
         s,
-        "\n  training memory (f32, AdamW, batch {} x {} tokens)",
-        m.batch, m.seq_len
+        "\n  training memory of the main device (f32, AdamW, micro-batch {} x {} tokens{}{})",
+        f.batch,
+        f.seq_len,
+        if f.activation_checkpointing {
+            ", activation checkpointing"
+        } else {
+            ""
+        },
+        if f.replicas > 1 {
+            format!(", {} replicas", f.replicas)
+        } else {
+            String::new()
+        }
     );
     for (name, v) in [
         ("weights", m.weights),
         ("grads", m.grads),
         ("adamw m+v", m.adamw),
+        ("replica grads", m.replica_grads),
         ("activations*", m.activations),
     ] {
-        let _ = writeln!(s, "  {name:<14} {:>12}", bytes(v));
+        if v > 0 || name != "replica grads" {
+            let _ = writeln!(s, "  {name:<14} {:>12}", bytes(v));
+        }
     }
     let _ = writeln!(
         s,
-        "  {:<14} {:>12}   (*estimate from the layer formulas)",
+        "  {:<14} {:>12}   (*estimate from the layer formulas{})",
         "total",
-        bytes(info.training_memory_total)
+        bytes(info.training_memory_total),
+        if f.activation_checkpointing {
+            format!(" x {CHECKPOINTED_ACTIVATIONS} kept, as measured")
+        } else {
+            String::new()
+        }
     );
+    let _ = writeln!(
+        s,
+        "\n  fits (at most {:.0}% of a device's memory planned on)",
+        100.0 * USABLE_SHARE
+    );
+    for (gpu, memory) in GPUS {
+        let usable = memory as f64 * USABLE_SHARE;
+        let need = info.training_memory_total as f64;
+        let verdict = if need <= usable {
+            format!("yes ({:.0}% of usable)", 100.0 * need / usable)
+        } else {
+            format!("no (needs {:.1}x)", need / usable)
+        };
+        let _ = writeln!(s, "  {gpu:<24} {verdict}");
+    }
     let _ = writeln!(
         s,
         "\n  inference state per sequence (f32)   hybrid      all-MLA     saving"

@@ -17,12 +17,7 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
     match cmd {
         RecipeCommand::Check { file } => {
             let plan = recipe::load(&file)?;
-            let memory = k3mini_student::info::training_memory(
-                &plan.model,
-                plan.train.micro_batch,
-                plan.data.seq_len,
-            )
-            .total();
+            let memory = plan.training_memory().total();
             eprintln!(
                 "{}: ok — model {} ({} params, ~{} to train), {} steps x {} tokens ({} micro-batches of {} x {}), output {}",
                 file.display(),

@@ -1,8 +1,8 @@
 //! `k3mini teacher`: fetch the built-in teachers and talk to them.
 
 use anyhow::Result;
-use burn::tensor::Device;
 use clap::Subcommand;
+use k3mini::device::DeviceList;
 use k3mini::recipe::{DistillPlan, RunPlan};
 use k3mini::teachers::{generate_plan, gguf_tokenizer, progress_bar, resolve, score_plan};
 use k3mini_data::ChatFormat;
@@ -27,6 +27,9 @@ pub enum TeacherCommand {
         out: Option<PathBuf>,
         #[arg(long)]
         quiet: bool,
+        /// Where a local teacher runs (default: the recipe's run.device; its first device).
+        #[arg(long)]
+        device: Option<DeviceList>,
     },
     /// Sample reasoning trajectories for the recipe's [teacher.generate] prompts into Parquet shards
     /// (a rerun skips finished shards).
@@ -40,6 +43,9 @@ pub enum TeacherCommand {
         limit: Option<usize>,
         #[arg(long)]
         quiet: bool,
+        /// Where a local teacher runs (default: the recipe's run.device; its first device).
+        #[arg(long)]
+        device: Option<DeviceList>,
     },
     /// Serve a local teacher over HTTP with vLLM's OpenAI-compatible surface (until Ctrl-C).
     Serve {
@@ -58,6 +64,9 @@ pub enum TeacherCommand {
         /// 504 (0: no limit).
         #[arg(long, default_value_t = 300)]
         request_timeout: u64,
+        /// Where the teacher runs: cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceList,
     },
     /// Write a local teacher's tokenizer as tokenizer.json (for recipes that use a served teacher).
     Tokenizer {
@@ -72,6 +81,9 @@ pub enum TeacherCommand {
         question: String,
         #[arg(long, default_value_t = 128)]
         max_tokens: usize,
+        /// Where the teacher runs: cpu or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: DeviceList,
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
         #[arg(long, default_value_t = 0)]
@@ -81,13 +93,19 @@ pub enum TeacherCommand {
 
 pub fn run(cmd: TeacherCommand) -> Result<()> {
     match cmd {
-        TeacherCommand::Score { recipe, out, quiet } => score(&recipe, out, quiet),
+        TeacherCommand::Score {
+            recipe,
+            out,
+            quiet,
+            device,
+        } => score(&recipe, device, out, quiet),
         TeacherCommand::Generate {
             recipe,
             out,
             limit,
             quiet,
-        } => generate(&recipe, out, limit, quiet),
+            device,
+        } => generate(&recipe, device, out, limit, quiet),
         TeacherCommand::Tokenizer { teacher, out } => {
             let tokenizer = gguf_tokenizer(&resolve(&teacher)?)?;
             tokenizer.save(&out)?;
@@ -105,8 +123,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             port,
             max_queued,
             request_timeout,
+            device,
         } => {
-            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &Device::default())?;
+            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &device.open_main()?)?;
             let stop = Arc::new(AtomicBool::new(false));
             let on_ctrl_c = stop.clone();
             ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
@@ -135,8 +154,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             max_tokens,
             temperature,
             seed,
+            device,
         } => {
-            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &Device::default())?;
+            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &device.open_main()?)?;
             let messages = [Message {
                 role: Role::User,
                 content: question,
@@ -171,9 +191,12 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
     }
 }
 
-/// A recipe's plan and its distillation part, which names the teacher.
-fn distilling(recipe_path: &Path) -> Result<(RunPlan, DistillPlan)> {
-    let plan = k3mini::recipe::load(recipe_path)?;
+/// A recipe's plan (on `device` when given) and its distillation part, which names the teacher.
+fn distilling(recipe_path: &Path, device: Option<DeviceList>) -> Result<(RunPlan, DistillPlan)> {
+    let mut plan = k3mini::recipe::load(recipe_path)?;
+    if let Some(d) = device {
+        plan = plan.with_devices(d)?;
+    }
     let Some(distill) = plan.distill.clone() else {
         anyhow::bail!(
             "{}: no [teacher] and [distill] tables: nothing names a teacher",
@@ -183,8 +206,13 @@ fn distilling(recipe_path: &Path) -> Result<(RunPlan, DistillPlan)> {
     Ok((plan, distill))
 }
 
-fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
-    let (plan, distill) = distilling(recipe_path)?;
+fn score(
+    recipe_path: &Path,
+    device: Option<DeviceList>,
+    out: Option<PathBuf>,
+    quiet: bool,
+) -> Result<()> {
+    let (plan, distill) = distilling(recipe_path, device)?;
     let bar = progress_bar(quiet, "segments");
     let started = std::time::Instant::now();
     let (manifest, dir) = score_plan(&plan, &distill, out, &mut |p| {
@@ -214,11 +242,12 @@ fn score(recipe_path: &Path, out: Option<PathBuf>, quiet: bool) -> Result<()> {
 
 fn generate(
     recipe_path: &Path,
+    device: Option<DeviceList>,
     out: Option<PathBuf>,
     limit: Option<usize>,
     quiet: bool,
 ) -> Result<()> {
-    let (plan, distill) = distilling(recipe_path)?;
+    let (plan, distill) = distilling(recipe_path, device)?;
     let Some(g) = &distill.teacher.generate else {
         anyhow::bail!(
             "{}: no [teacher.generate] table naming prompts",

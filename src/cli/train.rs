@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use k3mini::device::DeviceList;
 use k3mini::recipe;
 use k3mini::train::trainer::{TrainOptions, handle_ctrl_c, train};
 use std::path::PathBuf;
@@ -26,10 +27,16 @@ pub struct TrainArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Overrides the recipe's run.device: cpu, cuda:N, or a list (cuda:0,1) for data-parallel.
+    #[arg(long)]
+    device: Option<DeviceList>,
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let loaded = recipe::load(&args.recipe)?;
+    let mut loaded = recipe::load(&args.recipe)?;
+    if let Some(devices) = args.device {
+        loaded = loaded.with_devices(devices)?;
+    }
     handle_ctrl_c();
     let opts = TrainOptions {
         out_dir: args.out,

@@ -3,7 +3,7 @@
 
 use crate::error::{Context, Result};
 use crate::run_dir::Checkpoint;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::END_OF_TURN;
@@ -63,7 +63,7 @@ const REFERENCE_TEXT: &str =
 /// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors; with a
 /// tokenizer, also `text_ids`, its encoding of the `text` in the metadata.
 fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Vec<u8>> {
-    let device = Device::default();
+    let device = ck.plan.devices.open_main()?;
     let model = ck.model(&device)?;
     let (rows, t) = (2usize, 40usize);
     let mut state = 0x5EED_u64;

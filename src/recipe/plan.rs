@@ -7,9 +7,11 @@
 //! later.
 
 use super::schema::*;
+use crate::device::DeviceList;
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::distill::Objective;
+use k3mini_student::info::{Footprint, TrainingMemory, training_memory};
 use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
@@ -40,6 +42,10 @@ pub struct RunPlan {
     pub seed: u64,
     /// Micro-batches accumulated per optimizer step: `train.batch_tokens / (micro_batch · seq_len)`.
     pub accumulation: usize,
+    /// Where it computes; several devices share each step's micro-batches (at most one replica
+    /// per micro-batch). Checkpoints written before devices were planned read as `cpu`.
+    #[serde(default)]
+    pub devices: DeviceList,
     pub model: ModelConfig,
     pub data: DataPlan,
     pub optim: OptimConfig,
@@ -253,7 +259,33 @@ impl RunPlan {
         );
         let mut changes = Vec::new();
         diff("", &a, &b, &mut changes);
+        // Moving a run to other hardware changes no number it computes beyond summation order.
+        changes.retain(|c| !c.starts_with("devices:"));
         changes
+    }
+
+    /// How a training step of this plan lays out on its devices.
+    pub fn footprint(&self) -> Footprint {
+        Footprint {
+            batch: self.train.micro_batch,
+            seq_len: self.data.seq_len,
+            activation_checkpointing: self.train.activation_checkpointing,
+            replicas: self.devices.replicas(),
+        }
+    }
+
+    /// The training memory of this plan's busiest device.
+    pub fn training_memory(&self) -> TrainingMemory {
+        training_memory(&self.model, &self.footprint())
+    }
+
+    /// The plan on other devices (`--device`), checked as the recipe's own `run.device` is.
+    pub fn with_devices(mut self, devices: DeviceList) -> Result<Self, crate::error::Error> {
+        check_replicas(self.accumulation, &devices).map_err(|(key, message)| {
+            crate::error::Error::Refused(format!("--device: {message} ({key})"))
+        })?;
+        self.devices = devices;
+        Ok(self)
     }
 }
 
@@ -335,12 +367,15 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
     };
     let data = data_plan(&r.data, distill.as_ref(), &at)?;
     let per_micro = r.train.micro_batch * r.data.seq_len;
+    let devices = r.run.device.clone().unwrap_or_default();
+    check_replicas(r.train.batch_tokens / per_micro, &devices)?;
     Ok(RunPlan {
         recipe,
         name: r.run.name.clone(),
         out_dir,
         seed: r.run.seed,
         accumulation: r.train.batch_tokens / per_micro,
+        devices,
         model,
         data,
         optim: r.optim,
@@ -348,6 +383,22 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
         train: r.train,
         distill,
     })
+}
+
+/// Each replica needs a micro-batch of every step.
+fn check_replicas(accumulation: usize, devices: &DeviceList) -> Result<(), Refusal> {
+    if devices.replicas() > accumulation {
+        return refuse(
+            "run.device",
+            format!(
+                "{} devices but {accumulation} micro-batch(es) per step: raise train.batch_tokens \
+                 to at least {} micro-batches, or use fewer devices",
+                devices.replicas(),
+                devices.replicas()
+            ),
+        );
+    }
+    Ok(())
 }
 
 fn model_config(table: &toml::Table) -> Result<ModelConfig, Refusal> {

@@ -18,6 +18,7 @@
 //!             temperature, top_p, prompts_per_shard, out_dir
 //! ```
 
+use crate::device::DeviceList;
 use k3mini_data::{ChatFormat, LossParts, SourceFormat};
 use k3mini_student::distill::Objective;
 use k3mini_teacher::client::Api;
@@ -239,6 +240,10 @@ pub struct RunConfig {
     /// Seeds initialisation, shuffling and sampling.
     #[serde(default)]
     pub seed: u64,
+    /// `cpu` (default), `cuda:N`, or a list (`cuda:0,1,2,3`) training one replica per device;
+    /// see `crate::device`. `--device` on a command overrides it.
+    #[serde(default)]
+    pub device: Option<DeviceList>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -354,6 +359,10 @@ pub struct TrainConfig {
     /// Consecutive non-finite steps (skipped) before the run stops.
     #[serde(default = "default_max_bad")]
     pub max_bad_steps: usize,
+    /// Recompute memory-bound activations in the backward pass instead of keeping them (burn's
+    /// balanced gradient checkpointing): the same gradients, less activation memory.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub activation_checkpointing: bool,
     /// Quantisation-aware training: fake-quantised linear weights from a step on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qat: Option<QatConfig>,

@@ -53,7 +53,7 @@ pub fn held_out(plan: &RunPlan, tokenizer: &Tokenizer, n: usize) -> Result<HeldO
         return Ok(HeldOut::documents(held, &plan.data, plan.seed, rows, n));
     };
     if distill.mode == ModePlan::Online {
-        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
+        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
         return online::held_out(plan, distill, teacher.as_ref(), tokenizer, n);
     }
     let signals = signal_data(plan, distill, tokenizer)?;

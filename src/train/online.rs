@@ -239,7 +239,7 @@ impl Online {
         tokenizer: &Tokenizer,
         cursor: SignalCursor,
     ) -> Result<Self> {
-        let teacher = crate::teachers::plan_teacher(distill, tokenizer)?;
+        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
         let (train, held) = plan_segments(plan, tokenizer)?;
         let spec = OnlineSpec::of(plan, distill);
         let rows = plan.train.micro_batch;

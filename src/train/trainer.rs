@@ -8,6 +8,7 @@
 //! order is a function of the seed and the cursor, sampling of the step).
 
 use crate::bail;
+use crate::device::DeviceKind;
 use crate::error::Result;
 use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
@@ -17,6 +18,7 @@ use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
 use crate::train::qat::FakeQuantizer;
 use crate::train::schedule::lr_at;
 use crate::units::bytes;
+use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Device;
 use k3mini_data::Tokenizer;
@@ -73,7 +75,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         Some(dir) => plan.clone().with_out_dir(dir),
         None => plan.clone(),
     };
-    let (tokenizer, mut model, mut optim, mut state) = begin(plan, opts)?;
+    let (tokenizer, mut model, mut optim, mut state, replicas) = begin(plan, opts)?;
     let mut objective = modes::open(plan, &tokenizer, &state)?;
     let mut log = RunLog::open(plan, &state, opts.quiet)?;
     let (total, first) = (plan.train.steps, state.step);
@@ -82,7 +84,15 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         let started = Instant::now();
         let lr = lr_at(&plan.schedule, plan.optim.lr, state.step, total);
         let step;
-        (model, step) = train_step(plan, model, &mut optim, objective.as_mut(), &state, lr)?;
+        (model, step) = train_step(
+            plan,
+            model,
+            &mut optim,
+            objective.as_mut(),
+            &state,
+            lr,
+            &replicas,
+        )?;
         state.consecutive_bad_steps = if step.skipped {
             state.consecutive_bad_steps + 1
         } else {
@@ -119,11 +129,23 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
 }
 
 /// The checks that can refuse a run, then its tokenizer and its model, optimizer and state: fresh,
-/// or from the newest checkpoint.
+/// or from the newest checkpoint; and the devices of the other replicas (the model is on the
+/// first device).
 fn begin(
     plan: &RunPlan,
     opts: &TrainOptions,
-) -> Result<(Tokenizer, K3Mini, ModuleOptimizer, TrainState)> {
+) -> Result<(Tokenizer, K3Mini, ModuleOptimizer, TrainState, Vec<Device>)> {
+    // Opened first: a device this build or machine lacks is refused before anything else.
+    let mut devices = plan.devices.open()?.into_iter().map(|d| {
+        let d = d.autodiff();
+        if plan.train.activation_checkpointing {
+            d.gradient_checkpointing()
+        } else {
+            d
+        }
+    });
+    let device = devices.next().expect("a device list is never empty");
+    let replicas: Vec<Device> = devices.collect();
     check_fits_this_machine(plan)?;
     let tokenizer = crate::teachers::student_tokenizer(&plan.data.tokenizer)?;
     if tokenizer.vocab_size() > plan.model.vocab_size {
@@ -136,9 +158,7 @@ fn begin(
         );
     }
     let start = run_dir::start(plan, opts.resume, opts.accept_changes)?;
-    let device = Device::default();
     device.seed(plan.seed);
-    let device = device.autodiff();
     let (model, optim, state) = match start {
         Start::Fresh => {
             let model = K3Mini::new(&plan.model, &device)?;
@@ -165,7 +185,7 @@ fn begin(
             plan.train.steps
         );
     }
-    Ok((tokenizer, model, optim, state))
+    Ok((tokenizer, model, optim, state, replicas))
 }
 
 /// What a run reports as it goes: `metrics.jsonl`, the progress bar, the summary.
@@ -259,6 +279,13 @@ struct Step {
 
 /// One optimizer step: the accumulated micro-batches, clipping, AdamW at `lr`, and DeepSeek-V3's
 /// aux-loss-free balancing of the routers' biases from the step's expert loads.
+///
+/// Data-parallel over `replicas` (the devices besides the model's): micro-batch `i` runs on
+/// replica `i mod (1 + replicas)`, a copy of this step's weights; its gradients are moved to the
+/// model's device and summed there, in micro-batch order, over every parameter (an expert one
+/// replica's tokens skipped is simply absent from that replica's gradients). One optimizer step
+/// follows, so every replica starts the next step from the same weights. The result equals one
+/// device doing all micro-batches, up to the devices' arithmetic.
 fn train_step(
     plan: &RunPlan,
     mut model: K3Mini,
@@ -266,8 +293,13 @@ fn train_step(
     objective: &mut dyn TrainingObjective,
     state: &TrainState,
     lr: f64,
+    replicas: &[Device],
 ) -> Result<(K3Mini, Step)> {
     let accumulation = plan.accumulation;
+    let main = model.lm_head.weight.device();
+    let copies: Vec<K3Mini> = std::iter::once(model.clone())
+        .chain(replicas.iter().map(|d| model.clone().fork(d)))
+        .collect();
     let mut accumulator = GradientsAccumulator::new();
     let (mut loss_sum, mut expert_load, mut on_policy) = (0.0f64, Vec::new(), (0.0, 0));
     // QAT: the forward pass sees fake-quantised linear weights; gradients reach `model`'s.
@@ -276,9 +308,10 @@ fn train_step(
         _ => None,
     };
     for micro in 0..accumulation {
+        let replica = &copies[micro % copies.len()];
         let forward_model = match &mut qat {
-            Some(q) => q.apply(&model),
-            None => model.clone(),
+            Some(q) => q.apply(replica),
+            None => replica.clone(),
         };
         // Seeds what a micro-batch samples: a function of the step.
         let seed = plan.seed ^ ((state.step * accumulation + micro) as u64 + 1);
@@ -290,7 +323,8 @@ fn train_step(
         }
         add_loads(&mut expert_load, &out.expert_load);
         loss_sum += loss.clone().into_scalar::<f32>() as f64;
-        accumulator.accumulate(&model, GradientsParams::from_grads(loss.backward(), &model));
+        let grads = GradientsParams::from_grads(loss.backward(), replica).to_device(&main, &model);
+        accumulator.accumulate(&model, grads);
     }
     let mut grads = accumulator.grads();
     let grad_norm = match plan.optim.grad_clip {
@@ -356,15 +390,14 @@ impl Step {
     }
 }
 
-/// Refuses a run whose estimated training memory (weights, gradients, AdamW moments and the
-/// activations of one micro-batch) exceeds this machine's, before anything is allocated.
+/// Refuses a CPU run whose estimated training memory (weights, gradients, AdamW moments and the
+/// activations of one micro-batch) exceeds this machine's, before anything is allocated. (A GPU's
+/// memory is the backend's to report: `k3mini model info --recipe` shows the fit.)
 fn check_fits_this_machine(plan: &RunPlan) -> Result<()> {
-    let need = k3mini_student::info::training_memory(
-        &plan.model,
-        plan.train.micro_batch,
-        plan.data.seq_len,
-    )
-    .total() as f64;
+    if plan.devices.kinds()[0] != DeviceKind::Cpu {
+        return Ok(());
+    }
+    let need = plan.training_memory().total() as f64;
     if let Some(have) = k3mini_student::bench::total_memory_bytes()
         && need > have as f64
     {

@@ -137,26 +137,70 @@ pub fn active_params(c: &ModelConfig) -> usize {
     }
 }
 
-/// Training memory estimate in bytes, f32 with AdamW.
-#[derive(Clone, Debug, Serialize)]
-pub struct TrainingMemory {
+/// How a training step is laid out on devices, for [`training_memory`].
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Footprint {
+    /// Sequences per micro-batch.
     pub batch: usize,
     pub seq_len: usize,
+    /// Recompute memory-bound activations in the backward pass (burn's balanced checkpointing).
+    pub activation_checkpointing: bool,
+    /// Data-parallel replicas (1: one device).
+    pub replicas: usize,
+}
+
+impl Footprint {
+    pub fn new(batch: usize, seq_len: usize) -> Self {
+        Self {
+            batch,
+            seq_len,
+            activation_checkpointing: false,
+            replicas: 1,
+        }
+    }
+}
+
+/// The share of the activation estimate that balanced checkpointing keeps. Measured: smoke-300m
+/// at 2 x 256 (`k3mini bench train recipes/smoke-300m.toml --steps 2`, with and without
+/// `--activation-checkpointing`, A B A B) peaked at 9.14 / 9.16 GB against 6.90 / 6.99 GB, about
+/// 2.2 GB of the 2.86 GB estimated: 0.23 kept, rounded up.
+pub const CHECKPOINTED_ACTIVATIONS: f64 = 0.25;
+
+/// Training memory of the busiest device (the main one, where AdamW steps), in bytes: f32 master
+/// weights, gradients and AdamW moments; with replicas, the gradients arriving from another
+/// replica before they are summed; the activations of one micro-batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainingMemory {
+    pub footprint: Footprint,
     pub weights: usize,
     pub grads: usize,
     pub adamw: usize,
+    /// One other replica's gradients, moved to the main device to be summed (0 on one device).
+    pub replica_grads: usize,
     /// Values the autodiff graph keeps for backward (an estimate from the layer formulas).
     pub activations: usize,
 }
 
 impl TrainingMemory {
     pub fn total(&self) -> usize {
-        self.weights + self.grads + self.adamw + self.activations
+        self.weights + self.grads + self.adamw + self.replica_grads + self.activations
     }
 }
 
-/// Estimates training memory for `batch` sequences of `seq_len` tokens.
-pub fn training_memory(c: &ModelConfig, batch: usize, seq_len: usize) -> TrainingMemory {
+/// GPUs the fit table names, with the memory `nvidia-smi` reports for each.
+pub const GPUS: [(&str, usize); 3] = [
+    ("24 GB (RTX 4090, L4)", 24_564 << 20),
+    ("80 GB (A100, H100)", 81_559 << 20),
+    ("141 GB (H200)", 143_771 << 20),
+];
+
+/// Of a device's memory, what training may plan on: the rest is the CUDA context, the
+/// allocator's fragmentation and workspace.
+pub const USABLE_SHARE: f64 = 0.9;
+
+/// Estimates training memory for `f`'s micro-batch and layout.
+pub fn training_memory(c: &ModelConfig, f: &Footprint) -> TrainingMemory {
+    let (batch, seq_len) = (f.batch, f.seq_len);
     const F32: usize = 4;
     let params = param_breakdown(c).total();
     let kinds = c.layer_kinds().expect("validated config");
@@ -200,13 +244,18 @@ pub fn training_memory(c: &ModelConfig, batch: usize, seq_len: usize) -> Trainin
         .sum::<usize>()
         + 2 * c.vocab_size
         + 2 * d;
+    let activations = per_token * batch * seq_len * F32;
     TrainingMemory {
-        batch,
-        seq_len,
+        footprint: *f,
         weights: params * F32,
         grads: params * F32,
         adamw: 2 * params * F32,
-        activations: per_token * batch * seq_len * F32,
+        replica_grads: if f.replicas > 1 { params * F32 } else { 0 },
+        activations: if f.activation_checkpointing {
+            (activations as f64 * CHECKPOINTED_ACTIVATIONS) as usize
+        } else {
+            activations
+        },
     }
 }
 
@@ -267,9 +316,9 @@ pub struct ModelInfo {
 pub const STATE_CONTEXTS: [usize; 3] = [4096, 32_768, 131_072];
 
 /// Gathers [`ModelInfo`] for a validated config.
-pub fn model_info(name: &str, c: &ModelConfig, batch: usize, seq_len: usize) -> ModelInfo {
+pub fn model_info(name: &str, c: &ModelConfig, footprint: &Footprint) -> ModelInfo {
     let breakdown = param_breakdown(c);
-    let training_memory = training_memory(c, batch, seq_len);
+    let training_memory = training_memory(c, footprint);
     let pattern = c
         .layer_kinds()
         .expect("validated config")

@@ -1,5 +1,6 @@
 //! The `k3mini` crate's integration tests, one binary (one link of burn) with a module per area.
 mod cli;
+mod devices;
 mod distill;
 mod eval;
 mod export;

@@ -8,7 +8,7 @@ use k3mini_data::tokenizer::train_byte_level_bpe;
 use std::path::{Path, PathBuf};
 
 /// A scratch dir with a BPE tokenizer trained on real text and a recipe using it.
-fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
+pub(crate) fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
     let scratch = Scratch::new(&format!("train-{tag}"));
     let dir = scratch.0.clone();
     let root = crate::fixture::root();
@@ -58,12 +58,12 @@ fn setup(tag: &str, steps: usize, extra: &str) -> (Scratch, PathBuf) {
     (scratch, path)
 }
 
-fn metrics(out: &Path) -> Vec<StepMetrics> {
+pub(crate) fn metrics(out: &Path) -> Vec<StepMetrics> {
     read_metrics(out).unwrap()
 }
 
 /// Trains `r` into `out` for `steps` steps (with a checkpoint at the last).
-fn train_steps(r: &recipe::RunPlan, out: &Path, steps: usize) {
+pub(crate) fn train_steps(r: &recipe::RunPlan, out: &Path, steps: usize) {
     let stop = TrainOptions {
         stop_after: Some(steps),
         ..opts(out)
@@ -72,7 +72,7 @@ fn train_steps(r: &recipe::RunPlan, out: &Path, steps: usize) {
 }
 
 /// Resumes `r` in `out` from its newest checkpoint to the end.
-fn resume_run(r: &recipe::RunPlan, out: &Path) {
+pub(crate) fn resume_run(r: &recipe::RunPlan, out: &Path) {
     let resume = TrainOptions {
         resume: true,
         ..opts(out)
@@ -80,7 +80,7 @@ fn resume_run(r: &recipe::RunPlan, out: &Path) {
     train(r, &resume).unwrap();
 }
 
-fn opts(out: &Path) -> TrainOptions {
+pub(crate) fn opts(out: &Path) -> TrainOptions {
     TrainOptions {
         out_dir: Some(out.to_path_buf()),
         quiet: true,
@@ -204,7 +204,7 @@ fn a_corrupt_checkpoint_is_named_not_loaded() {
 }
 
 /// Per-step (step, loss bits, held-out loss bits) of a run directory.
-fn loss_bits(out: &Path) -> Vec<(usize, u64, Option<u64>)> {
+pub(crate) fn loss_bits(out: &Path) -> Vec<(usize, u64, Option<u64>)> {
     metrics(out)
         .iter()
         .map(|x| (x.step, x.loss.to_bits(), x.eval_loss.map(f64::to_bits)))
@@ -457,7 +457,7 @@ fn load_spread(out: &Path, top_k: usize, experts: usize, tokens: usize) -> f64 {
 }
 
 /// `[model.moe]`: 8 experts, top-2, every layer routed, bias update rate `rate`.
-fn moe_table(rate: f64) -> String {
+pub(crate) fn moe_table(rate: f64) -> String {
     format!(
         "[model.moe]\nnum_experts = 8\ntop_k = 2\nnum_shared_experts = 0\nexpert_hidden = 32\n\
          first_dense_layers = 0\nbias_update_rate = {rate}\n"

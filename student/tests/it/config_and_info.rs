@@ -3,7 +3,7 @@
 use crate::common::device;
 use burn::module::Module;
 use k3mini_student::config::{AttnResConfig, ModelConfig, MoeConfig};
-use k3mini_student::info::{active_params, model_info, param_breakdown, state_size};
+use k3mini_student::info::{Footprint, active_params, model_info, param_breakdown, state_size};
 use k3mini_student::presets::{self, from_recipe_toml, preset};
 use k3mini_student::{K3Mini, PRESETS};
 
@@ -97,7 +97,7 @@ fn hybrid_state_is_a_quarter_of_all_mla_at_long_context() {
 
 #[test]
 fn info_serialises_total_params() {
-    let info = model_info("tiny", &presets::tiny(), 2, 128);
+    let info = model_info("tiny", &presets::tiny(), &Footprint::new(2, 128));
     let json = serde_json::to_value(&info).unwrap();
     assert_eq!(
         json["total_params"].as_u64().unwrap() as usize,

@@ -1,0 +1,144 @@
+//! Devices in a plan: data-parallel replicas equal one device doing every micro-batch, activation
+//! checkpointing changes no number, and a device this build cannot drive is refused up front.
+use crate::fixture::{Recipe, Scratch};
+use crate::train::{loss_bits, metrics, moe_table, opts, resume_run, setup, train_steps};
+use k3mini::device::DeviceList;
+use k3mini::recipe;
+use k3mini::run_dir::open_checkpoint;
+use k3mini::train::trainer::train;
+use std::path::Path;
+
+/// Every tensor of the newest checkpoint's weights, by name.
+fn weights(out: &Path) -> Vec<(String, Vec<f32>)> {
+    let ck = open_checkpoint(out).unwrap();
+    let bytes = std::fs::read(ck.dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| {
+            let v = t
+                .data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            (name, v)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|((na, va), (nb, vb))| {
+            assert_eq!(na, nb);
+            va.iter().zip(vb).map(|(x, y)| (x - y).abs())
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn two_replicas_equal_one_device_doing_both_halves() {
+    // A MoE student (experts one replica's tokens skip must still be reduced), 2 micro-batches a
+    // step: one device doing both, against two CPU replicas taking one each. Then the replicated
+    // run stops and resumes exactly.
+    let (s, path) = setup("replicas", 6, &moe_table(0.05));
+    let one = recipe::load(&path).unwrap();
+    let two = one
+        .clone()
+        .with_devices("cpu,cpu".parse().unwrap())
+        .unwrap();
+    assert_eq!((one.accumulation, two.devices.replicas()), (2, 2));
+    let (a, b) = (s.0.join("one"), s.0.join("two"));
+    train(&one, &opts(&a)).unwrap();
+    train(&two, &opts(&b)).unwrap();
+    let diff = max_abs_diff(&weights(&a), &weights(&b));
+    eprintln!("max |Δ weight| after 6 steps, 1 device vs 2 replicas: {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+    for (x, y) in metrics(&a).iter().zip(&metrics(&b)) {
+        assert!(
+            (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs(),
+            "{x:?} vs {y:?}"
+        );
+        assert_eq!(x.expert_load_max, y.expert_load_max, "the same routing");
+    }
+    let split = s.0.join("split");
+    train_steps(&two, &split, 4);
+    resume_run(&two, &split);
+    assert_eq!(loss_bits(&b), loss_bits(&split));
+    // More replicas than micro-batches is refused, naming both.
+    let err = one
+        .with_devices("cpu,cpu,cpu".parse().unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("3 devices") && err.contains("2 micro-batch"),
+        "{err}"
+    );
+}
+
+#[test]
+fn activation_checkpointing_changes_no_number() {
+    let (s, path) = setup("checkpointing", 4, "");
+    let plain = recipe::load(&path).unwrap();
+    let mut recomputed = plain.clone();
+    recomputed.train.activation_checkpointing = true;
+    let (a, b) = (s.0.join("plain"), s.0.join("recomputed"));
+    train(&plain, &opts(&a)).unwrap();
+    train(&recomputed, &opts(&b)).unwrap();
+    let diff = max_abs_diff(&weights(&a), &weights(&b));
+    eprintln!("max |Δ weight| after 4 steps with activation checkpointing: {diff:e}");
+    assert!(diff <= 1e-6, "{diff}");
+    for (x, y) in metrics(&a).iter().zip(&metrics(&b)) {
+        assert!(
+            (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs(),
+            "{x:?} vs {y:?}"
+        );
+    }
+}
+
+#[cfg(not(any(feature = "tch", feature = "cuda")))]
+#[test]
+fn a_gpu_device_on_a_cpu_build_is_refused_naming_the_feature() {
+    let s = Scratch::new("devices-cuda");
+    s.write("corpus.txt", "To be, or not to be, that is the question.\n");
+    let path = s.write(
+        "recipe.toml",
+        &Recipe::default()
+            .with("run", "name = \"t\"\ndevice = \"cuda:0\"")
+            .text(),
+    );
+    // `recipe check` accepts it (the plan is valid anywhere); training refuses before any work.
+    let plan = recipe::load(&path).unwrap();
+    assert_eq!(plan.devices, "cuda:0".parse::<DeviceList>().unwrap());
+    for args in [
+        vec!["train", path.to_str().unwrap()],
+        vec!["train", path.to_str().unwrap(), "--device", "cuda:1"],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+            .args(&args)
+            .arg("--out")
+            .arg(s.path("run"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("--features tch") && err.contains("cuda:"),
+            "{err}"
+        );
+        assert!(!s.path("run").exists(), "nothing written");
+    }
+    // A device that is not one is refused at its key, with the line.
+    let bad = s.write(
+        "bad.toml",
+        &Recipe::default()
+            .with("run", "name = \"t\"\ndevice = \"tpu:0\"")
+            .text(),
+    );
+    let err = recipe::load(&bad).unwrap_err().to_string();
+    assert!(err.contains("device") && err.contains("tpu:0"), "{err}");
+}
