@@ -219,11 +219,4 @@ mod tests {
             assert!(bad.parse::<DeviceList>().is_err(), "{bad:?} was accepted");
         }
     }
-
-    #[cfg(not(any(feature = "tch", feature = "cuda")))]
-    #[test]
-    fn a_gpu_on_a_cpu_build_names_the_feature() {
-        let err = "cuda:0".parse::<DeviceList>().unwrap().open().unwrap_err();
-        assert!(err.to_string().contains("--features tch"), "{err}");
-    }
 }

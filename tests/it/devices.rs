@@ -40,6 +40,23 @@ fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Trains `p` into `a` and `q` into `b`: the weights agree within 1e-6, and so do every step's
+/// loss and expert loads.
+fn same_training(p: &recipe::RunPlan, a: &Path, q: &recipe::RunPlan, b: &Path, what: &str) {
+    train(p, &opts(a)).unwrap();
+    train(q, &opts(b)).unwrap();
+    let diff = max_abs_diff(&weights(a), &weights(b));
+    eprintln!("max |Δ weight| after {what}: {diff:e}");
+    assert!(diff <= 1e-6, "{what}: {diff}");
+    for (x, y) in metrics(a).iter().zip(&metrics(b)) {
+        assert!(
+            (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs(),
+            "{x:?} vs {y:?}"
+        );
+        assert_eq!(x.expert_load_max, y.expert_load_max, "the same routing");
+    }
+}
+
 #[test]
 fn two_replicas_equal_one_device_doing_both_halves() {
     // A MoE student (experts one replica's tokens skip must still be reduced), 2 micro-batches a
@@ -53,18 +70,7 @@ fn two_replicas_equal_one_device_doing_both_halves() {
         .unwrap();
     assert_eq!((one.accumulation, two.devices.replicas()), (2, 2));
     let (a, b) = (s.0.join("one"), s.0.join("two"));
-    train(&one, &opts(&a)).unwrap();
-    train(&two, &opts(&b)).unwrap();
-    let diff = max_abs_diff(&weights(&a), &weights(&b));
-    eprintln!("max |Δ weight| after 6 steps, 1 device vs 2 replicas: {diff:e}");
-    assert!(diff <= 1e-6, "{diff}");
-    for (x, y) in metrics(&a).iter().zip(&metrics(&b)) {
-        assert!(
-            (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs(),
-            "{x:?} vs {y:?}"
-        );
-        assert_eq!(x.expert_load_max, y.expert_load_max, "the same routing");
-    }
+    same_training(&one, &a, &two, &b, "6 steps, 1 device vs 2 replicas");
     let split = s.0.join("split");
     train_steps(&two, &split, 4);
     resume_run(&two, &split);
@@ -87,36 +93,38 @@ fn activation_checkpointing_changes_no_number() {
     let mut recomputed = plain.clone();
     recomputed.train.activation_checkpointing = true;
     let (a, b) = (s.0.join("plain"), s.0.join("recomputed"));
-    train(&plain, &opts(&a)).unwrap();
-    train(&recomputed, &opts(&b)).unwrap();
-    let diff = max_abs_diff(&weights(&a), &weights(&b));
-    eprintln!("max |Δ weight| after 4 steps with activation checkpointing: {diff:e}");
-    assert!(diff <= 1e-6, "{diff}");
-    for (x, y) in metrics(&a).iter().zip(&metrics(&b)) {
-        assert!(
-            (x.loss - y.loss).abs() <= 1e-6 * x.loss.abs(),
-            "{x:?} vs {y:?}"
-        );
-    }
+    same_training(
+        &plain,
+        &a,
+        &recomputed,
+        &b,
+        "4 steps with activation checkpointing",
+    );
 }
 
-#[cfg(not(any(feature = "tch", feature = "cuda")))]
 #[test]
-fn a_gpu_device_on_a_cpu_build_is_refused_naming_the_feature() {
+fn a_gpu_this_build_or_machine_lacks_is_refused_before_any_work() {
+    // Without a GPU backend the refusal names the feature to build with; with one (tch, cuda) an
+    // index past the GPUs it sees says how many it sees.
+    let expected = if cfg!(any(feature = "tch", feature = "cuda")) {
+        "CUDA device(s)"
+    } else {
+        "--features tch"
+    };
     let s = Scratch::new("devices-cuda");
     s.write("corpus.txt", "To be, or not to be, that is the question.\n");
     let path = s.write(
         "recipe.toml",
         &Recipe::default()
-            .with("run", "name = \"t\"\ndevice = \"cuda:0\"")
+            .with("run", "name = \"t\"\ndevice = \"cuda:90\"")
             .text(),
     );
     // `recipe check` accepts it (the plan is valid anywhere); training refuses before any work.
     let plan = recipe::load(&path).unwrap();
-    assert_eq!(plan.devices, "cuda:0".parse::<DeviceList>().unwrap());
+    assert_eq!(plan.devices, "cuda:90".parse::<DeviceList>().unwrap());
     for args in [
         vec!["train", path.to_str().unwrap()],
-        vec!["train", path.to_str().unwrap(), "--device", "cuda:1"],
+        vec!["train", path.to_str().unwrap(), "--device", "cuda:91"],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
             .args(&args)
@@ -126,10 +134,7 @@ fn a_gpu_device_on_a_cpu_build_is_refused_naming_the_feature() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{err}");
-        assert!(
-            err.contains("--features tch") && err.contains("cuda:"),
-            "{err}"
-        );
+        assert!(err.contains(expected) && err.contains("cuda:9"), "{err}");
         assert!(!s.path("run").exists(), "nothing written");
     }
     // A device that is not one is refused at its key, with the line.

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Every GPU check in one command (under ten minutes on one H200), and its CPU half anywhere:
+#
+#   scripts/device/gpu-check.sh [K3MINI_BINARY] [OUT_DIR]
+#
+# 1. correctness: ci-tiny's first 6 f32 steps on $DEVICE against the same steps on the CPU
+#    (per-step loss; with 2+ GPUs also cuda:0,1 data-parallel against cuda:0);
+# 2. speed and memory: `k3mini bench train` on smoke-300m, without and with activation
+#    checkpointing: tokens/s, peak GPU memory (nvidia-smi, sampled every 0.2 s), and model FLOPs
+#    utilisation (6 · params · tokens/s over the device's dense f32 peak);
+# 3. the 3B recipe (recipes/k3-mini-3b.toml: f32, checkpointing, 1 x 4096 micro-batches) for two
+#    optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`'s estimate.
+#
+# DEVICE defaults to cuda:0 when nvidia-smi sees a GPU, else cpu (the CPU half: step 1 compares
+# one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped). PEAK_TFLOPS is
+# the dense f32 peak used for MFU (default 67, an H100/H200 SXM without TF32).
+#
+# A `--features tch` binary must be built against the PyTorch the GPU machine runs (README,
+# "Training on GPUs"), and finds it through LD_LIBRARY_PATH=<site-packages>/torch/lib, which this
+# script sets from `python3 -c "import torch"` when it can.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BIN="${1:-target/release/k3mini}"
+OUT="${2:-${OUT:-gpu-check}}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+if torch_lib="$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)"; then
+  export LD_LIBRARY_PATH="$torch_lib:${LD_LIBRARY_PATH:-}"
+fi
+gpus=0
+if command -v nvidia-smi >/dev/null 2>&1; then
+  gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+fi
+DEVICE="${DEVICE:-$([ "$gpus" -gt 0 ] && echo cuda:0 || echo cpu)}"
+PEAK_TFLOPS="${PEAK_TFLOPS:-67}"
+echo "k3mini gpu-check: $BIN on $DEVICE ($gpus GPU(s) seen), results in $OUT"
+"$BIN" --version || { echo "cannot run $BIN (is LD_LIBRARY_PATH at PyTorch's torch/lib?)"; exit 1; }
+[ "$gpus" -gt 0 ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
+
+# Peak memory.used (MiB) of GPU 0 while a command runs; "-" without a GPU.
+with_peak() {
+  local log="$1"; shift
+  if [ "$gpus" -eq 0 ]; then "$@"; echo "-" > "$log.peak"; return; fi
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 -lms 200 > "$log.mem" &
+  local sampler=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$sampler" 2>/dev/null || true
+  sort -n "$log.mem" | tail -1 > "$log.peak"
+  return $rc
+}
+
+# 1. Correctness.
+steps_of() {  # recipe device out
+  "$BIN" train "$1" --device "$2" --out "$3" --stop-after 6 --quiet > "$3.log" 2>&1
+}
+rm -rf "$OUT/ref" "$OUT/dev" "$OUT/dp"
+if [ "$DEVICE" = cpu ]; then
+  steps_of recipes/ci-tiny.toml cpu "$OUT/ref"
+  steps_of recipes/ci-tiny.toml cpu,cpu "$OUT/dev"
+  pair="cpu against cpu,cpu (two replicas)"
+else
+  steps_of recipes/ci-tiny.toml cpu "$OUT/ref"
+  steps_of recipes/ci-tiny.toml "$DEVICE" "$OUT/dev"
+  pair="cpu against $DEVICE"
+  if [ "$gpus" -ge 2 ]; then
+    steps_of recipes/ci-tiny.toml cuda:0,1 "$OUT/dp"
+  fi
+fi
+python3 - "$OUT" "$pair" <<'EOF'
+import json, sys, os
+out, pair = sys.argv[1], sys.argv[2]
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(os.path.join(d, "metrics.jsonl"))]
+ref = losses(os.path.join(out, "ref"))
+rows = [("dev", pair)]
+if os.path.isdir(os.path.join(out, "dp")):
+    rows.append(("dp", "cpu against cuda:0,1 (two GPU replicas)"))
+with open(os.path.join(out, "correctness.md"), "w") as f:
+    for name, what in rows:
+        other = losses(os.path.join(out, name))
+        worst = max(abs(a - b) / abs(a) for a, b in zip(ref, other))
+        line = f"- ci-tiny, 6 f32 steps, {what}: max relative loss difference {worst:.2e}"
+        print(line); f.write(line + "\n")
+        assert worst < 1e-3, f"{what}: the losses differ by {worst}"
+EOF
+
+# 2. smoke-300m: tokens/s, peak memory, MFU, without and with activation checkpointing.
+# On the CPU two steps: smoke-300m checkpoints at step 2, after the last step's peak RSS is read,
+# so that peak is the steps' own (GPU memory is not touched by a checkpoint).
+STEPS="$([ "$DEVICE" = cpu ] && echo 2 || echo 3)"
+bench() {  # name recipe extra-args...
+  local name="$1" recipe="$2"; shift 2
+  with_peak "$OUT/$name" "$BIN" bench train "$recipe" --steps "$STEPS" --json --device "$DEVICE" "$@" \
+    > "$OUT/$name.json" 2> "$OUT/$name.log"
+}
+bench smoke recipes/smoke-300m.toml
+bench smoke-ckpt recipes/smoke-300m.toml --activation-checkpointing
+
+# 3. The 3B recipe, two steps of four 1 x 4096 micro-batches (GPU only).
+if [ "$DEVICE" != cpu ]; then
+  sed -e 's/^batch_tokens = .*/batch_tokens = 16384/' -e 's/^log_every = .*/log_every = 1/' \
+    -e "s|\"corpus/|\"$PWD/recipes/corpus/|" recipes/k3-mini-3b.toml > "$OUT/k3-mini-3b-check.toml"
+  "$BIN" model info --recipe "$OUT/k3-mini-3b-check.toml" > "$OUT/k3-mini-3b-info.txt"
+  bench k3-3b "$OUT/k3-mini-3b-check.toml" || echo "3B run failed: see $OUT/k3-3b.log"
+fi
+
+python3 - "$OUT" "$DEVICE" "$PEAK_TFLOPS" <<'EOF'
+import json, sys, os
+out, device, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
+rows = ["| run | device | params | tokens/s | peak GPU memory | MFU (f32) |", "|---|---|---|---|---|---|"]
+for name, label in [("smoke", "smoke-300m"), ("smoke-ckpt", "smoke-300m, activation checkpointing"),
+                    ("k3-3b", "k3-mini-3b, checkpointing, 1 x 4096")]:
+    p = os.path.join(out, name + ".json")
+    if not os.path.exists(p) or os.path.getsize(p) == 0:
+        continue
+    r = json.load(open(p))
+    peak_mib = open(os.path.join(out, name + ".peak")).read().strip()
+    mem = f"{int(peak_mib) / 1024:.1f} GiB" if peak_mib.isdigit() else "- (peak RSS %.2f GB)" % (r["peak_rss_bytes"] / 1e9)
+    mfu = 6 * r["params"] * r["median_tokens_per_s"] / (peak * 1e12) if device != "cpu" else None
+    rows.append(f"| {label} | {device} | {r['params']/1e6:.0f}M | {r['median_tokens_per_s']:.0f} | {mem} | "
+                + (f"{100 * mfu:.1f}%" if mfu is not None else "-") + " |")
+table = "\n".join(rows)
+print(table)
+open(os.path.join(out, "gpu-check.md"), "w").write(open(os.path.join(out, "correctness.md")).read() + "\n" + table + "\n")
+EOF
+echo "written: $OUT/gpu-check.md"
