@@ -5,15 +5,16 @@
 #
 # 1. correctness: ci-tiny's first 6 f32 steps on $DEVICE against the same steps on the CPU
 #    (per-step loss; with 2+ GPUs also cuda:0,1 data-parallel against cuda:0);
-# 2. speed and memory: `k3mini bench train` on smoke-300m, without and with activation
-#    checkpointing: tokens/s, peak GPU memory (nvidia-smi, sampled every 0.2 s), and model FLOPs
-#    utilisation (6 · params · tokens/s over the device's dense f32 peak);
-# 3. the 3B recipe (recipes/k3-mini-3b.toml: f32, checkpointing, 1 x 4096 micro-batches) for two
-#    optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`'s estimate.
+# 2. speed and memory: `k3mini bench train` on smoke-300m in f32, f32 with activation
+#    checkpointing, and bf16 matmuls: tokens/s, peak GPU memory (nvidia-smi, sampled every 0.2 s),
+#    and model FLOPs utilisation (6 · params · tokens/s over the device's dense peak);
+# 3. the 3B recipe (recipes/k3-mini-3b.toml: checkpointing, 1 x 4096 micro-batches) in bf16 for
+#    two optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`.
 #
 # DEVICE defaults to cuda:0 when nvidia-smi sees a GPU, else cpu (the CPU half: step 1 compares
-# one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped). PEAK_TFLOPS is
-# the dense f32 peak used for MFU (default 67, an H100/H200 SXM without TF32).
+# one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped).
+# PEAK_TFLOPS and PEAK_BF16_TFLOPS are the dense peaks MFU is taken against (defaults 67 and 989:
+# H100/H200 SXM, f32 without TF32, and bf16 tensor cores).
 #
 # A `--features tch` binary must be built against the PyTorch the GPU machine runs (README,
 # "Training on GPUs"), and finds it through LD_LIBRARY_PATH=<site-packages>/torch/lib, which this
@@ -33,6 +34,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 DEVICE="${DEVICE:-$([ "$gpus" -gt 0 ] && echo cuda:0 || echo cpu)}"
 PEAK_TFLOPS="${PEAK_TFLOPS:-67}"
+PEAK_BF16_TFLOPS="${PEAK_BF16_TFLOPS:-989}"
 echo "k3mini gpu-check: $BIN on $DEVICE ($gpus GPU(s) seen), results in $OUT"
 "$BIN" --version || { echo "cannot run $BIN (is LD_LIBRARY_PATH at PyTorch's torch/lib?)"; exit 1; }
 [ "$gpus" -gt 0 ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
@@ -96,21 +98,26 @@ bench() {  # name recipe extra-args...
 }
 bench smoke recipes/smoke-300m.toml
 bench smoke-ckpt recipes/smoke-300m.toml --activation-checkpointing
+bench smoke-bf16 recipes/smoke-300m.toml --precision bf16
 
 # 3. The 3B recipe, two steps of four 1 x 4096 micro-batches (GPU only).
 if [ "$DEVICE" != cpu ]; then
   sed -e 's/^batch_tokens = .*/batch_tokens = 16384/' -e 's/^log_every = .*/log_every = 1/' \
     -e "s|\"corpus/|\"$PWD/recipes/corpus/|" recipes/k3-mini-3b.toml > "$OUT/k3-mini-3b-check.toml"
   "$BIN" model info --recipe "$OUT/k3-mini-3b-check.toml" > "$OUT/k3-mini-3b-info.txt"
-  bench k3-3b "$OUT/k3-mini-3b-check.toml" || echo "3B run failed: see $OUT/k3-3b.log"
+  bench k3-3b "$OUT/k3-mini-3b-check.toml" --precision bf16 || echo "3B run failed: see $OUT/k3-3b.log"
 fi
 
-python3 - "$OUT" "$DEVICE" "$PEAK_TFLOPS" <<'EOF'
+python3 - "$OUT" "$DEVICE" "$PEAK_TFLOPS" "$PEAK_BF16_TFLOPS" <<'EOF'
 import json, sys, os
-out, device, peak = sys.argv[1], sys.argv[2], float(sys.argv[3])
-rows = ["| run | device | params | tokens/s | peak GPU memory | MFU (f32) |", "|---|---|---|---|---|---|"]
-for name, label in [("smoke", "smoke-300m"), ("smoke-ckpt", "smoke-300m, activation checkpointing"),
-                    ("k3-3b", "k3-mini-3b, checkpointing, 1 x 4096")]:
+out, device = sys.argv[1], sys.argv[2]
+peaks = {"f32": float(sys.argv[3]), "bf16": float(sys.argv[4])}
+rows = ["| run | device | params | tokens/s | peak GPU memory | MFU |", "|---|---|---|---|---|---|"]
+for name, label, prec in [("smoke", "smoke-300m, f32", "f32"),
+                          ("smoke-ckpt", "smoke-300m, f32, activation checkpointing", "f32"),
+                          ("smoke-bf16", "smoke-300m, bf16 matmuls", "bf16"),
+                          ("k3-3b", "k3-mini-3b, bf16 matmuls, checkpointing, 1 x 4096", "bf16")]:
+    peak = peaks[prec]
     p = os.path.join(out, name + ".json")
     if not os.path.exists(p) or os.path.getsize(p) == 0:
         continue
@@ -119,7 +126,7 @@ for name, label in [("smoke", "smoke-300m"), ("smoke-ckpt", "smoke-300m, activat
     mem = f"{int(peak_mib) / 1024:.1f} GiB" if peak_mib.isdigit() else "- (peak RSS %.2f GB)" % (r["peak_rss_bytes"] / 1e9)
     mfu = 6 * r["params"] * r["median_tokens_per_s"] / (peak * 1e12) if device != "cpu" else None
     rows.append(f"| {label} | {device} | {r['params']/1e6:.0f}M | {r['median_tokens_per_s']:.0f} | {mem} | "
-                + (f"{100 * mfu:.1f}%" if mfu is not None else "-") + " |")
+                + (f"{100 * mfu:.1f}% of {prec} peak" if mfu is not None else "-") + " |")
 table = "\n".join(rows)
 print(table)
 open(os.path.join(out, "gpu-check.md"), "w").write(open(os.path.join(out, "correctness.md")).read() + "\n" + table + "\n")

@@ -10,6 +10,7 @@ use k3mini_gguf::mix::FileType;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
 use k3mini_student::info::{Footprint, training_memory};
+use k3mini_student::precision::Precision;
 use k3mini_student::presets::preset;
 
 #[derive(Subcommand)]
@@ -31,6 +32,9 @@ pub enum BenchCommand {
         /// Turns on train.activation_checkpointing (to compare peak memory against the recipe).
         #[arg(long)]
         activation_checkpointing: bool,
+        /// Overrides model.precision (f32 or bf16).
+        #[arg(long)]
+        precision: Option<Precision>,
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
@@ -177,12 +181,16 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             json,
             device,
             activation_checkpointing,
+            precision,
         } => {
             let mut plan = k3mini::recipe::load(&recipe)?;
             if let Some(d) = device {
                 plan = plan.with_devices(d)?;
             }
             plan.train.activation_checkpointing |= activation_checkpointing;
+            if let Some(p) = precision {
+                plan.model.precision = p;
+            }
             let r = bench_recipe(&plan, steps)?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);

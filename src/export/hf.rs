@@ -8,6 +8,7 @@ use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::END_OF_TURN;
 use k3mini_student::hf::config_to_kimi_linear;
+use k3mini_student::precision::Precision;
 use std::path::{Path, PathBuf};
 
 /// Writes the Hugging Face export into `out`; returns the files written.
@@ -64,7 +65,8 @@ const REFERENCE_TEXT: &str =
 /// tokenizer, also `text_ids`, its encoding of the `text` in the metadata.
 fn reference_logits(ck: &Checkpoint, tokenizer: Option<&Tokenizer>) -> Result<Vec<u8>> {
     let device = ck.plan.devices.open_main()?;
-    let model = ck.model(&device)?;
+    // What an f32 engine (transformers, llama.cpp at F32) computes, whatever the run trained at.
+    let model = ck.model(&device)?.with_precision(Precision::F32);
     let (rows, t) = (2usize, 40usize);
     let mut state = 0x5EED_u64;
     let ids: Vec<i64> = (0..rows * t)

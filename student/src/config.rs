@@ -1,6 +1,7 @@
 //! Model configuration: every hyperparameter of the K3 Mini student, with validation that names the
 //! offending field instead of panicking deep inside a layer.
 
+use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -131,6 +132,10 @@ pub struct ModelConfig {
     /// Context length the model is trained for (metadata for export and memory estimates).
     #[serde(default = "default_ctx")]
     pub max_seq_len: usize,
+    /// The precision of the matrix products (`f32`, or `bf16` with f32 everything else; see
+    /// [`crate::precision`]).
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
 }
 
 fn default_conv() -> usize {

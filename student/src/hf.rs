@@ -142,6 +142,7 @@ pub fn config_from_kimi_linear(v: &Value) -> Result<ModelConfig, HfError> {
             .and_then(Value::as_f64)
             .unwrap_or(1e-5),
         max_seq_len: 4096,
+        precision: Default::default(),
     };
     config
         .validate()

@@ -16,6 +16,7 @@
 use crate::config::{KdaConfig, KdaKernel};
 use crate::linear;
 use crate::norm::RmsNorm;
+use crate::precision::Precision;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Distribution, Tensor, activation};
@@ -192,6 +193,9 @@ pub struct KimiDeltaAttention {
     pub chunk_size: usize,
     #[module(skip)]
     pub kernel: KdaKernel,
+    /// Of the projections (the forget gate stays f32: it sets the state's decay).
+    #[module(skip)]
+    pub precision: Precision,
 }
 
 impl KimiDeltaAttention {
@@ -223,6 +227,7 @@ impl KimiDeltaAttention {
             head_dim: hd,
             chunk_size: cfg.chunk_size,
             kernel: cfg.kernel,
+            precision: Precision::F32,
         }
     }
 
@@ -252,9 +257,9 @@ impl KimiDeltaAttention {
         let device = x.device();
         let mixed = Tensor::cat(
             vec![
-                self.q_proj.forward(x.clone()),
-                self.k_proj.forward(x.clone()),
-                self.v_proj.forward(x.clone()),
+                self.precision.linear(&self.q_proj, x.clone()),
+                self.precision.linear(&self.k_proj, x.clone()),
+                self.precision.linear(&self.v_proj, x.clone()),
             ],
             2,
         ); // [B, T, 3·H·dk]
@@ -279,7 +284,7 @@ impl KimiDeltaAttention {
             k: l2(heads(1)),
             v: heads(2),
             g: self.forget_gate.forward(x.clone()),
-            beta: activation::sigmoid(self.b_proj.forward(x.clone())),
+            beta: activation::sigmoid(self.precision.linear(&self.b_proj, x.clone())),
             starts: starts.cloned(),
         };
         let scale = default_scale(hd);
@@ -312,11 +317,12 @@ impl KimiDeltaAttention {
             s.conv = new_tail;
         }
         let gate_in = match &self.g_a_proj {
-            Some(a) => a.forward(x),
+            Some(a) => self.precision.linear(a, x),
             None => x,
         };
-        let gate = activation::sigmoid(self.g_b_proj.forward(gate_in)).reshape([b, t, h, hd]);
+        let gate = activation::sigmoid(self.precision.linear(&self.g_b_proj, gate_in))
+            .reshape([b, t, h, hd]);
         let o = (self.o_norm.forward(o) * gate).reshape([b, t, inner]);
-        self.o_proj.forward(o)
+        self.precision.linear(&self.o_proj, o)
     }
 }

@@ -19,6 +19,7 @@ pub mod mlp;
 pub mod model;
 pub mod moe;
 pub mod norm;
+pub mod precision;
 pub mod presets;
 
 pub use config::{ConfigError, LayerKind, ModelConfig};

@@ -15,6 +15,7 @@
 use crate::config::MlaConfig;
 use crate::linear;
 use crate::norm::RmsNorm;
+use crate::precision::Precision;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Bool, Device, Tensor, activation};
@@ -58,6 +59,9 @@ pub struct GatedMla {
     pub heads: usize,
     #[module(skip)]
     pub dims: MlaConfig,
+    /// Of the projections and the attention products (softmax stays f32).
+    #[module(skip)]
+    pub precision: Precision,
 }
 
 impl GatedMla {
@@ -90,6 +94,7 @@ impl GatedMla {
             o_proj: linear(heads * cfg.v_head_dim, d_model, device),
             heads,
             dims: cfg.clone(),
+            precision: Precision::F32,
         }
     }
 
@@ -110,7 +115,7 @@ impl GatedMla {
         starts: Option<&Tensor<2>>,
     ) -> Tensor<3> {
         let [b, t, _] = x.dims();
-        let h = self.heads;
+        let (h, mm) = (self.heads, self.precision);
         let MlaConfig {
             kv_lora_rank: kvl,
             qk_nope_head_dim: nope,
@@ -124,13 +129,13 @@ impl GatedMla {
             &self.q_a_layernorm,
             &self.q_b_proj,
         ) {
-            (Some(p), ..) => p.forward(x.clone()),
-            (None, Some(a), Some(n), Some(bp)) => bp.forward(n.forward(a.forward(x.clone()))),
+            (Some(p), ..) => mm.linear(p, x.clone()),
+            (None, Some(a), Some(n), Some(bp)) => mm.linear(bp, n.forward(mm.linear(a, x.clone()))),
             _ => unreachable!("GatedMla::new builds one q path"),
         };
         let q = q.reshape([b, t, h, nope + rope]).swap_dims(1, 2); // [B, H, T, nope+rope]
 
-        let ckv = self.kv_a_proj_with_mqa.forward(x.clone()); // [B, T, kvl+rope]
+        let ckv = mm.linear(&self.kv_a_proj_with_mqa, x.clone()); // [B, T, kvl+rope]
         let mut latent = self.kv_a_layernorm.forward(ckv.clone().narrow(2, 0, kvl));
         let mut k_rope = ckv.narrow(2, kvl, rope);
         let past = cache.as_ref().map_or(0, |c| c.len());
@@ -141,9 +146,8 @@ impl GatedMla {
             c.k_rope = k_rope.clone();
         }
         let s = past + t;
-        let kv = self
-            .kv_b_proj
-            .forward(latent)
+        let kv = mm
+            .linear(&self.kv_b_proj, latent)
             .reshape([b, s, h, nope + vd])
             .swap_dims(1, 2); // [B,H,S,nope+v]
         let k_nope = kv.clone().narrow(3, 0, nope);
@@ -152,7 +156,7 @@ impl GatedMla {
         let k = Tensor::cat(vec![k_nope, k_rope], 3); // [B, H, S, nope+rope]
 
         let scale = ((nope + rope) as f64).powf(-0.5);
-        let scores = q.matmul(k.swap_dims(2, 3)) * scale; // [B, H, T, S]
+        let scores = mm.matmul(q, k.swap_dims(2, 3)) * scale; // [B, H, T, S]
         let future = Tensor::<2, Bool>::tril_mask([t, s], past as i64, &x.device()); // true where j > i+past
         let mut scores = scores.mask_fill(future.unsqueeze::<4>(), f32::NEG_INFINITY);
         if let Some(starts) = starts {
@@ -170,11 +174,11 @@ impl GatedMla {
                 f32::NEG_INFINITY,
             );
         }
-        let o = activation::softmax(scores, 3).matmul(v); // [B, H, T, v]
+        let o = mm.matmul(activation::softmax(scores, 3), v); // [B, H, T, v]
         let mut o = o.swap_dims(1, 2).reshape([b, t, h * vd]);
         if let Some(g) = &self.g_proj {
-            o = o * activation::sigmoid(g.forward(x));
+            o = o * activation::sigmoid(mm.linear(g, x));
         }
-        self.o_proj.forward(o)
+        mm.linear(&self.o_proj, o)
     }
 }

@@ -8,6 +8,7 @@
 
 use crate::config::Activation;
 use crate::linear;
+use crate::precision::Precision;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, activation};
@@ -24,6 +25,8 @@ pub struct Mlp {
     pub down_proj: Linear,
     #[module(skip)]
     pub activation: Activation,
+    #[module(skip)]
+    pub precision: Precision,
 }
 
 impl Mlp {
@@ -33,13 +36,15 @@ impl Mlp {
             up_proj: linear(d_model, hidden, device),
             down_proj: linear(hidden, d_model, device),
             activation: act,
+            precision: Precision::F32,
         }
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = self.gate_proj.forward(x.clone());
-        let up = self.up_proj.forward(x);
-        self.down_proj.forward(glu(self.activation, gate, up))
+        let mm = self.precision;
+        let gate = mm.linear(&self.gate_proj, x.clone());
+        let up = mm.linear(&self.up_proj, x);
+        mm.linear(&self.down_proj, glu(self.activation, gate, up))
     }
 }
 

@@ -18,6 +18,7 @@ use crate::mla::{GatedMla, MlaCache};
 use crate::mlp::Mlp;
 use crate::moe::{ExpertLoad, Moe};
 use crate::norm::RmsNorm;
+use crate::precision::Precision;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
 use burn::tensor::{Device, Int, Tensor};
@@ -156,7 +157,29 @@ impl K3Mini {
             },
             lm_head: linear(d, config.vocab_size, device),
             config: config.clone(),
-        })
+        }
+        .with_precision(config.precision))
+    }
+
+    /// Every layer's matrix products at `p` (see [`crate::precision`]).
+    pub fn with_precision(mut self, p: Precision) -> Self {
+        self.config.precision = p;
+        for layer in &mut self.model.layers {
+            match &mut layer.self_attn {
+                Mixer::Kda(k) => k.precision = p,
+                Mixer::Mla(m) => m.precision = p,
+            }
+            match &mut layer.mlp {
+                Ffn::Dense(mlp) => mlp.precision = p,
+                Ffn::Moe(moe) => {
+                    moe.precision = p;
+                    if let Some(shared) = &mut moe.shared_experts {
+                        shared.precision = p;
+                    }
+                }
+            }
+        }
+        self
     }
 
     /// Full-sequence forward `tokens [B, T]` → logits `[B, T, vocab]`.
@@ -262,7 +285,10 @@ impl K3Mini {
             s.position += t;
         }
         ModelOutput {
-            logits: self.lm_head.forward(self.model.norm.forward(h)),
+            logits: self
+                .config
+                .precision
+                .linear(&self.lm_head, self.model.norm.forward(h)),
             expert_load,
         }
     }

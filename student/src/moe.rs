@@ -17,6 +17,7 @@ use crate::config::{Activation, MoeConfig};
 use crate::linear;
 use crate::mlp::{Mlp, glu};
 use crate::norm::RmsNorm;
+use crate::precision::Precision;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Distribution, IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
@@ -53,6 +54,9 @@ pub struct Moe {
     pub scaling: f64,
     #[module(skip)]
     pub activation: Activation,
+    /// Of the experts and the latent projections (the router stays f32: it decides the routing).
+    #[module(skip)]
+    pub precision: Precision,
 }
 
 /// How many tokens each expert received in one forward.
@@ -98,6 +102,7 @@ impl Moe {
             top_k: cfg.top_k,
             scaling: cfg.routed_scaling_factor,
             activation: act,
+            precision: Precision::F32,
         }
     }
 
@@ -137,7 +142,7 @@ impl Moe {
         let load: ExpertLoad = tokens.iter().map(Vec::len).collect();
 
         let latent_in = match &self.latent_down_proj {
-            Some(p) => p.forward(h.clone()),
+            Some(p) => self.precision.linear(p, h.clone()),
             None => h.clone(),
         };
         let d_in = latent_in.dims()[1];
@@ -159,7 +164,7 @@ impl Moe {
                 .val()
                 .narrow(0, ex, 1)
                 .reshape([two_i, d_in]);
-            let gu = xs.matmul(gu.transpose()); // [n_e, 2I]
+            let gu = self.precision.matmul(xs, gu.transpose()); // [n_e, 2I]
             let hidden = glu(
                 self.activation,
                 gu.clone().narrow(1, 0, two_i / 2),
@@ -171,12 +176,12 @@ impl Moe {
                 .val()
                 .narrow(0, ex, 1)
                 .reshape([d_in, two_i / 2]);
-            let ys = hidden.matmul(down.transpose())
+            let ys = self.precision.matmul(hidden, down.transpose())
                 * flat_weights.clone().select(0, slot).unsqueeze_dim::<2>(1);
             routed = routed.select_assign(0, tok, ys, IndexingUpdateOp::Add);
         }
         let mut y = match (&self.latent_norm, &self.latent_up_proj) {
-            (Some(norm), Some(up)) => up.forward(norm.forward(routed)),
+            (Some(norm), Some(up)) => self.precision.linear(up, norm.forward(routed)),
             _ => routed,
         };
         if let Some(shared) = &self.shared_experts {

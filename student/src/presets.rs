@@ -76,6 +76,7 @@ pub fn tiny() -> ModelConfig {
         attn_res: None,
         rms_eps: 1e-5,
         max_seq_len: 2048,
+        precision: Default::default(),
     }
 }
 
@@ -96,6 +97,7 @@ pub fn smoke_300m() -> ModelConfig {
         attn_res: None,
         rms_eps: 1e-5,
         max_seq_len: 4096,
+        precision: Default::default(),
     }
 }
 
@@ -125,6 +127,7 @@ pub fn k3_mini_3b() -> ModelConfig {
         attn_res: Some(AttnResConfig { block_size: 8 }),
         rms_eps: 1e-5,
         max_seq_len: 131_072,
+        precision: Default::default(),
     }
 }
 
@@ -154,6 +157,7 @@ pub fn k3_mini_moe() -> ModelConfig {
         attn_res: None,
         rms_eps: 1e-5,
         max_seq_len: 131_072,
+        precision: Default::default(),
     }
 }
 

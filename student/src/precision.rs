@@ -1,0 +1,60 @@
+//! The precision of the student's matrix products (`[model] precision`).
+//!
+//! `bf16` rounds both operands of the projections, the experts and MLA's attention products to
+//! bfloat16 and takes the product back to f32: the matmuls run on bf16 units (tensor cores, AMX)
+//! while the master weights, their gradients and AdamW moments, the activations between layers,
+//! norms, softmax, KDA's forget gate and recurrent state, the MoE router and every loss stay f32.
+//! The gradient flows through the casts to the f32 weights (a cast's backward casts back).
+
+use burn::nn::Linear;
+use burn::tensor::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    Bf16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+
+    /// As a recipe writes it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(s))
+            .map_err(|_| format!("{s:?} is not a precision: f32 or bf16"))
+    }
+}
+
+impl Precision {
+    pub fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+
+    /// `a · b` (batched over leading dimensions), in f32.
+    pub fn matmul<const D: usize>(self, a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+        match self {
+            Precision::F32 => a.matmul(b),
+            Precision::Bf16 => a
+                .cast(DType::BF16)
+                .matmul(b.cast(DType::BF16))
+                .cast(DType::F32),
+        }
+    }
+
+    /// A bias-free projection `x · W` (`W: [d_in, d_out]`), in f32; f32 is exactly
+    /// `Linear::forward`.
+    pub fn linear<const D: usize>(self, l: &Linear, x: Tensor<D>) -> Tensor<D> {
+        match self {
+            Precision::F32 => l.forward(x),
+            Precision::Bf16 => burn::tensor::module::linear(
+                x.cast(DType::BF16),
+                l.weight.val().cast(DType::BF16),
+                None,
+            )
+            .cast(DType::F32),
+        }
+    }
+}
