@@ -125,56 +125,13 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Kda(a) => {
-            println!(
-                "| kernel | T | heads x dim | forward ms | fwd+bwd ms |\n|---|---|---|---|---|"
-            );
-            for r in bench_kda(
-                a.batch,
-                a.seq_len,
-                a.heads,
-                a.head_dim,
-                a.reps,
-                &a.device.open_main()?,
-            ) {
-                println!(
-                    "| {} | {} | {} x {} | {:.1} | {:.1} |",
-                    r.kernel, r.seq_len, r.heads, r.head_dim, r.forward_ms, r.forward_backward_ms
-                );
-            }
-            Ok(())
-        }
+        BenchCommand::Kda(a) => kda(&a),
         BenchCommand::Export {
             preset,
             quant,
             out,
             json,
-        } => {
-            let quants = quant
-                .split(',')
-                .map(|q| FileType::parse(q.trim()))
-                .collect::<Result<Vec<_>, _>>()?;
-            let rows = bench_export(&preset, &quants, &out)?;
-            if json {
-                println!("{}", serde_json::to_string(&rows)?);
-                return Ok(());
-            }
-            println!(
-                "| preset | params | file type | arch | export s | size | file |\n|---|---|---|---|---|---|---|"
-            );
-            for r in rows {
-                println!(
-                    "| {preset} | {:.1}M | {} | {} | {:.1} | {} | {} |",
-                    r.params as f64 / 1e6,
-                    r.quant,
-                    r.arch,
-                    r.seconds,
-                    bytes(r.bytes as usize),
-                    r.path.display()
-                );
-            }
-            Ok(())
-        }
+        } => export(&preset, &quant, &out, json),
         BenchCommand::Train {
             recipe,
             steps,
@@ -191,25 +148,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             if let Some(p) = precision {
                 plan.model.precision = p;
             }
-            let r = bench_recipe(&plan, steps)?;
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
-            } else {
-                println!(
-                    "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS |\n|---|---|---|---|---|---|---|"
-                );
-                println!(
-                    "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} |",
-                    r.recipe,
-                    r.params as f64 / 1e6,
-                    r.tokens_per_step,
-                    r.steps,
-                    r.median_tokens_per_s,
-                    r.median_step_s,
-                    r.peak_rss_bytes.map_or("n/a".into(), bytes)
-                );
-            }
-            Ok(())
+            train(&plan, steps, json)
         }
         BenchCommand::Teacher {
             teacher,
@@ -217,46 +156,120 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             seq_len,
             segments,
             device,
-        } => {
-            let local = k3mini_teacher::local::LocalTeacher::from_gguf(
-                &k3mini::teachers::resolve(&teacher)?,
-                &device.open_main()?,
-            )?;
-            let text = k3mini_data::read_source(&corpus, k3mini_data::SourceFormat::Text, "text")?;
-            let ids = local.tokenizer.encode(&text[0].text)?;
-            let dir =
-                std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
-            let r = k3mini_teacher::bench::bench_teacher(
-                std::sync::Arc::new(local),
-                &ids,
-                seq_len,
-                segments,
-                &[20, 64],
-                &dir,
-            );
-            std::fs::remove_dir_all(&dir).ok();
-            let r = r?;
-            println!(
-                "| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |"
-            );
-            println!("|---|---|---|---|---|");
-            println!(
-                "| {} x {} | {} | {:.0} | {:.0} | {:.1}% |",
-                r.segments,
-                r.seq_len,
-                r.k,
-                r.in_process_tokens_per_s,
-                r.http_tokens_per_s,
-                100.0 * (r.in_process_tokens_per_s / r.http_tokens_per_s - 1.0)
-            );
-            println!("\n| k | shard bytes per token (lossless) |\n|---|---|");
-            for (k, b) in r.shard_bytes_per_token {
-                println!("| {k} | {b:.1} |");
-            }
-            Ok(())
-        }
+        } => teacher_scoring(&teacher, &corpus, seq_len, segments, &device),
         BenchCommand::All { steps } => all(steps),
     }
+}
+
+fn kda(a: &KdaArgs) -> Result<()> {
+    println!("| kernel | T | heads x dim | forward ms | fwd+bwd ms |\n|---|---|---|---|---|");
+    for r in bench_kda(
+        a.batch,
+        a.seq_len,
+        a.heads,
+        a.head_dim,
+        a.reps,
+        &a.device.open_main()?,
+    ) {
+        println!(
+            "| {} | {} | {} x {} | {:.1} | {:.1} |",
+            r.kernel, r.seq_len, r.heads, r.head_dim, r.forward_ms, r.forward_backward_ms
+        );
+    }
+    Ok(())
+}
+
+fn export(preset: &str, quant: &str, out: &std::path::Path, json: bool) -> Result<()> {
+    let quants = quant
+        .split(',')
+        .map(|q| FileType::parse(q.trim()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = bench_export(preset, &quants, out)?;
+    if json {
+        println!("{}", serde_json::to_string(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "| preset | params | file type | arch | export s | size | file |\n|---|---|---|---|---|---|---|"
+    );
+    for r in rows {
+        println!(
+            "| {preset} | {:.1}M | {} | {} | {:.1} | {} | {} |",
+            r.params as f64 / 1e6,
+            r.quant,
+            r.arch,
+            r.seconds,
+            bytes(r.bytes as usize),
+            r.path.display()
+        );
+    }
+    Ok(())
+}
+
+fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()> {
+    let r = bench_recipe(plan, steps)?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS |\n|---|---|---|---|---|---|---|"
+    );
+    println!(
+        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} |",
+        r.recipe,
+        r.params as f64 / 1e6,
+        r.tokens_per_step,
+        r.steps,
+        r.median_tokens_per_s,
+        r.median_step_s,
+        r.peak_rss_bytes.map_or("n/a".into(), bytes)
+    );
+    Ok(())
+}
+
+fn teacher_scoring(
+    teacher: &str,
+    corpus: &std::path::Path,
+    seq_len: usize,
+    segments: usize,
+    device: &DeviceList,
+) -> Result<()> {
+    let local = k3mini_teacher::local::LocalTeacher::from_gguf(
+        &k3mini::teachers::resolve(teacher)?,
+        &device.open_main()?,
+    )?;
+    let text = k3mini_data::read_source(corpus, k3mini_data::SourceFormat::Text, "text")?;
+    let ids = local.tokenizer.encode(&text[0].text)?;
+    let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
+    let r = k3mini_teacher::bench::bench_teacher(
+        std::sync::Arc::new(local),
+        &ids,
+        seq_len,
+        segments,
+        &[20, 64],
+        &dir,
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let r = r?;
+    println!(
+        "| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |"
+    );
+    println!("|---|---|---|---|---|");
+    println!(
+        "| {} x {} | {} | {:.0} | {:.0} | {:.1}% |",
+        r.segments,
+        r.seq_len,
+        r.k,
+        r.in_process_tokens_per_s,
+        r.http_tokens_per_s,
+        100.0 * (r.in_process_tokens_per_s / r.http_tokens_per_s - 1.0)
+    );
+    println!("\n| k | shard bytes per token (lossless) |\n|---|---|");
+    for (k, b) in r.shard_bytes_per_token {
+        println!("| {k} | {b:.1} |");
+    }
+    Ok(())
 }
 
 fn model(a: &ModelArgs) -> Result<TrainStepBench> {
