@@ -195,6 +195,7 @@ pub fn score_plan(
             temperature: t.logprob_temperature,
             vocab: Some(teacher.vocab_size()),
         },
+        storage: t.logprob_step,
         seq_len: plan.data.seq_len,
         segments_per_shard: t.segments_per_shard,
         concurrency: t.concurrency,

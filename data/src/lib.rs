@@ -14,6 +14,7 @@ pub mod rng;
 pub mod shards;
 pub mod signals;
 pub mod tokenizer;
+pub mod topk_codec;
 pub mod trajectories;
 
 pub use chat::{ChatFormat, LossParts, Message, Part, Role};

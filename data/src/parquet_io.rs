@@ -12,7 +12,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
 use std::path::Path;
@@ -83,6 +83,7 @@ pub(crate) enum Col {
     FloatList,
     TopkInt(usize),
     TopkFloat(usize),
+    Binary,
 }
 
 impl Col {
@@ -100,6 +101,7 @@ impl Col {
             Col::FloatList => list_of(&DataType::Float32),
             Col::TopkInt(k) => topk_of(&DataType::Int32, k),
             Col::TopkFloat(k) => topk_of(&DataType::Float32, k),
+            Col::Binary => *dt == DataType::Binary,
         }
     }
 }
@@ -110,13 +112,15 @@ pub(crate) fn file_err(path: &Path, what: &str, message: impl std::fmt::Display)
 
 /// Writes `batch` atomically (a temporary file renamed into place) with zstd, `k3mini.KEY` metadata,
 /// and the float columns at `float_paths` byte-stream-split (so zstd finds the exponent bytes'
-/// redundancy; dictionaries never help logprobs). Returns the bytes written.
+/// redundancy; dictionaries never help logprobs) and the binary `blob_columns` plain (their bytes
+/// are already coded; zstd does the rest). Returns the bytes written.
 pub(crate) fn write_atomic(
     path: &Path,
     what: &str,
     batch: &RecordBatch,
     metadata: &[(&str, String)],
     float_paths: &[&[&str]],
+    blob_columns: &[&str],
 ) -> Result<u64, DataError> {
     let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
@@ -133,6 +137,14 @@ pub(crate) fn write_atomic(
         props = props
             .set_column_dictionary_enabled(column.clone(), false)
             .set_column_encoding(column, Encoding::BYTE_STREAM_SPLIT);
+    }
+    for name in blob_columns {
+        let column = ColumnPath::new(vec![name.to_string()]);
+        // Min/max statistics of coded bytes mean nothing and would only fill the footer.
+        props = props
+            .set_column_dictionary_enabled(column.clone(), false)
+            .set_column_statistics_enabled(column.clone(), EnabledStatistics::None)
+            .set_column_encoding(column, Encoding::PLAIN);
     }
     let err = |e: &dyn std::fmt::Display| file_err(path, what, e);
     let tmp = path.with_extension("parquet.tmp");
@@ -191,16 +203,16 @@ impl Opened {
         Ok(Self { meta, builder })
     }
 
-    /// Opens a k3mini file of `kind` at schema `version`. Files without a `kind` key predate it and
-    /// are taken as `default_kind`.
+    /// Opens a k3mini file of `kind` at one of the schema `versions`, returning the one it has.
+    /// Files without a `kind` key predate it and are taken as `default_kind`.
     pub fn open_versioned(
         path: &Path,
         what: &str,
         kind: &str,
         default_kind: Option<&str>,
-        version: u32,
+        versions: &[u32],
         sha256: Option<&str>,
-    ) -> Result<Self, DataError> {
+    ) -> Result<(Self, u32), DataError> {
         let opened = Self::open(path, what, sha256)?;
         let found: u32 = opened.parse(path, what, "schema_version")?;
         let found_kind = match (opened.meta.get("kind"), default_kind) {
@@ -215,14 +227,18 @@ impl Opened {
                 format!("holds {found_kind}, not {kind}"),
             ));
         }
-        if found != version {
+        if !versions.contains(&found) {
+            let known: Vec<String> = versions.iter().map(u32::to_string).collect();
             return Err(file_err(
                 path,
                 what,
-                format!("schema version {found}; this k3mini reads version {version}"),
+                format!(
+                    "schema version {found}; this k3mini reads version {}",
+                    known.join(" and ")
+                ),
             ));
         }
-        Ok(opened)
+        Ok((opened, found))
     }
 
     /// A metadata value, or an error naming the missing key.

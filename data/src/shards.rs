@@ -1,42 +1,126 @@
-//! Teacher-signal shards: what a teacher said about each token, as Parquet (zstd), schema version 1.
+//! Teacher-signal shards: what a teacher said about each token, as Parquet (zstd). This is the
+//! one description of their schema; [`crate::topk_codec`] holds the v2 codec's arithmetic.
 //!
-//! One row per scored segment (a document, or a `seq_len` window of a long one):
+//! One row per scored segment (a document, or a `seq_len` window of a long one) of `n` ids and
+//! `n − 1` positions; position `t` is the distribution of token `t + 1`, aligned with the
+//! student's logits at `t`, its top-k sorted by descending logprob.
+//!
+//! **Schema version 2** (compact; what `teacher score` writes unless `teacher.logprob_step = 0`):
 //!
 //! | column | type | meaning |
 //! |---|---|---|
 //! | `doc_id` | int64 | index of the source document in the scoring job's document list |
 //! | `segment` | int32 | which window of that document (0-based) |
 //! | `input_ids` | list<int32> | the `n` ids scored |
-//! | `target_logprobs` | list<float32> | `log p(ids[t+1] \| ids[..=t])`, `n − 1` values |
-//! | `top_ids` | list<fixed_size_list<int32, k>> | the teacher's top-k ids at each of the `n − 1` positions, by descending logprob |
-//! | `top_logprobs` | list<fixed_size_list<float32, k>> | their logprobs |
-//! | `tail_mass` | list<float32> | `1 − Σ_k p`: the mass outside the top-k, per position |
+//! | `tail_mass` | list<float32> | `1 − Σ_k p` per position, exact: the top-k mass `P` |
+//! | `top_ids` | binary | `(n − 1)·k` LEB128 varints: each id's index in the id table, or `T + id` for an id the table of `T` lacks (lossless) |
+//! | `top_logprobs` | binary | per position `k − 1` varints `c_j − c_{j−1}`, `c_j = round((ℓ_0 − ℓ_j)/s)` |
+//! | `target_logprobs` | list<float32> | `log p(ids[t+1])` for the positions whose next id is *not* in the top-k, in order |
 //!
-//! Position `t` is the distribution of token `t + 1`, aligned with the student's logits at `t`.
-//! Logprobs are stored losslessly (float32, byte-stream-split encoded so zstd finds the exponent
-//! bytes' redundancy). File metadata: `k3mini.schema_version`, `k3mini.teacher`,
+//! Metadata beyond v1's: `k3mini.logprob_step` (`s`, nats) and `k3mini.id_table` (base64 of a
+//! varint count and the file's most frequent ids, at most 2048, most frequent first). A reader rebuilds `ℓ'_j = L − s c_j` with `L`
+//! chosen so the top-k mass is exactly `P`: every logprob within `s` of the teacher's, the tail
+//! bucket exact. Where the next id is in the top-k its target logprob is that entry's.
+//!
+//! **Schema version 1** (exact; still read, and written when `teacher.logprob_step = 0`):
+//! `doc_id`, `segment`, `input_ids` as above; `target_logprobs` list<float32> (all `n − 1`);
+//! `top_ids` list<fixed_size_list<int32, k>>; `top_logprobs` list<fixed_size_list<float32, k>>
+//! (byte-stream-split so zstd finds the exponent bytes' redundancy); `tail_mass` as above.
+//!
+//! Both: file metadata `k3mini.kind`, `k3mini.schema_version`, `k3mini.teacher`,
 //! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`, and `k3mini.vocab` (the teacher's
 //! vocabulary size, which every id is below; optional, as older shards lack it).
 //!
 //! Reading verifies: the file's SHA-256 when the caller has the manifest's, the kind and schema
-//! version, column types, every row's lengths, log-probabilities finite and ≤ 0, top-k masses at
-//! most 1, `tail_mass` equal to what the top-k leaves, and ids below `k3mini.vocab`.
+//! version, column types, every row's lengths (every varint stream exactly consumed), ids below
+//! `k3mini.vocab`, an id table without repeats, log-probabilities finite and ≤ 0, top-k masses at
+//! most 1, and (v1) `tail_mass` equal to what the top-k leaves.
 
 use crate::error::DataError;
 use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
     u32s, write_atomic,
 };
+use crate::topk_codec::{self, ID_TABLE_MAX, IdTable};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
-use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use std::path::Path;
 use std::sync::Arc;
 
-pub const SCHEMA_VERSION: u32 = 1;
+/// The compact schema (quantised logprobs, coded ids).
+pub const SCHEMA_VERSION: u32 = 2;
+/// The exact schema (f32 logprobs, int32 ids).
+pub const EXACT_SCHEMA_VERSION: u32 = 1;
+/// The logprob step `teacher score` stores at by default (nats): every logprob within 1/32 of the
+/// teacher's; measured KL(exact ‖ stored) ≈ 1.4e-5 nats per token at k = 50 (see the README).
+pub const DEFAULT_LOGPROB_STEP: f32 = 1.0 / 32.0;
 /// What the `k3mini.kind` metadata of a teacher-signal shard says.
 pub const KIND: &str = "teacher-signals";
 const WHAT: &str = "teacher shard";
+
+/// How a shard stores its top-k logprobs; in recipes and plans, its step in nats (`0` = exact).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "f32", try_from = "f32")]
+pub enum Storage {
+    /// Schema v1: f32 logprobs, int32 ids.
+    Exact,
+    /// Schema v2: logprobs as offsets of `step` nats below the best (each within `step` of the
+    /// teacher's, the top-k mass exact), ids coded losslessly.
+    Quantised { step: f32 },
+}
+
+impl Storage {
+    /// `0` → exact; a positive step → quantised. `None` for a negative or non-finite step.
+    pub fn from_step(step: f32) -> Option<Self> {
+        match step {
+            0.0 => Some(Self::Exact),
+            s if s > 0.0 && s.is_finite() => Some(Self::Quantised { step: s }),
+            _ => None,
+        }
+    }
+
+    /// The logprob step in nats (0 when exact).
+    pub fn step(self) -> f32 {
+        match self {
+            Self::Exact => 0.0,
+            Self::Quantised { step } => step,
+        }
+    }
+
+    /// The schema version of shards stored this way.
+    pub fn version(self) -> u32 {
+        match self {
+            Self::Exact => EXACT_SCHEMA_VERSION,
+            Self::Quantised { .. } => SCHEMA_VERSION,
+        }
+    }
+}
+
+impl From<Storage> for f32 {
+    fn from(s: Storage) -> f32 {
+        s.step()
+    }
+}
+
+impl TryFrom<f32> for Storage {
+    type Error = String;
+    fn try_from(step: f32) -> Result<Self, String> {
+        Self::from_step(step).ok_or_else(|| {
+            format!("{step} is not a logprob step: 0 (exact) or a positive number of nats")
+        })
+    }
+}
+
+/// A shard as read: who made it, how it stores logprobs, its rows (logprobs decoded).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Shard {
+    pub meta: ShardMeta,
+    pub storage: Storage,
+    pub rows: Vec<ShardRow>,
+}
 
 /// Who made a shard and how: stored as Parquet file metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -185,27 +269,117 @@ impl ShardRow {
 }
 
 /// Writes a shard atomically (a temporary file renamed into place). Returns the bytes written.
-pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, DataError> {
+pub fn write_shard(
+    path: &Path,
+    meta: &ShardMeta,
+    storage: Storage,
+    rows: &[ShardRow],
+) -> Result<u64, DataError> {
     let k = meta.k;
     for r in rows {
         r.check(k)
             .and_then(|()| r.check_ids(meta))
             .map_err(|m| file_err(path, WHAT, m))?;
     }
+    let step = match storage {
+        Storage::Exact => return write_exact(path, meta, rows),
+        Storage::Quantised { step } => step,
+    };
+    let mut sorted = rows.to_vec();
+    for r in &mut sorted {
+        for (ids, lps) in r.top_ids.chunks_mut(k).zip(r.top_logprobs.chunks_mut(k)) {
+            topk_codec::sort_best_first(ids, lps);
+        }
+    }
+    let table = IdTable::build(sorted.iter().map(|r| &r.top_ids[..]), ID_TABLE_MAX);
+    let mut top_ids = Vec::with_capacity(sorted.len());
+    let mut top_lps = Vec::with_capacity(sorted.len());
+    let mut outside = Vec::with_capacity(sorted.len());
+    for r in &sorted {
+        let mut ids = Vec::new();
+        for &id in &r.top_ids {
+            let code = table.code(id).ok_or_else(|| {
+                let at = format!("document {} segment {}", r.doc_id, r.segment);
+                file_err(
+                    path,
+                    WHAT,
+                    format!("{at}: id {id} is too large for any vocabulary"),
+                )
+            })?;
+            topk_codec::put_varint(&mut ids, code);
+        }
+        let mut lps = Vec::new();
+        r.top_logprobs
+            .chunks_exact(k)
+            .for_each(|l| topk_codec::put_logprobs(&mut lps, l, step));
+        top_ids.push(ids);
+        top_lps.push(lps);
+        outside.push(
+            (0..r.positions())
+                .filter(|&t| !r.top_ids[t * k..(t + 1) * k].contains(&r.input_ids[t + 1]))
+                .map(|t| r.target_logprobs[t])
+                .collect::<Vec<f32>>(),
+        );
+    }
+    let tails: Vec<Vec<f32>> = sorted
+        .iter()
+        .map(|r| tail_mass(&r.top_logprobs, k))
+        .collect();
+    let blobs = |b: &[Vec<u8>]| Arc::new(BinaryArray::from_iter_values(b)) as ArrayRef;
+    let batch = RecordBatch::try_from_iter([
+        ("doc_id", doc_ids(rows)),
+        ("segment", segments(rows)),
+        (
+            "input_ids",
+            int_lists(rows.iter().map(|r| &r.input_ids[..])),
+        ),
+        ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
+        ("top_ids", blobs(&top_ids)),
+        ("top_logprobs", blobs(&top_lps)),
+        (
+            "target_logprobs",
+            float_lists(outside.iter().map(Vec::as_slice)),
+        ),
+    ])
+    .map_err(|e| file_err(path, WHAT, e))?;
+    let mut pairs = meta.pairs(KIND, SCHEMA_VERSION);
+    pairs.push(("logprob_step", step.to_string()));
+    pairs.push((
+        "id_table",
+        BASE64.encode(topk_codec::put_counted(table.ids())),
+    ));
+    write_atomic(
+        path,
+        WHAT,
+        &batch,
+        &pairs,
+        &[
+            &["tail_mass", "list", "element"],
+            &["target_logprobs", "list", "element"],
+        ],
+        &["top_ids", "top_logprobs"],
+    )
+}
+
+fn doc_ids(rows: &[ShardRow]) -> ArrayRef {
+    Arc::new(Int64Array::from_iter_values(
+        rows.iter().map(|r| r.doc_id as i64),
+    ))
+}
+
+fn segments(rows: &[ShardRow]) -> ArrayRef {
+    Arc::new(Int32Array::from_iter_values(
+        rows.iter().map(|r| r.segment as i32),
+    ))
+}
+
+/// Schema v1 (rows already checked).
+fn write_exact(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, DataError> {
+    let k = meta.k;
     let tails: Vec<Vec<f32>> = rows.iter().map(|r| tail_mass(&r.top_logprobs, k)).collect();
     let batch = RecordBatch::try_from_iter([
-        (
-            "doc_id",
-            Arc::new(Int64Array::from_iter_values(
-                rows.iter().map(|r| r.doc_id as i64),
-            )) as ArrayRef,
-        ),
-        (
-            "segment",
-            Arc::new(Int32Array::from_iter_values(
-                rows.iter().map(|r| r.segment as i32),
-            )),
-        ),
+        ("doc_id", doc_ids(rows)),
+        ("segment", segments(rows)),
         (
             "input_ids",
             int_lists(rows.iter().map(|r| &r.input_ids[..])),
@@ -229,23 +403,58 @@ pub fn write_shard(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u
         path,
         WHAT,
         &batch,
-        &meta.pairs(KIND, SCHEMA_VERSION),
+        &meta.pairs(KIND, EXACT_SCHEMA_VERSION),
         &[
             &["top_logprobs", "list", "element", "item"],
             &["target_logprobs", "list", "element"],
         ],
+        &[],
     )
 }
 
-/// Reads and validates a shard: its checksum when `sha256` is given (the manifest's), kind,
-/// schema version, metadata, column types and every row's lengths.
-pub fn read_shard(
-    path: &Path,
-    sha256: Option<&str>,
-) -> Result<(ShardMeta, Vec<ShardRow>), DataError> {
+/// Reads and validates a shard of either schema: its checksum when `sha256` is given (the
+/// manifest's), kind, schema version, metadata, column types and every row.
+pub fn read_shard(path: &Path, sha256: Option<&str>) -> Result<Shard, DataError> {
     // Shards from before `kind` existed are teacher-signal shards.
-    let opened = Opened::open_versioned(path, WHAT, KIND, Some(KIND), SCHEMA_VERSION, sha256)?;
+    let (opened, version) = Opened::open_versioned(
+        path,
+        WHAT,
+        KIND,
+        Some(KIND),
+        &[EXACT_SCHEMA_VERSION, SCHEMA_VERSION],
+        sha256,
+    )?;
     let meta = ShardMeta::read(&opened, path, WHAT)?;
+    let (storage, rows) = if version == EXACT_SCHEMA_VERSION {
+        (Storage::Exact, read_exact(opened, path, &meta)?)
+    } else {
+        let step: f32 = opened.parse(path, WHAT, "logprob_step")?;
+        let storage = Storage::from_step(step)
+            .filter(|s| *s != Storage::Exact)
+            .ok_or_else(|| {
+                file_err(
+                    path,
+                    WHAT,
+                    format!("k3mini.logprob_step {step} is not a positive step"),
+                )
+            })?;
+        let table = BASE64
+            .decode(opened.get(path, WHAT, "id_table")?)
+            .map_err(|e| e.to_string())
+            .and_then(|b| topk_codec::get_counted(&b))
+            .and_then(IdTable::from_ids)
+            .map_err(|e| file_err(path, WHAT, format!("k3mini.id_table: {e}")))?;
+        (storage, read_quantised(opened, path, &meta, step, &table)?)
+    };
+    Ok(Shard {
+        meta,
+        storage,
+        rows,
+    })
+}
+
+/// The rows of a v1 shard.
+fn read_exact(opened: Opened, path: &Path, meta: &ShardMeta) -> Result<Vec<ShardRow>, DataError> {
     let k = meta.k;
     opened
         .check_columns(&[
@@ -278,7 +487,7 @@ pub fn read_shard(
                 top_logprobs: f32s(top_lp, i),
             };
             row.check(k)
-                .and_then(|()| row.check_ids(&meta))
+                .and_then(|()| row.check_ids(meta))
                 .map_err(|m| file_err(path, WHAT, m))?;
             // The stored tail mass is what the top-k leaves (the writer computed it so).
             let (stored, left) = (f32s(tails, i), tail_mass(&row.top_logprobs, k));
@@ -301,5 +510,126 @@ pub fn read_shard(
             rows.push(row);
         }
     }
-    Ok((meta, rows))
+    Ok(rows)
+}
+
+/// The rows of a v2 shard, decoded (see the module doc).
+fn read_quantised(
+    opened: Opened,
+    path: &Path,
+    meta: &ShardMeta,
+    step: f32,
+    table: &IdTable,
+) -> Result<Vec<ShardRow>, DataError> {
+    let k = meta.k;
+    opened
+        .check_columns(&[
+            ("doc_id", Col::Int64),
+            ("segment", Col::Int32),
+            ("input_ids", Col::IntList),
+            ("tail_mass", Col::FloatList),
+            ("top_ids", Col::Binary),
+            ("top_logprobs", Col::Binary),
+            ("target_logprobs", Col::FloatList),
+        ])
+        .map_err(|m| file_err(path, WHAT, m))?;
+    let mut rows = Vec::new();
+    for batch in opened.batches(path, WHAT)? {
+        let doc = column(&batch, "doc_id").as_primitive::<Int64Type>();
+        let seg = column(&batch, "segment").as_primitive::<Int32Type>();
+        let (ids, tails) = (column(&batch, "input_ids"), column(&batch, "tail_mass"));
+        let (top_ids, top_lp) = (
+            column(&batch, "top_ids").as_binary::<i32>(),
+            column(&batch, "top_logprobs").as_binary::<i32>(),
+        );
+        let outside = column(&batch, "target_logprobs");
+        for i in 0..batch.num_rows() {
+            let (doc_id, segment) = (doc.value(i) as u64, seg.value(i) as u32);
+            let at = format!("document {doc_id} segment {segment}");
+            let decode = || -> Result<ShardRow, String> {
+                let input_ids = u32s(ids, i);
+                let tail = f32s(tails, i);
+                let p = tail.len();
+                if input_ids.len() != p + 1 || p == 0 {
+                    return Err(format!(
+                        "{at}: {} ids need {} tail masses, got {p}",
+                        input_ids.len(),
+                        input_ids.len().saturating_sub(1)
+                    ));
+                }
+                let at = at.as_str();
+                let column_err =
+                    |c: &'static str| move |e: String| format!("{at}: column {c}: {e}");
+                // Decoded ids are checked against the vocabulary with the rest of the row.
+                let top_ids: Vec<u32> = topk_codec::get_varints(top_ids.value(i), p * k)
+                    .map_err(column_err("top_ids"))?
+                    .into_iter()
+                    .map(|code| table.id(code))
+                    .collect();
+                let increments = topk_codec::get_varints(top_lp.value(i), p * (k - 1))
+                    .map_err(column_err("top_logprobs"))?;
+                let mut top_logprobs = Vec::with_capacity(p * k);
+                for (t, &tail) in tail.iter().enumerate() {
+                    if !(0.0..1.0).contains(&tail) {
+                        return Err(format!(
+                            "{at}: column tail_mass, position {t}: {tail} is not a tail mass in [0, 1)"
+                        ));
+                    }
+                    let inc = &increments[t * (k - 1)..(t + 1) * (k - 1)];
+                    top_logprobs.extend(topk_codec::logprobs_from(inc, 1.0 - tail as f64, step));
+                }
+                let mut outside_lp = f32s(outside, i).into_iter();
+                let mut target_logprobs = Vec::with_capacity(p);
+                for t in 0..p {
+                    let top = &top_ids[t * k..(t + 1) * k];
+                    let lp = match top.iter().position(|&id| id == input_ids[t + 1]) {
+                        Some(j) => top_logprobs[t * k + j],
+                        None => outside_lp.next().ok_or_else(|| {
+                            format!("{at}: column target_logprobs has too few values")
+                        })?,
+                    };
+                    target_logprobs.push(lp);
+                }
+                if outside_lp.next().is_some() {
+                    return Err(format!("{at}: column target_logprobs has values left over"));
+                }
+                let row = ShardRow {
+                    doc_id,
+                    segment,
+                    input_ids,
+                    target_logprobs,
+                    top_ids,
+                    top_logprobs,
+                };
+                row.check(k).and_then(|()| row.check_ids(meta))?;
+                Ok(row)
+            };
+            rows.push(decode().map_err(|m| file_err(path, WHAT, m))?);
+        }
+    }
+    Ok(rows)
+}
+
+/// The compressed bytes of each top-level column of a shard (summed over row groups), and of the
+/// file's metadata footer: where a shard's size goes.
+pub fn column_bytes(path: &Path) -> Result<Vec<(String, u64)>, DataError> {
+    let opened = Opened::open(path, WHAT, None)?;
+    let meta = opened.builder.metadata();
+    let mut by_column: Vec<(String, u64)> = Vec::new();
+    for rg in meta.row_groups() {
+        for c in rg.columns() {
+            let name = c.column_path().parts()[0].clone();
+            let bytes = c.compressed_size().max(0) as u64;
+            match by_column.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, b)) => *b += bytes,
+                None => by_column.push((name, bytes)),
+            }
+        }
+    }
+    let file = std::fs::metadata(path)
+        .map_err(|e| DataError::io(path, e))?
+        .len();
+    let columns: u64 = by_column.iter().map(|(_, b)| b).sum();
+    by_column.push(("(footer and metadata)".into(), file.saturating_sub(columns)));
+    Ok(by_column)
 }

@@ -19,7 +19,7 @@ use crate::chat::LossParts;
 use crate::error::DataError;
 use crate::pack::TokenDoc;
 use crate::pack::epoch_order;
-use crate::shards::{ShardMeta, ShardRow, read_shard};
+use crate::shards::{Shard, ShardMeta, ShardRow, read_shard};
 use crate::trajectories::{TrajectoryRow, read_trajectories};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -245,7 +245,7 @@ impl SignalSpec {
         let path = &file.path;
         match &self.source {
             SignalSource::Scores => {
-                let (meta, rows) = read_shard(path, Some(&file.sha256))?;
+                let Shard { meta, rows, .. } = read_shard(path, Some(&file.sha256))?;
                 self.check(path, &meta)?;
                 let mut kept = Vec::new();
                 for row in rows {

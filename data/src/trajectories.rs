@@ -182,6 +182,7 @@ pub fn write_trajectories(
             &["top_logprobs", "list", "element", "item"],
             &["logprobs", "list", "element"],
         ],
+        &[],
     )
 }
 
@@ -191,7 +192,8 @@ pub fn read_trajectories(
     sha256: Option<&str>,
 ) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
     // Files without `kind` are teacher-signal shards from before it: refused as that kind.
-    let opened = Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), SCHEMA_VERSION, sha256)?;
+    let (opened, _) =
+        Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), &[SCHEMA_VERSION], sha256)?;
     let meta = TrajectoryMeta {
         signals: ShardMeta::read(&opened, path, WHAT)?,
         top_p: opened.parse(path, WHAT, "top_p")?,

@@ -1,4 +1,5 @@
-//! `k3mini bench`: forward+backward throughput, KDA kernels, training-memory peak.
+//! `k3mini bench`: forward+backward throughput, KDA kernels, training-memory peak, teacher
+//! scoring and shard sizes, export.
 
 use crate::cli::model::bytes;
 use anyhow::{Context, Result, bail};
@@ -50,6 +51,22 @@ pub enum BenchCommand {
         /// cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
+    },
+    /// Shard bytes per token in both schemas at several k, and what the compact one loses
+    /// (KL, largest logprob error), measured on exact (schema v1) shards, e.g. from
+    /// `teacher score` with `teacher.logprob_step = 0`.
+    Shards {
+        /// A directory of exact shards (all are read).
+        dir: std::path::PathBuf,
+        /// Comma-separated k (at most the shards' own).
+        #[arg(long, default_value = "20,50,64,128", value_delimiter = ',')]
+        k: Vec<usize>,
+        /// The compact schema's logprob step (nats).
+        #[arg(long, default_value_t = k3mini_data::shards::DEFAULT_LOGPROB_STEP)]
+        step: f32,
+        /// Regroup the rows into files of this many (0: one file); default: as the shards are.
+        #[arg(long)]
+        rows_per_file: Option<usize>,
     },
     /// `export --format gguf` of a freshly initialised preset: seconds and file size per file type.
     Export {
@@ -157,6 +174,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             segments,
             device,
         } => teacher_scoring(&teacher, &corpus, seq_len, segments, &device),
+        BenchCommand::Shards {
+            dir,
+            k,
+            step,
+            rows_per_file,
+        } => shards(&dir, &k, step, rows_per_file),
         BenchCommand::All { steps } => all(steps),
     }
 }
@@ -241,13 +264,14 @@ fn teacher_scoring(
     )?;
     let text = k3mini_data::read_source(corpus, k3mini_data::SourceFormat::Text, "text")?;
     let ids = local.tokenizer.encode(&text[0].text)?;
+    let local_vocab = k3mini_teacher::Teacher::vocab_size(&local);
     let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
     let r = k3mini_teacher::bench::bench_teacher(
         std::sync::Arc::new(local),
         &ids,
         seq_len,
         segments,
-        &[20, 64],
+        &[20, 50, 64],
         &dir,
     );
     std::fs::remove_dir_all(&dir).ok();
@@ -265,11 +289,125 @@ fn teacher_scoring(
         r.http_tokens_per_s,
         100.0 * (r.in_process_tokens_per_s / r.http_tokens_per_s - 1.0)
     );
-    println!("\n| k | shard bytes per token (lossless) |\n|---|---|");
-    for (k, b) in r.shard_bytes_per_token {
-        println!("| {k} | {b:.1} |");
-    }
+    println!();
+    print_shard_sizes(&r.shards, local_vocab);
     Ok(())
+}
+
+fn shards(
+    dir: &std::path::Path,
+    ks: &[usize],
+    step: f32,
+    rows_per_file: Option<usize>,
+) -> Result<()> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("{}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
+        .collect();
+    files.sort();
+    let (mut meta, mut rows) = (None, Vec::new());
+    for f in &files {
+        let shard = k3mini_data::shards::read_shard(f, None)?;
+        if shard.storage != k3mini_data::shards::Storage::Exact {
+            bail!(
+                "{}: already compact (schema v2); measure from exact shards (teacher.logprob_step = 0)",
+                f.display()
+            );
+        }
+        rows.push(shard.rows);
+        meta.get_or_insert(shard.meta);
+    }
+    let meta = meta.with_context(|| format!("{}: no .parquet shards", dir.display()))?;
+    let rows = match rows_per_file {
+        None => rows,
+        Some(0) => vec![rows.concat()],
+        Some(n) => rows.concat().chunks(n).map(<[_]>::to_vec).collect(),
+    };
+    let tmp = std::env::temp_dir().join(format!("k3mini-bench-shards-{}", std::process::id()));
+    let sizes = k3mini_teacher::bench::shard_sizes(&rows, &meta, ks, step, &tmp);
+    std::fs::remove_dir_all(&tmp).ok();
+    let positions: usize = rows.iter().flatten().map(|r| r.positions()).sum();
+    println!(
+        "{} shards, {} rows, {positions} positions, top-{} from {}; written as {} files of ~{} positions\n",
+        files.len(),
+        rows.iter().map(Vec::len).sum::<usize>(),
+        meta.k,
+        meta.teacher,
+        rows.len(),
+        positions / rows.len().max(1)
+    );
+    print_shard_sizes(&sizes?, meta.vocab.unwrap_or(163_840));
+    Ok(())
+}
+
+/// The measured table, then the published formats' arithmetic at the same vocabulary.
+fn print_shard_sizes(sizes: &[k3mini_teacher::bench::ShardSize], vocab: usize) {
+    println!(
+        "| k | v1 exact B/token | v2 B/token | v2 step (nats) | max |Δ logprob| | KL(exact ‖ v2) mean / max per token |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for s in sizes {
+        println!(
+            "| {} | {:.1} | {:.1} | 1/{:.0} | {:.4} | {:.2e} / {:.2e} |",
+            s.k,
+            s.exact_bytes_per_token,
+            s.compact_bytes_per_token,
+            1.0 / s.step,
+            s.max_logprob_error,
+            s.kl_mean,
+            s.kl_max
+        );
+    }
+    println!(
+        "\nWhere the v2 bytes go (B/token by column; ids' order-0 entropy within each file):\n"
+    );
+    if let Some(first) = sizes.first() {
+        let names: Vec<&str> = first
+            .compact_columns
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        println!(
+            "| k | {} | id entropy (bits/id → B/token) |",
+            names.join(" | ")
+        );
+        println!("|---|{}---|", "---|".repeat(names.len()));
+    }
+    for s in sizes {
+        let cols: Vec<String> = s
+            .compact_columns
+            .iter()
+            .map(|(_, b)| format!("{b:.1}"))
+            .collect();
+        println!(
+            "| {} | {} | {:.2} → {:.1} |",
+            s.k,
+            cols.join(" | "),
+            s.id_entropy_bits,
+            s.id_entropy_bits * s.k as f64 / 8.0
+        );
+    }
+    let id_bits = usize::BITS - (vocab - 1).leading_zeros();
+    let ids = |k: usize| (k * id_bits as usize) as f64 / 8.0;
+    println!(
+        "\nPublished formats at this vocabulary ({vocab} ids, {id_bits}-bit packed ids), by arithmetic \
+         (logprobs lossy in all three):\n"
+    );
+    println!("| format | k | B/token |\n|---|---|---|");
+    // DistillKit: packed ids, exact_k bf16 values, a polynomial over rank in fp32 coefficients.
+    println!(
+        "| DistillKit budget (exact_k 1, 3 terms) | 50 | {:.1} |",
+        ids(50) + 2.0 + 3.0 * 4.0
+    );
+    println!(
+        "| DistillKit recommended (exact_k 16, 6 terms) | 128 | {:.1} |",
+        ids(128) + 16.0 * 2.0 + 6.0 * 4.0
+    );
+    println!(
+        "| Megatron-LM fp16 top-k, before its zstd | 128 | {:.1} |",
+        ids(128) + 128.0 * 2.0
+    );
 }
 
 fn model(a: &ModelArgs) -> Result<TrainStepBench> {

@@ -1,11 +1,26 @@
-//! `k3mini data`: tokenizer tools, and chat rendering with the part of every token.
+//! `k3mini data`: tokenizer tools, chat rendering with the part of every token, shard conversion.
 
 use anyhow::Result;
 use clap::Subcommand;
+use k3mini::teachers::progress_bar;
 use k3mini_data::chat::{check_markers, render};
+use k3mini_data::shards::Storage;
 use k3mini_data::tokenizer::train_byte_level_bpe;
 use k3mini_data::{ChatFormat, LossParts, Tokenizer, read_chats};
-use std::path::PathBuf;
+use k3mini_teacher::score::convert_shards;
+use std::path::{Path, PathBuf};
+
+/// Bytes of the shard files (`.parquet`) in `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}
 
 #[derive(Subcommand)]
 pub enum DataCommand {
@@ -13,6 +28,11 @@ pub enum DataCommand {
     Tokenizer {
         #[command(subcommand)]
         command: TokenizerCommand,
+    },
+    /// Teacher-signal shard tools.
+    Shards {
+        #[command(subcommand)]
+        command: ShardsCommand,
     },
     /// Render the conversations of a chat JSONL and show which tokens carry loss.
     Chat {
@@ -36,6 +56,22 @@ pub enum DataCommand {
 fn parse_template(name: &str) -> Result<ChatFormat, String> {
     serde_json::from_value(serde_json::Value::String(name.into()))
         .map_err(|_| format!("unknown template {name:?}: kimi or chatml"))
+}
+
+#[derive(Subcommand)]
+pub enum ShardsCommand {
+    /// Rewrite a `teacher score` directory's shards (either schema) into a new directory in the
+    /// compact schema v2 (ids lossless, each logprob within --logprob-step nats; the top-k mass
+    /// exact), with its manifest: train from it as from the original.
+    Convert {
+        src: PathBuf,
+        dst: PathBuf,
+        /// Nats; 0 rewrites as the exact schema v1.
+        #[arg(long, default_value_t = k3mini_data::shards::DEFAULT_LOGPROB_STEP)]
+        logprob_step: f32,
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -112,6 +148,37 @@ pub fn run(cmd: DataCommand) -> Result<()> {
                     ids.len()
                 );
             }
+            Ok(())
+        }
+        DataCommand::Shards {
+            command:
+                ShardsCommand::Convert {
+                    src,
+                    dst,
+                    logprob_step,
+                    quiet,
+                },
+        } => {
+            let storage = Storage::try_from(logprob_step)
+                .map_err(|e| anyhow::anyhow!("--logprob-step {e}"))?;
+            let bar = progress_bar(quiet, "shards");
+            let before: u64 = dir_bytes(&src);
+            let m = convert_shards(&src, &dst, storage, &mut |done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            })?;
+            bar.finish();
+            let positions = m.positions().max(1) as f64;
+            println!(
+                "{} shards, {} positions at k = {}: {:.1} → {:.1} bytes/token (schema v{}) -> {}",
+                m.shards.len(),
+                m.positions(),
+                m.job.k,
+                before as f64 / positions,
+                m.bytes() as f64 / positions,
+                m.job.schema_version,
+                dst.display()
+            );
             Ok(())
         }
         DataCommand::Tokenizer {

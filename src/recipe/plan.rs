@@ -8,6 +8,7 @@
 
 use super::schema::*;
 use crate::device::DeviceList;
+use k3mini_data::shards::{DEFAULT_LOGPROB_STEP, Storage};
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::distill::Objective;
@@ -101,6 +102,12 @@ pub enum LocalModel {
     Gguf { path: PathBuf },
 }
 
+fn default_storage() -> Storage {
+    Storage::Quantised {
+        step: DEFAULT_LOGPROB_STEP,
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherPlan {
@@ -114,6 +121,9 @@ pub struct TeacherPlan {
     pub logprob_temperature: f32,
     /// Scored segments per shard.
     pub segments_per_shard: usize,
+    /// How shards store logprobs (plans from before it existed: the default).
+    #[serde(default = "default_storage")]
+    pub logprob_step: Storage,
     /// Where `teacher score` writes its shards (absolute).
     pub shards_dir: PathBuf,
     /// Trajectories `teacher generate` samples (and eval's exact-match problems).
@@ -597,6 +607,15 @@ fn teacher_plan(
     if t.segments_per_shard == 0 {
         return refuse("teacher.segments_per_shard", "must be positive");
     }
+    let Some(logprob_step) = Storage::from_step(t.logprob_step) else {
+        return refuse(
+            "teacher.logprob_step",
+            format!(
+                "{}: 0 (exact f32 logprobs, schema v1 shards) or a positive step in nats",
+                t.logprob_step
+            ),
+        );
+    };
     let generate = match &t.generate {
         Some(g) => Some(generate_plan(g, out_dir, at)?),
         None => None,
@@ -607,6 +626,7 @@ fn teacher_plan(
         k: t.k,
         logprob_temperature: t.temperature,
         segments_per_shard: t.segments_per_shard,
+        logprob_step,
         shards_dir: t
             .shards_dir
             .as_deref()

@@ -10,7 +10,8 @@
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
-//! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, shards_dir
+//! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, logprob_step,
+//!             shards_dir
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
 //!             objectives = [{kind, weight, beta | alpha | samples}], temperature
 //! [distill.on_policy]  mix, max_tokens, temperature
@@ -184,6 +185,10 @@ pub struct TeacherConfig {
     /// Segments (`data.seq_len` windows) per shard: a kill loses at most one shard of work.
     #[serde(default = "default_segments_per_shard")]
     pub segments_per_shard: usize,
+    /// Shards store each logprob within this many nats of the teacher's (schema v2, ids
+    /// lossless, the top-k mass exact); `0` stores exact f32 logprobs (schema v1, ~4× larger).
+    #[serde(default = "default_logprob_step")]
+    pub logprob_step: f32,
     /// Where shards go (default `<run out_dir>/shards`).
     #[serde(default)]
     pub shards_dir: Option<PathBuf>,
@@ -433,6 +438,9 @@ fn default_k() -> usize {
 }
 fn default_temperature() -> f32 {
     1.0
+}
+fn default_logprob_step() -> f32 {
+    k3mini_data::shards::DEFAULT_LOGPROB_STEP
 }
 fn default_segments_per_shard() -> usize {
     32

@@ -1,12 +1,16 @@
 //! Teacher benchmarks: scoring throughput in-process versus through `teacher serve` + the vLLM
-//! client on loopback (the client's overhead), and the bytes per token of shards at several k.
+//! client on loopback (the client's overhead), and the bytes per token of shards at several k in
+//! both schemas, with what the compact one loses.
 
 use crate::client::{ClientOptions, HttpTeacher};
 use crate::local::LocalTeacher;
 use crate::score::score_many;
 use crate::server::serve;
 use crate::{Scored, Teacher, TeacherError};
-use k3mini_data::shards::{ShardMeta, ShardRow, write_shard};
+use k3mini_data::shards::{
+    DEFAULT_LOGPROB_STEP, ShardMeta, ShardRow, Storage, column_bytes, read_shard, write_shard,
+};
+use k3mini_data::topk_codec::kl_exact_stored;
 use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +23,124 @@ pub struct TeacherBench {
     pub k: usize,
     pub in_process_tokens_per_s: f64,
     pub http_tokens_per_s: f64,
-    /// `(k, bytes per scored position)` of a shard holding the segments.
-    pub shard_bytes_per_token: Vec<(usize, f64)>,
+    /// Shards holding the segments, at each k.
+    pub shards: Vec<ShardSize>,
+}
+
+/// What one k costs in each shard schema, measured on real rows.
+#[derive(Clone, Debug, Serialize)]
+pub struct ShardSize {
+    pub k: usize,
+    /// Bytes per scored position, schema v1 (exact).
+    pub exact_bytes_per_token: f64,
+    /// Bytes per scored position, schema v2.
+    pub compact_bytes_per_token: f64,
+    /// The v2 logprob step (nats).
+    pub step: f32,
+    /// Mean and largest `KL(exact ‖ stored)` per position over the top-k and the tail bucket.
+    pub kl_mean: f64,
+    pub kl_max: f64,
+    /// Largest `|ℓ' − ℓ|` over every stored logprob.
+    pub max_logprob_error: f32,
+    /// The v2 files' bytes per position by column (and footer).
+    pub compact_columns: Vec<(String, f64)>,
+    /// The order-0 entropy of the top-k ids within each file (bits per id, weighted by ids): what
+    /// an ideal coder of independent ids would need.
+    pub id_entropy_bits: f64,
+}
+
+/// `Σ_i −c_i log2(c_i / n)` over the id counts of `ids`: their total order-0 information in bits.
+fn id_information_bits(ids: &[u32]) -> f64 {
+    let mut counts = std::collections::HashMap::<u32, u64>::new();
+    ids.iter().for_each(|&i| *counts.entry(i).or_default() += 1);
+    let n = ids.len() as f64;
+    counts
+        .values()
+        .map(|&c| -(c as f64) * (c as f64 / n).log2())
+        .sum()
+}
+
+/// Writes each file's `rows` (top-`meta.k`) cut to each of `ks` as a v1 and a v2 shard into `dir`,
+/// reads the v2 ones back, and measures their size and what they lost.
+pub fn shard_sizes(
+    files: &[Vec<ShardRow>],
+    meta: &ShardMeta,
+    ks: &[usize],
+    step: f32,
+    dir: &std::path::Path,
+) -> Result<Vec<ShardSize>, TeacherError> {
+    std::fs::create_dir_all(dir).map_err(|e| TeacherError::Load {
+        path: dir.into(),
+        message: e.to_string(),
+    })?;
+    let positions: usize = files.iter().flatten().map(ShardRow::positions).sum();
+    let mut sizes = Vec::new();
+    for &kk in ks.iter().filter(|&&kk| kk <= meta.k) {
+        let m = ShardMeta {
+            k: kk,
+            ..meta.clone()
+        };
+        let (mut exact_bytes, mut compact_bytes) = (0, 0);
+        let (mut kl_sum, mut kl_max, mut err) = (0.0f64, 0.0f64, 0.0f32);
+        let (mut columns, mut id_bits, mut id_count) = (Vec::<(String, f64)>::new(), 0.0, 0);
+        for rows in files {
+            let cut: Vec<ShardRow> = rows
+                .iter()
+                .map(|r| ShardRow {
+                    top_ids: first_of_each(&r.top_ids, meta.k, kk),
+                    top_logprobs: first_of_each(&r.top_logprobs, meta.k, kk),
+                    ..r.clone()
+                })
+                .collect();
+            let (exact, compact) = (dir.join("bench-v1.parquet"), dir.join("bench-v2.parquet"));
+            exact_bytes += write_shard(&exact, &m, Storage::Exact, &cut)?;
+            compact_bytes += write_shard(&compact, &m, Storage::Quantised { step }, &cut)?;
+            let back = read_shard(&compact, None)?.rows;
+            for (name, bytes) in column_bytes(&compact)? {
+                match columns.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, b)) => *b += bytes as f64,
+                    None => columns.push((name, bytes as f64)),
+                }
+            }
+            let ids: Vec<u32> = cut.iter().flat_map(|r| r.top_ids.iter().copied()).collect();
+            id_bits += id_information_bits(&ids);
+            id_count += ids.len();
+            for (a, b) in cut.iter().zip(&back) {
+                for t in 0..a.positions() {
+                    let (ai, al) = (&a.top_ids[t * kk..][..kk], &a.top_logprobs[t * kk..][..kk]);
+                    let (bi, bl) = (&b.top_ids[t * kk..][..kk], &b.top_logprobs[t * kk..][..kk]);
+                    // The writer sorts each top-k best first: compare id by id.
+                    let stored: Vec<f32> = ai
+                        .iter()
+                        .map(|id| bi.iter().position(|x| x == id).map_or(f32::NAN, |j| bl[j]))
+                        .collect();
+                    let kl = kl_exact_stored(al, &stored);
+                    kl_sum += kl;
+                    kl_max = kl_max.max(kl);
+                    err = al
+                        .iter()
+                        .zip(&stored)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(err, f32::max);
+                }
+            }
+        }
+        sizes.push(ShardSize {
+            k: kk,
+            exact_bytes_per_token: exact_bytes as f64 / positions as f64,
+            compact_bytes_per_token: compact_bytes as f64 / positions as f64,
+            step,
+            kl_mean: kl_sum / positions as f64,
+            kl_max,
+            max_logprob_error: err,
+            compact_columns: columns
+                .into_iter()
+                .map(|(n, b)| (n, b / positions as f64))
+                .collect(),
+            id_entropy_bits: id_bits / id_count.max(1) as f64,
+        });
+    }
+    Ok(sizes)
 }
 
 fn timed(
@@ -80,42 +200,33 @@ pub fn bench_teacher(
         ));
     }
 
-    std::fs::create_dir_all(dir).map_err(|e| TeacherError::Load {
-        path: dir.into(),
-        message: e.to_string(),
-    })?;
-    let mut sizes = Vec::new();
-    for &kk in ks {
-        let rows: Vec<ShardRow> = scored
-            .iter()
-            .enumerate()
-            .map(|(i, s)| ShardRow {
-                doc_id: 0,
-                segment: i as u32,
-                input_ids: s.ids.clone(),
-                target_logprobs: s.target_logprobs.clone(),
-                top_ids: first_of_each(&s.top_ids, k, kk),
-                top_logprobs: first_of_each(&s.top_logprobs, k, kk),
-            })
-            .collect();
-        let meta = ShardMeta {
-            teacher: teacher.name().into(),
-            tokenizer_sha256: teacher.tokenizer.fingerprint(),
-            k: kk,
-            temperature: 1.0,
-            vocab: Some(teacher.vocab_size()),
-        };
-        let bytes = write_shard(&dir.join(format!("bench-k{kk}.parquet")), &meta, &rows)?;
-        let positions: usize = rows.iter().map(ShardRow::positions).sum();
-        sizes.push((kk, bytes as f64 / positions as f64));
-    }
+    let rows: Vec<ShardRow> = scored
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ShardRow {
+            doc_id: 0,
+            segment: i as u32,
+            input_ids: s.ids.clone(),
+            target_logprobs: s.target_logprobs.clone(),
+            top_ids: s.top_ids.clone(),
+            top_logprobs: s.top_logprobs.clone(),
+        })
+        .collect();
+    let meta = ShardMeta {
+        teacher: teacher.name().into(),
+        tokenizer_sha256: teacher.tokenizer.fingerprint(),
+        k,
+        temperature: 1.0,
+        vocab: Some(teacher.vocab_size()),
+    };
+    let sizes = shard_sizes(&[rows], &meta, ks, DEFAULT_LOGPROB_STEP, dir)?;
     Ok(TeacherBench {
         segments: inputs.len(),
         seq_len,
         k,
         in_process_tokens_per_s: in_process,
         http_tokens_per_s: http,
-        shard_bytes_per_token: sizes,
+        shards: sizes,
     })
 }
 

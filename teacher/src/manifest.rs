@@ -94,7 +94,10 @@ pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
     hex(h)
 }
 
-fn write_manifest<J: Serialize>(dir: &Path, m: &Manifest<J>) -> Result<(), TeacherError> {
+pub(crate) fn write_manifest<J: Serialize>(
+    dir: &Path,
+    m: &Manifest<J>,
+) -> Result<(), TeacherError> {
     let path = dir.join(MANIFEST);
     let tmp = dir.join(format!("{MANIFEST}.tmp"));
     let text = serde_json::to_vec_pretty(m).expect("manifest serialises");
@@ -135,7 +138,8 @@ where
                 return Err(io(
                     &manifest_path,
                     "holds shards of a different job (teacher, tokenizer, settings or inputs \
-                     differ): choose another output directory",
+                     differ; shards scored before schema v2 were stored with logprob_step = 0): \
+                     choose another output directory",
                 ));
             }
             old

@@ -4,18 +4,22 @@
 //! holds segments `[i·S, (i+1)·S)` (S = `segments_per_shard`). Shards, the manifest and resuming are
 //! [`crate::manifest`]'s: killing the scorer loses at most the shard in flight.
 
-use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
+use crate::fetch::sha256_file;
+use crate::manifest::{
+    MANIFEST, Manifest, Reporter, ShardEntry, Written, ids_sha256, run_shards, write_manifest,
+};
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::pool::run_many;
-use k3mini_data::shards::{SCHEMA_VERSION, ShardMeta, ShardRow, write_shard};
+use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What to score and where.
 #[derive(Clone, Debug)]
 pub struct ScoreJob {
     pub out_dir: PathBuf,
     pub meta: ShardMeta,
+    pub storage: Storage,
     pub seq_len: usize,
     pub segments_per_shard: usize,
     /// Segments in flight at once (for HTTP teachers; a local teacher already uses every core).
@@ -30,12 +34,19 @@ pub struct ScoreManifestJob {
     pub tokenizer_sha256: String,
     pub k: usize,
     pub temperature: f32,
+    /// How logprobs are stored (schema v1 shards and their manifests: exact).
+    #[serde(default = "exact")]
+    pub logprob_step: Storage,
     pub seq_len: usize,
     pub segments_per_shard: usize,
     pub documents: usize,
     pub segments: usize,
     /// SHA-256 of the segments' ids.
     pub inputs_sha256: String,
+}
+
+fn exact() -> Storage {
+    Storage::Exact
 }
 
 /// Progress after each segment (for a progress bar).
@@ -90,11 +101,12 @@ pub fn score_corpus(
         })
         .collect();
     let header = ScoreManifestJob {
-        schema_version: SCHEMA_VERSION,
+        schema_version: job.storage.version(),
         teacher: job.meta.teacher.clone(),
         tokenizer_sha256: job.meta.tokenizer_sha256.clone(),
         k: job.meta.k,
         temperature: job.meta.temperature,
+        logprob_step: job.storage,
         seq_len: job.seq_len,
         segments_per_shard: job.segments_per_shard,
         documents: docs.len(),
@@ -148,10 +160,66 @@ pub fn score_corpus(
             let written = Written {
                 rows: rows.len(),
                 positions: rows.iter().map(ShardRow::positions).sum(),
-                bytes: write_shard(path, &job.meta, &rows)?,
+                bytes: write_shard(path, &job.meta, job.storage, &rows)?,
             };
             report.update(|p| p.shards_done += 1);
             Ok(written)
         },
     )
+}
+
+/// Rewrites the teacher-signal shards of `src` (either schema; each verified against its
+/// manifest) into the empty or new directory `dst` stored as `storage`, with a manifest of the
+/// same job. `on_shard(done, total)` after each. `src` is never modified.
+pub fn convert_shards(
+    src: &Path,
+    dst: &Path,
+    storage: Storage,
+    on_shard: &mut dyn FnMut(usize, usize),
+) -> Result<Manifest<ScoreManifestJob>, TeacherError> {
+    let err = |path: &Path, message: String| TeacherError::Load {
+        path: path.to_path_buf(),
+        message,
+    };
+    let manifest_path = src.join(MANIFEST);
+    let text = std::fs::read(&manifest_path).map_err(|e| err(&manifest_path, e.to_string()))?;
+    let old: Manifest<ScoreManifestJob> = serde_json::from_slice(&text).map_err(|e| {
+        err(
+            &manifest_path,
+            format!("not a `teacher score` manifest: {e}"),
+        )
+    })?;
+    if dst.join(MANIFEST).exists() {
+        return Err(err(
+            dst,
+            "already holds shards: convert into a new or empty directory".into(),
+        ));
+    }
+    std::fs::create_dir_all(dst).map_err(|e| err(dst, e.to_string()))?;
+    let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
+    if same(src, dst) {
+        return Err(err(dst, "is the source directory".into()));
+    }
+    let mut shards = Vec::with_capacity(old.shards.len());
+    for (i, entry) in old.shards.iter().enumerate() {
+        let shard = read_shard(&src.join(&entry.file), Some(&entry.sha256))?;
+        let path = dst.join(&entry.file);
+        let bytes = write_shard(&path, &shard.meta, storage, &shard.rows)?;
+        shards.push(ShardEntry {
+            sha256: sha256_file(&path).map_err(|e| err(&path, e.to_string()))?,
+            bytes,
+            ..entry.clone()
+        });
+        on_shard(i + 1, old.shards.len());
+    }
+    let manifest = Manifest {
+        job: ScoreManifestJob {
+            schema_version: storage.version(),
+            logprob_step: storage,
+            ..old.job
+        },
+        shards,
+    };
+    write_manifest(dst, &manifest)?;
+    Ok(manifest)
 }

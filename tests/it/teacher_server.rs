@@ -405,7 +405,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
             "[run]\nname = \"served\"\n[model]\npreset = \"tiny\"\nvocab_size = 49152\n\
              [data]\ntokenizer = \"{tokenizer}\"\nseq_len = 8\nheld_out_fraction = 0.0\n\
              [[data.sources]]\npath = \"a.txt\"\n[[data.sources]]\npath = \"b.txt\"\n\
-             [teacher]\nendpoints = [\"{}\"]\nconcurrency = 2\nk = 5\nsegments_per_shard = 2\n\
+             [teacher]\nendpoints = [\"{}\"]\nconcurrency = 2\nk = 5\nsegments_per_shard = 2\nlogprob_step = 0\n\
              [teacher.generate]\nprompts = [{{path = \"prompts.jsonl\"}}]\nmax_tokens = 5\n\
              temperature = 0.7\nprompts_per_shard = 2\n\
              [distill]\nobjectives = [{{ kind = \"ce\" }}]\n\
@@ -429,8 +429,10 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (_, rows) =
-        k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet"), None).unwrap();
+    // Stored exactly (logprob_step = 0): the served scores are the local ones, bit for bit.
+    let rows = k3mini_data::shards::read_shard(&shards.join("shard-00000.parquet"), None)
+        .unwrap()
+        .rows;
     let direct = local.score(&rows[1].input_ids, 5).unwrap();
     assert_eq!(
         (rows[1].top_ids.clone(), rows[1].top_logprobs.clone()),

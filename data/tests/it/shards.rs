@@ -1,5 +1,6 @@
-//! Teacher-signal shards: a lossless round trip, metadata, and refusal of what is not a shard.
-use k3mini_data::shards::{ShardMeta, ShardRow, read_shard, write_shard};
+//! Teacher-signal shards: exact (v1) and compact (v2) round trips, metadata, and refusal of what
+//! is not a shard.
+use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 
 fn rows(k: usize) -> Vec<ShardRow> {
     (0..3u32)
@@ -39,15 +40,15 @@ fn shards_round_trip_losslessly_with_metadata() {
         vocab: None,
     };
     let path = dir.join("shard-00000.parquet");
-    let written = write_shard(&path, &meta, &rows(8)).unwrap();
+    let written = write_shard(&path, &meta, Storage::Exact, &rows(8)).unwrap();
     assert!(written > 0 && !dir.join("shard-00000.parquet.tmp").exists());
-    let (m, back) = read_shard(&path, None).unwrap();
-    assert_eq!(m, meta);
-    assert_eq!(back, rows(8));
+    let back = read_shard(&path, None).unwrap();
+    assert_eq!((back.meta, back.storage), (meta.clone(), Storage::Exact));
+    assert_eq!(back.rows, rows(8));
     // A row whose lengths disagree with k is refused before anything is written.
     let mut bad = rows(8);
     bad[1].top_ids.pop();
-    let e = write_shard(&dir.join("bad.parquet"), &meta, &bad)
+    let e = write_shard(&dir.join("bad.parquet"), &meta, Storage::Exact, &bad)
         .unwrap_err()
         .to_string();
     assert!(e.contains("document 10 segment 1"), "{e}");
@@ -69,6 +70,70 @@ fn shards_round_trip_losslessly_with_metadata() {
         e.contains("cut.parquet") && e.contains("not a readable Parquet file"),
         "{e}"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+const COMPACT: Storage = Storage::Quantised { step: 1.0 / 32.0 };
+
+#[test]
+fn compact_shards_keep_ids_exactly_and_logprobs_within_a_step() {
+    let dir = std::env::temp_dir().join(format!("k3mini-shards-v2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k = 8;
+    let meta = ShardMeta {
+        teacher: "t".into(),
+        tokenizer_sha256: "ab".repeat(32),
+        k,
+        temperature: 1.0,
+        vocab: Some(49152),
+    };
+    let mut exact = rows(k);
+    // Make the next id the top-k's third entry at every even position (its target logprob is
+    // then that entry's), and shuffle one top-k out of order (the writer sorts it).
+    for r in &mut exact {
+        for t in (0..r.positions()).step_by(2) {
+            r.top_ids[t * k + 2] = r.input_ids[t + 1];
+            r.target_logprobs[t] = r.top_logprobs[t * k + 2];
+        }
+    }
+    exact[0].top_ids[..k].reverse();
+    exact[0].top_logprobs[..k].reverse();
+    for step in [1.0f32 / 8.0, 1.0 / 32.0, 1.0 / 1024.0] {
+        let path = dir.join("shard-00000.parquet");
+        let storage = Storage::Quantised { step };
+        write_shard(&path, &meta, storage, &exact).unwrap();
+        let back = read_shard(&path, None).unwrap();
+        assert_eq!((&back.meta, back.storage), (&meta, storage));
+        for (a, b) in exact.iter().zip(&back.rows) {
+            assert_eq!(
+                (a.doc_id, a.segment, &a.input_ids),
+                (b.doc_id, b.segment, &b.input_ids)
+            );
+            for t in 0..a.positions() {
+                let (ai, al) = (&a.top_ids[t * k..][..k], &a.top_logprobs[t * k..][..k]);
+                let (bi, bl) = (&b.top_ids[t * k..][..k], &b.top_logprobs[t * k..][..k]);
+                assert!(bl.windows(2).all(|w| w[0] >= w[1]), "sorted best first");
+                for (id, lp) in ai.iter().zip(al) {
+                    let j = bi.iter().position(|x| x == id).expect("every id kept");
+                    assert!((bl[j] - lp).abs() <= step + 1e-5, "{} vs {lp}", bl[j]);
+                }
+                let mass = |l: &[f32]| l.iter().map(|&x| (x as f64).exp()).sum::<f64>();
+                assert!(
+                    (mass(al) - mass(bl)).abs() < 1e-6,
+                    "the top-k mass is exact"
+                );
+                let target = b.target_logprobs[t];
+                match bi.iter().position(|&x| x == a.input_ids[t + 1]) {
+                    Some(j) => assert_eq!(target, bl[j]),
+                    None => assert_eq!(target, a.target_logprobs[t]),
+                }
+            }
+        }
+    }
+    // Exact shards are ~4× larger on real teachers (see the README); on these rows, larger.
+    let v1 = write_shard(&dir.join("v1.parquet"), &meta, Storage::Exact, &exact).unwrap();
+    let v2 = write_shard(&dir.join("v2.parquet"), &meta, COMPACT, &exact).unwrap();
+    assert!(v2 < v1, "{v2} vs {v1}");
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -104,6 +169,28 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
     w.close().unwrap();
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("column doc_id has type Utf8"), "{e}");
+    // A schema version this k3mini does not know is named as such.
+    let mut kv: Vec<KeyValue> = ["schema_version", "teacher"]
+        .iter()
+        .zip(["3", "t"])
+        .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
+        .collect();
+    kv.push(KeyValue::new(
+        "k3mini.kind".into(),
+        "teacher-signals".to_string(),
+    ));
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let file = std::fs::File::create(&path).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let e = read_shard(&path, None).unwrap_err().to_string();
+    assert!(
+        e.contains("schema version 3; this k3mini reads version 1 and 2"),
+        "{e}"
+    );
     std::fs::remove_file(&path).ok();
 }
 
@@ -141,7 +228,9 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
     for (damage, says) in cases {
         let mut bad = rows(8);
         damage(&mut bad[1]);
-        let e = write_shard(&path, &meta, &bad).unwrap_err().to_string();
+        let e = write_shard(&path, &meta, Storage::Exact, &bad)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("document 10 segment 1") && e.contains(says),
             "{e}"
@@ -153,13 +242,14 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
         vocab: Some(49152),
         ..meta
     };
-    write_shard(&path, &meta, &rows(8)).unwrap();
-    let (back, _) = read_shard(&path, None).unwrap();
-    assert_eq!(back.vocab, Some(49152));
+    write_shard(&path, &meta, COMPACT, &rows(8)).unwrap();
+    assert_eq!(read_shard(&path, None).unwrap().meta.vocab, Some(49152));
     for (id, says) in [(2_000_000_000u32, "id 2000000000"), (-7i32 as u32, "id -7")] {
         let mut bad = rows(8);
         bad[1].top_ids[2] = id;
-        let e = write_shard(&path, &meta, &bad).unwrap_err().to_string();
+        let e = write_shard(&path, &meta, COMPACT, &bad)
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("column top_ids, entry 2")
                 && e.contains(says)

@@ -1,7 +1,7 @@
 //! Batches from teacher shards: a resumed stream continues exactly, held-out documents never train,
 //! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
 use k3mini_data::digest::sha256_hex;
-use k3mini_data::shards::{ShardMeta, ShardRow, write_shard};
+use k3mini_data::shards::{ShardMeta, ShardRow, Storage, write_shard};
 use k3mini_data::signals::{
     OUT_OF_VOCAB_LOGPROB, ShardFile, SignalCursor, SignalRow, SignalSource, SignalSpec,
     SignalStream, assemble,
@@ -44,7 +44,7 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
         .enumerate()
         .map(|(i, rows)| {
             let path = dir.join(format!("shard-{i:05}.parquet"));
-            write_shard(&path, &meta, rows).unwrap();
+            write_shard(&path, &meta, Storage::Exact, rows).unwrap();
             ShardFile {
                 sha256: sha256_hex(&std::fs::read(&path).unwrap()),
                 path,

@@ -2,7 +2,7 @@
 //! the rows, and refusal of files of the other kind.
 use k3mini_data::chat::split_thinking;
 use k3mini_data::prompts::{read_champ, read_prompts};
-use k3mini_data::shards::{ShardMeta, ShardRow, read_shard, write_shard};
+use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 use k3mini_data::trajectories::{
     TrajectoryMeta, TrajectoryRow, read_trajectories, write_trajectories,
 };
@@ -178,7 +178,7 @@ fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
         top_ids: vec![2, 3],
         top_logprobs: vec![-1.0, -2.0],
     };
-    write_shard(&signals, &shard_meta, &[srow]).unwrap();
+    write_shard(&signals, &shard_meta, Storage::Exact, &[srow]).unwrap();
     let e = read_trajectories(&signals, None).unwrap_err().to_string();
     assert!(e.contains("holds teacher-signals, not trajectories"), "{e}");
     let e = read_shard(&path, None).unwrap_err().to_string();

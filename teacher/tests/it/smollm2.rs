@@ -140,8 +140,9 @@ fn bad_requests_are_refused_with_the_reason() {
 
 mod scoring {
     use super::teacher;
-    use k3mini_data::shards::{ShardMeta, read_shard};
-    use k3mini_teacher::score::{ScoreJob, score_corpus};
+    use k3mini_data::shards::{ShardMeta, Storage, read_shard};
+    use k3mini_teacher::score::{ScoreJob, convert_shards, score_corpus};
+
     use k3mini_teacher::{GenerateParams, Generation, Scored, Teacher, TeacherError};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -197,6 +198,7 @@ mod scoring {
                 temperature: 1.0,
                 vocab: None,
             },
+            storage: Storage::Exact,
             seq_len: 6, // several segments per line
             segments_per_shard: 4,
             concurrency: 1,
@@ -224,11 +226,43 @@ mod scoring {
         assert_eq!((p.shards_total, p.skipped), (segs.div_ceil(4), 1));
         assert_eq!(m.shards.iter().map(|s| s.rows).sum::<usize>(), segs);
         // Shards hold exactly what the teacher says.
-        let (meta, rows) = read_shard(&dir.join("shard-00002.parquet"), None).unwrap();
+        let shard = read_shard(&dir.join("shard-00002.parquet"), None).unwrap();
+        let (meta, rows) = (shard.meta, shard.rows);
         assert_eq!(meta, job.meta);
         let direct = t.score(&rows[0].input_ids, 8).unwrap();
         assert_eq!((rows[0].doc_id, rows[0].segment), (4, 0));
         assert_eq!(rows[0].top_logprobs, direct.top_logprobs);
+        // Converted to the compact schema: the same ids, every logprob within the step, a
+        // manifest of the same job that training reads as it reads the original.
+        let compact = Storage::Quantised { step: 1.0 / 32.0 };
+        let m_exact: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        let converted = dir.join("v2");
+        let mut seen = 0;
+        let mc = convert_shards(&dir, &converted, compact, &mut |done, _| seen = done).unwrap();
+        assert_eq!(seen, mc.shards.len());
+        assert_eq!((mc.job.schema_version, mc.job.logprob_step), (2, compact));
+        assert_eq!(mc.job.inputs_sha256, m_exact["job"]["inputs_sha256"]);
+        let v2 = read_shard(
+            &converted.join("shard-00002.parquet"),
+            Some(&mc.shards[2].sha256),
+        )
+        .unwrap();
+        assert_eq!(v2.storage, compact);
+        for (a, b) in rows.iter().zip(&v2.rows) {
+            assert_eq!(a.top_ids, b.top_ids);
+            let err = a
+                .top_logprobs
+                .iter()
+                .zip(&b.top_logprobs)
+                .map(|(x, y)| (x - y).abs());
+            assert!(err.fold(0.0, f32::max) <= 1.0 / 32.0 + 1e-5);
+        }
+        let e = convert_shards(&dir, &converted, compact, &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("already holds shards"), "{e}");
+        std::fs::remove_dir_all(&converted).unwrap();
         // A corrupted shard is rescored; a job with another k refuses the directory.
         let bytes = std::fs::read(dir.join("shard-00001.parquet")).unwrap();
         std::fs::write(dir.join("shard-00001.parquet"), &bytes[..bytes.len() / 2]).unwrap();
