@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! RUN/metrics.jsonl                 one StepMetrics per logged step
-//! RUN/step-NNNNNNNN/model.safetensors   weights under transformers' names
+//! RUN/step-NNNNNNNN/model.safetensors   weights under transformers' names (past
+//!                                       train.weights_shard_bytes: model-0000i-of-0000N.safetensors
+//!                                       and model.safetensors.index.json, as transformers shards)
 //!                   param_ids.json      parameter ids (the optimizer's moments are keyed by them)
 //!                   optimizer.bpk       AdamW moments
 //!                   state.json          step, data cursors, bad-step count
@@ -10,8 +12,9 @@
 //!                   manifest.json       SHA-256 of each file (k3mini_checkpoints)
 //! ```
 //!
-//! Checkpoints are written to a temporary directory and renamed; every file is verified against
-//! the manifest when read. The plan makes a checkpoint self-contained: export, eval and resume
+//! Checkpoints are written to a temporary directory and renamed, every tensor streamed to disk in
+//! turn; every file is verified against the manifest when opened, and weights and optimizer state
+//! are read back a tensor at a time, so resuming needs little memory beyond training's own. The plan makes a checkpoint self-contained: export, eval and resume
 //! rebuild the run from it, not from the recipe file or the presets as they are now.
 
 use crate::bail;
@@ -23,14 +26,13 @@ use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
 use k3mini_data::Cursor;
 use k3mini_data::signals::SignalCursor;
 use k3mini_student::K3Mini;
-use k3mini_student::hf::{load_hf_bytes, to_hf_bytes};
+use k3mini_student::hf::{hf_weight_files, load_hf_files, safetensors_header, save_hf_files};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const METRICS: &str = "metrics.jsonl";
-const WEIGHTS: &str = "model.safetensors";
 const IDS: &str = "param_ids.json";
 const OPTIMIZER: &str = "optimizer.bpk";
 const STATE: &str = "state.json";
@@ -111,22 +113,23 @@ pub enum DataCursor {
     Signals(SignalCursor),
 }
 
-/// A checkpoint, read and verified.
+/// A checkpoint, verified.
 pub struct Checkpoint {
     pub dir: PathBuf,
     /// The optimizer steps it was written after.
     pub step: usize,
     /// The plan the run was trained with.
     pub plan: RunPlan,
-    /// transformers-named safetensors.
-    pub weights: Vec<u8>,
-    /// The rest of its files, by name.
-    files: BTreeMap<String, Vec<u8>>,
+    /// Its transformers-named safetensors: one file, or the shards its index lists, in order.
+    pub weights: Vec<PathBuf>,
+    /// Every file it holds, by name (checked against the manifest, read when needed).
+    files: BTreeMap<String, PathBuf>,
 }
 
-/// A checkpoint directory, or a run directory (its newest checkpoint), read and verified.
+/// A checkpoint directory, or a run directory (its newest checkpoint), verified: every file against
+/// the manifest (read in pieces, none kept in memory), the weights finite, the plan parsed.
 pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
-    let (step, dir) = if path.join(WEIGHTS).is_file() {
+    let (step, dir) = if path.join(k3mini_checkpoints::MANIFEST).is_file() {
         // A checkpoint directory is named step-NNNNNNNN.
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
         let digits = name.as_deref().and_then(|n| n.rsplit('-').next());
@@ -142,21 +145,33 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
             )
         })?
     };
-    let mut files = k3mini_checkpoints::read(&dir)?;
-    let weights = files
-        .remove(WEIGHTS)
-        .with_context(|| format!("checkpoint {}: no {WEIGHTS}", dir.display()))?;
-    check_finite(&dir, &weights)?;
-    let plan = files.remove(PLAN).with_context(|| {
-        format!(
-            "checkpoint {}: no {PLAN} (written by a k3mini before runs stored their resolved \
-             plan; train it again with this version)",
-            dir.display()
-        )
-    })?;
-    let plan = std::str::from_utf8(&plan)
+    let files = k3mini_checkpoints::verify(&dir)?;
+    let weights =
+        hf_weight_files(&dir).map_err(|e| crate::refused!("checkpoint {}: {e}", dir.display()))?;
+    for w in &weights {
+        let name = w.file_name().map(|n| n.to_string_lossy().into_owned());
+        crate::ensure!(
+            name.is_some_and(|n| files.contains_key(&n)),
+            "checkpoint {}: {} is not in its manifest",
+            dir.display(),
+            w.display()
+        );
+        check_finite(&dir, w)?;
+    }
+    let plan = files
+        .get(PLAN)
+        .map(std::fs::read_to_string)
+        .transpose()
+        .with_context(|| format!("checkpoint {}: {PLAN}", dir.display()))?
+        .with_context(|| {
+            format!(
+                "checkpoint {}: no {PLAN} (written by a k3mini before runs stored their resolved \
+                 plan; train it again with this version)",
+                dir.display()
+            )
+        })?;
+    let plan = RunPlan::from_toml(&plan)
         .ok()
-        .and_then(|text| RunPlan::from_toml(text).ok())
         .with_context(|| format!("checkpoint {}: {PLAN} is not a run plan", dir.display()))?;
     Ok(Checkpoint {
         dir,
@@ -168,93 +183,136 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
 }
 
 /// Refuses weights holding NaN or ±inf (a checksum proves the bytes are the ones written, not
-/// that they are a model anything should be exported or evaluated from).
-fn check_finite(dir: &Path, weights: &[u8]) -> Result<()> {
-    let st = safetensors::SafeTensors::deserialize(weights)
-        .with_context(|| format!("checkpoint {}: {WEIGHTS}", dir.display()))?;
-    for (name, view) in st.tensors() {
-        let finite = view.dtype() != safetensors::Dtype::F32
-            || view
-                .data()
-                .chunks_exact(4)
-                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite());
+/// that they are a model anything should be exported or evaluated from). Reads the file in pieces.
+fn check_finite(dir: &Path, weights: &Path) -> Result<()> {
+    use std::io::Read;
+    let name = weights.display();
+    let (data_start, header) = safetensors_header(weights)
+        .map_err(|e| crate::refused!("checkpoint {}: {name}: {e}", dir.display()))?;
+    // (start, end, tensor) of every f32 tensor, in file order.
+    let mut spans: Vec<(u64, u64, String)> = header
+        .iter()
+        .filter(|(_, v)| v["dtype"] == "F32")
+        .filter_map(|(k, v)| {
+            let o = v["data_offsets"].as_array()?;
+            Some((o.first()?.as_u64()?, o.get(1)?.as_u64()?, k.clone()))
+        })
+        .collect();
+    spans.sort();
+    let mut f = std::io::BufReader::with_capacity(
+        1 << 20,
+        std::fs::File::open(weights).with_context(|| format!("{name}"))?,
+    );
+    let mut at = 0u64;
+    std::io::copy(&mut (&mut f).take(data_start), &mut std::io::sink())
+        .with_context(|| format!("{name}"))?;
+    let mut buf = vec![0u8; 1 << 20];
+    for (start, end, tensor) in spans {
         crate::ensure!(
-            finite,
-            "checkpoint {}: tensor {name} holds NaN or infinite values; refusing to load it",
+            start >= at && end >= start,
+            "checkpoint {}: {name}: {tensor} overlaps another tensor",
             dir.display()
         );
+        std::io::copy(&mut (&mut f).take(start - at), &mut std::io::sink())
+            .with_context(|| format!("{name}"))?;
+        let mut left = end - start;
+        while left > 0 {
+            let n = left.min(buf.len() as u64) as usize;
+            f.read_exact(&mut buf[..n]).with_context(|| {
+                format!(
+                    "checkpoint {}: {name}: {tensor} is cut short",
+                    dir.display()
+                )
+            })?;
+            let finite = buf[..n]
+                .chunks_exact(4)
+                .all(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite());
+            crate::ensure!(
+                finite,
+                "checkpoint {}: tensor {tensor} holds NaN or infinite values; refusing to load it",
+                dir.display()
+            );
+            left -= n as u64;
+        }
+        at = end;
     }
     Ok(())
 }
 
 impl Checkpoint {
-    /// The model of the plan with the checkpoint's weights.
+    /// The model of the plan with the checkpoint's weights, loaded a tensor at a time.
     pub fn model(&self, device: &Device) -> Result<K3Mini> {
         let mut model = K3Mini::new(&self.plan.model, device)?;
-        load_hf_bytes(&mut model, self.weights.clone())
-            .map_err(|e| crate::refused!("checkpoint {}: {WEIGHTS}: {e}", self.dir.display()))?;
+        load_hf_files(&mut model, &self.weights)
+            .map_err(|e| crate::refused!("checkpoint {}: {e}", self.dir.display()))?;
         Ok(model)
     }
 
-    fn take(&mut self, name: &str) -> Result<Vec<u8>> {
+    fn path(&self, name: &str) -> Result<&Path> {
         self.files
-            .remove(name)
+            .get(name)
+            .map(PathBuf::as_path)
             .with_context(|| format!("checkpoint {}: no {name}", self.dir.display()))
     }
 
     /// Model (with its parameter ids), optimizer record and state, to continue training on
-    /// `device`.
-    pub fn resume(mut self, device: &Device) -> Result<(K3Mini, OptimizerRecord, TrainState)> {
+    /// `device`. The optimizer state is read from disk as it is applied, not loaded whole first.
+    pub fn resume(self, device: &Device) -> Result<(K3Mini, OptimizerRecord, TrainState)> {
         let dir = self.dir.display().to_string();
+        let read = |name: &str| -> Result<Vec<u8>> {
+            let path = self.path(name)?;
+            std::fs::read(path).with_context(|| format!("{}", path.display()))
+        };
         let ids: BTreeMap<String, u64> =
-            serde_json::from_slice(&self.take(IDS)?).with_context(|| format!("{dir}: {IDS}"))?;
-        let state: TrainState = serde_json::from_slice(&self.take(STATE)?)
-            .with_context(|| format!("{dir}: {STATE}"))?;
-        let optimizer = self.take(OPTIMIZER)?;
+            serde_json::from_slice(&read(IDS)?).with_context(|| format!("{dir}: {IDS}"))?;
+        let state: TrainState =
+            serde_json::from_slice(&read(STATE)?).with_context(|| format!("{dir}: {STATE}"))?;
+        let record = OptimizerRecord::load(self.path(OPTIMIZER)?).map_err(|e| {
+            crate::refused!("{dir}: {OPTIMIZER} is not an optimizer state k3mini wrote ({e:?})")
+        })?;
         let model = restore_param_ids(self.model(device)?, &ids)
             .map_err(|e| crate::refused!("{dir}: {IDS}: {e}"))?;
-        let record = OptimizerRecord::from_bytes(burn::tensor::Bytes::from_bytes_vec(optimizer))
-            .map_err(|e| {
-                crate::refused!("{dir}: {OPTIMIZER} is not an optimizer state k3mini wrote ({e:?})")
-            })?;
         Ok((model, record, state))
     }
 }
 
 /// Writes a checkpoint of step `state.step` into `plan.out_dir`, keeping the newest
-/// `train.keep_checkpoints`.
+/// `train.keep_checkpoints`. Weights and optimizer state stream to disk a tensor at a time.
 pub fn write_checkpoint(
     plan: &RunPlan,
     model: &K3Mini,
     optim: &ModuleOptimizer,
     state: &TrainState,
 ) -> Result<PathBuf> {
-    let weights = to_hf_bytes(model)?;
-    let optimizer = optim
-        .to_record()
-        .into_bytes()
-        .map_err(|e| crate::refused!("{e:?}"))?
-        .to_vec();
-    let files = [
-        (WEIGHTS, weights),
-        (IDS, serde_json::to_vec(&param_ids(model))?),
-        (OPTIMIZER, optimizer),
-        (STATE, serde_json::to_vec_pretty(state)?),
-        (PLAN, plan.to_toml().into_bytes()),
-    ];
-    Ok(k3mini_checkpoints::write(
+    k3mini_checkpoints::write_with(
         &plan.out_dir,
         state.step,
-        &files,
         plan.train.keep_checkpoints,
-    )?)
+        |dir| -> Result<()> {
+            save_hf_files(model, dir, plan.train.weights_shard_bytes)?;
+            put(dir, IDS, &serde_json::to_vec(&param_ids(model))?)?;
+            let path = dir.join(OPTIMIZER);
+            optim
+                .to_record()
+                .save(&path)
+                .map_err(|e| crate::refused!("{}: {e:?}", path.display()))?;
+            put(dir, STATE, &serde_json::to_vec_pretty(state)?)?;
+            put(dir, PLAN, plan.to_toml().as_bytes())
+        },
+    )
 }
 
 /// Writes a checkpoint of a model that has not trained (tests, benchmarks): weights and plan.
 pub fn write_weights(plan: &RunPlan, model: &K3Mini, step: usize) -> Result<PathBuf> {
-    let weights = to_hf_bytes(model)?;
-    let files = [(WEIGHTS, weights), (PLAN, plan.to_toml().into_bytes())];
-    Ok(k3mini_checkpoints::write(&plan.out_dir, step, &files, 1)?)
+    k3mini_checkpoints::write_with(&plan.out_dir, step, 1, |dir| -> Result<()> {
+        save_hf_files(model, dir, plan.train.weights_shard_bytes)?;
+        put(dir, PLAN, plan.to_toml().as_bytes())
+    })
+}
+
+fn put(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
 /// `metrics.jsonl`, opened for appending after `step`: lines of later steps (written by a run

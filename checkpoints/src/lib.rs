@@ -1,8 +1,9 @@
 //! Checkpoints: a checkpoint is a directory `step-NNNNNNNN/` holding named files and a
 //! `manifest.json` of their SHA-256 sums. It is written to a temporary directory and renamed into
 //! place (a crash leaves either the old set or the new one, never half a checkpoint), the oldest
-//! are pruned beyond `keep`, and reading verifies every checksum so a corrupt or truncated file is
-//! named instead of loaded.
+//! are pruned beyond `keep`, and opening one verifies every checksum so a corrupt or truncated file
+//! is named instead of loaded. Files are written and hashed as streams: a checkpoint of a model
+//! larger than memory's spare room never has to be whole in memory.
 //!
 //! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
 //! transformers-named safetensors weights, so resumption is exact.
@@ -44,13 +45,6 @@ struct Manifest {
     files: BTreeMap<String, String>,
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Directory name of the checkpoint at `step`.
 pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(format!("{PREFIX}{step:08}"))
@@ -64,29 +58,51 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     std::fs::rename(&tmp, path).map_err(|e| io(path, e))
 }
 
-/// Writes a checkpoint atomically and prunes all but the newest `keep`. Returns its directory.
-pub fn write(
+/// SHA-256 (hex) of a file, read in pieces (a checkpoint's files can be larger than memory).
+fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| io(path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes a checkpoint atomically and prunes all but the newest `keep`: `fill` writes its files
+/// into a fresh temporary directory (streaming them, so nothing needs to be whole in memory); each
+/// file is then checksummed into the manifest and the directory renamed into place. Returns it.
+pub fn write_with<E: From<CheckpointError>>(
     run_dir: &Path,
     step: usize,
-    files: &[(&str, Vec<u8>)],
     keep: usize,
-) -> Result<PathBuf, CheckpointError> {
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<PathBuf, E> {
     let final_dir = step_dir(run_dir, step);
     let tmp = run_dir.join(format!(".tmp-{PREFIX}{step:08}-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    fill(&tmp)?;
     let mut manifest = Manifest {
         step,
         files: BTreeMap::new(),
     };
-    for (name, bytes) in files {
-        let path = tmp.join(name);
-        std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
-        manifest
-            .files
-            .insert((*name).to_string(), sha256_hex(bytes));
+    for entry in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
+        let path = entry.map_err(|e| io(&tmp, e))?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if path.is_file() && name != MANIFEST {
+            manifest.files.insert(name, sha256_file(&path)?);
+        }
     }
     let manifest_path = tmp.join(MANIFEST);
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
@@ -104,6 +120,22 @@ pub fn write(
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
     }
     Ok(final_dir)
+}
+
+/// [`write_with`] for files given as bytes.
+pub fn write(
+    run_dir: &Path,
+    step: usize,
+    files: &[(&str, Vec<u8>)],
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    write_with(run_dir, step, keep, |dir| {
+        for (name, bytes) in files {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
+        }
+        Ok(())
+    })
 }
 
 /// Every checkpoint under `run_dir`, oldest first, as `(step, dir)`. Temporary directories are ignored.
@@ -151,8 +183,9 @@ pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>, CheckpointErro
     Ok(list(run_dir)?.pop())
 }
 
-/// Reads and verifies every file of a checkpoint: name → bytes.
-pub fn read(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, CheckpointError> {
+/// Verifies every file of a checkpoint against its manifest, reading each in pieces: name → path.
+/// A missing, truncated or altered file is named.
+pub fn verify(dir: &Path) -> Result<BTreeMap<String, PathBuf>, CheckpointError> {
     let invalid = |message: String| CheckpointError::Invalid {
         dir: dir.to_path_buf(),
         message,
@@ -163,15 +196,19 @@ pub fn read(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, CheckpointError> {
         .map_err(|e| invalid(format!("{MANIFEST} does not parse: {e}")))?;
     let mut files = BTreeMap::new();
     for (name, sum) in &manifest.files {
+        if name.contains('/') || name.contains('\\') || name == ".." {
+            return Err(invalid(format!(
+                "{MANIFEST} names {name:?}, not a file of it"
+            )));
+        }
         let path = dir.join(name);
-        let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
-        if &sha256_hex(&bytes) != sum {
+        if &sha256_file(&path)? != sum {
             return Err(CheckpointError::Corrupt {
                 dir: dir.to_path_buf(),
                 file: name.clone(),
             });
         }
-        files.insert(name.clone(), bytes);
+        files.insert(name.clone(), path);
     }
     Ok(files)
 }

@@ -1,5 +1,5 @@
 //! Parameter ids by module path. burn keys optimizer state by parameter id, and safetensors (the
-//! weights' format, see `k3mini_student::hf::to_hf_bytes`) has no place for ids, so a checkpoint
+//! weights' format, see `k3mini_student::hf::save_hf_files`) has no place for ids, so a checkpoint
 //! carries this path → id map and resuming gives the fresh model its old ids back.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};

@@ -1,7 +1,7 @@
 //! Checkpoint directories: atomic, pruned, verified; parameter ids survive a round trip.
 use burn::tensor::Device;
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
-use k3mini_checkpoints::{CheckpointError, latest, list, read, step_dir, write};
+use k3mini_checkpoints::{CheckpointError, latest, list, step_dir, verify, write, write_with};
 use k3mini_student::{K3Mini, presets};
 use std::path::PathBuf;
 
@@ -38,11 +38,38 @@ fn write_read_and_keep_the_newest() {
     assert_eq!(steps, vec![30, 40]);
     let (step, dir) = latest(&run.0).unwrap().unwrap();
     assert_eq!(step, 40);
-    let got = read(&dir).unwrap();
-    assert_eq!(got["blob.bin"], vec![40u8; 1000]);
+    let got = verify(&dir).unwrap();
+    assert_eq!(std::fs::read(&got["blob.bin"]).unwrap(), vec![40u8; 1000]);
     // A leftover temporary directory from a crash is not a checkpoint.
     std::fs::create_dir_all(run.0.join(".tmp-step-00000050-1")).unwrap();
     assert_eq!(latest(&run.0).unwrap().unwrap().0, 40);
+}
+
+#[test]
+fn files_written_in_place_are_checksummed_and_a_failed_fill_leaves_no_checkpoint() {
+    let run = Run::new("fill");
+    let dir = write_with(&run.0, 3, 2, |tmp| -> Result<(), CheckpointError> {
+        std::fs::write(tmp.join("a.bin"), vec![1u8; 3 << 20]).unwrap();
+        std::fs::write(tmp.join("b.json"), "{}").unwrap();
+        Ok(())
+    })
+    .unwrap();
+    let got = verify(&dir).unwrap();
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["a.bin", "b.json"]);
+    let e = write_with(&run.0, 4, 2, |tmp| {
+        std::fs::write(tmp.join("a.bin"), [2u8; 10]).unwrap();
+        Err(CheckpointError::Invalid {
+            dir: tmp.to_path_buf(),
+            message: "the disk filled".into(),
+        })
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("the disk filled"), "{e}");
+    assert_eq!(
+        latest(&run.0).unwrap().unwrap().0,
+        3,
+        "step 4 was never published"
+    );
 }
 
 #[test]
@@ -53,24 +80,24 @@ fn corrupt_and_truncated_files_are_named() {
     let mut bytes = std::fs::read(&blob).unwrap();
     bytes[500] ^= 1;
     std::fs::write(&blob, &bytes).unwrap();
-    let err = read(&dir).unwrap_err();
+    let err = verify(&dir).unwrap_err();
     assert!(
         matches!(&err, CheckpointError::Corrupt { file, .. } if file == "blob.bin"),
         "{err}"
     );
     std::fs::write(&blob, &bytes[..100]).unwrap();
     assert!(
-        read(&dir)
+        verify(&dir)
             .unwrap_err()
             .to_string()
             .contains("blob.bin is corrupt")
     );
     std::fs::write(&blob, vec![7u8; 1000]).unwrap(); // repaired
     std::fs::remove_file(dir.join("state.json")).unwrap();
-    assert!(read(&dir).unwrap_err().to_string().contains("state.json"));
+    assert!(verify(&dir).unwrap_err().to_string().contains("state.json"));
     std::fs::write(dir.join("manifest.json"), "{not json").unwrap();
     assert!(
-        read(&dir)
+        verify(&dir)
             .unwrap_err()
             .to_string()
             .contains("manifest.json does not parse")

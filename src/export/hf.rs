@@ -7,7 +7,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::END_OF_TURN;
-use k3mini_student::hf::config_to_kimi_linear;
+use k3mini_student::hf::{WEIGHTS_FILE, WEIGHTS_INDEX, config_to_kimi_linear};
 use k3mini_student::precision::Precision;
 use std::path::{Path, PathBuf};
 
@@ -26,14 +26,13 @@ pub fn export_hf(
     ];
     let config = config_to_kimi_linear(&ck.plan.model, special)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut written = Vec::new();
+    let mut written = copy_weights(ck, out)?;
     let mut put = |name: &str, bytes: &[u8]| -> Result<()> {
         let path = out.join(name);
         write_atomic(&path, bytes)?;
         written.push(path);
         Ok(())
     };
-    put("model.safetensors", &ck.weights)?;
     put(
         "config.json",
         serde_json::to_string_pretty(&config)?.as_bytes(),
@@ -48,6 +47,42 @@ pub fn export_hf(
         let path = out.join("tokenizer.json");
         t.save(&path)?;
         written.push(path);
+    }
+    Ok(written)
+}
+
+/// The checkpoint's weight files as they are — one, or shards with the index transformers reads
+/// (the run's `train.weights_shard_bytes`) — each copied through a temporary file, never held in
+/// memory; weight files of an earlier export in `out` that this one does not have are removed.
+fn copy_weights(ck: &Checkpoint, out: &Path) -> Result<Vec<PathBuf>> {
+    let mut sources = ck.weights.clone();
+    let index = ck.dir.join(WEIGHTS_INDEX);
+    if index.is_file() {
+        sources.push(index);
+    }
+    let names: Vec<String> = sources
+        .iter()
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .collect();
+    let weight_file = |n: &str| {
+        n == WEIGHTS_FILE
+            || n == WEIGHTS_INDEX
+            || (n.starts_with("model-") && n.contains("-of-") && n.ends_with(".safetensors"))
+    };
+    for entry in std::fs::read_dir(out).with_context(|| format!("{}", out.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if let Some(n) = name.filter(|n| weight_file(n) && !names.contains(n)) {
+            std::fs::remove_file(&path)
+                .with_context(|| format!("removing the stale {}", out.join(n).display()))?;
+        }
+    }
+    let mut written = Vec::new();
+    for (src, name) in sources.iter().zip(&names) {
+        let (dst, tmp) = (out.join(name), out.join(format!("{name}.tmp")));
+        std::fs::copy(src, &tmp).with_context(|| format!("copying {}", src.display()))?;
+        std::fs::rename(&tmp, &dst).with_context(|| format!("{}", dst.display()))?;
+        written.push(dst);
     }
     Ok(written)
 }

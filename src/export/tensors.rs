@@ -67,9 +67,18 @@ pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
     Ok((gguf_metadata(cfg, arch, &kinds), m.out))
 }
 
-/// The student's tensors by transformers name: (shape, f32 values).
+/// The student's tensors by transformers name: (shape, f32 values), from each weight file in turn.
 fn hf_tensors(ck: &Checkpoint) -> Result<HfTensors> {
-    let st = safetensors::SafeTensors::deserialize(&ck.weights)?;
+    let mut all = HfTensors::new();
+    for path in &ck.weights {
+        let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
+        all.extend(file_tensors(&bytes)?);
+    }
+    Ok(all)
+}
+
+fn file_tensors(bytes: &[u8]) -> Result<HfTensors> {
+    let st = safetensors::SafeTensors::deserialize(bytes)?;
     st.tensors()
         .into_iter()
         .map(|(name, view)| {

@@ -841,6 +841,9 @@ fn check_loop(r: &Recipe, model: &ModelConfig) -> Result<(), Refusal> {
             return refuse(key, "must be positive");
         }
     }
+    if r.train.weights_shard_bytes == 0 {
+        return refuse("train.weights_shard_bytes", "must be positive");
+    }
     if r.data.sources.is_empty() {
         return refuse("data.sources", "needs at least one source");
     }

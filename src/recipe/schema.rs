@@ -8,7 +8,8 @@
 //!             path/format/field/chat
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
-//! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps
+//! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
+//!             weights_shard_bytes
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
 //! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, logprob_step,
 //!             shards_dir
@@ -364,6 +365,13 @@ pub struct TrainConfig {
     /// Consecutive non-finite steps (skipped) before the run stops.
     #[serde(default = "default_max_bad")]
     pub max_bad_steps: usize,
+    /// Checkpoint (and HF export) weights past this many bytes are split into
+    /// `model-0000i-of-0000N.safetensors` + `model.safetensors.index.json`, as transformers does.
+    #[serde(
+        default = "default_shard_bytes",
+        skip_serializing_if = "is_default_shard_bytes"
+    )]
+    pub weights_shard_bytes: u64,
     /// Recompute memory-bound activations in the backward pass instead of keeping them (burn's
     /// balanced gradient checkpointing): the same gradients, less activation memory.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -426,6 +434,12 @@ fn default_eval_batches() -> usize {
 }
 fn default_checkpoint_every() -> usize {
     100
+}
+fn default_shard_bytes() -> u64 {
+    k3mini_student::hf::DEFAULT_SHARD_BYTES
+}
+fn is_default_shard_bytes(b: &u64) -> bool {
+    *b == default_shard_bytes()
 }
 fn default_keep() -> usize {
     3

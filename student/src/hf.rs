@@ -6,7 +6,7 @@ use crate::config::{Activation, KdaConfig, KdaKernel, MlaConfig, ModelConfig, Mo
 use crate::model::K3Mini;
 use burn::store::{BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore};
 use serde_json::Value;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Parameter-name suffixes that differ from transformers': (theirs, ours).
 pub const HF_RENAMES: [(&str, &str); 1] = [(".A_log", ".a_log")];
@@ -265,53 +265,212 @@ pub fn config_to_kimi_linear(
     }))
 }
 
-/// Loads transformers-named safetensors into `model`; every parameter must be present and used.
+/// Loads one transformers-named safetensors file into `model`; every parameter must be present
+/// and every tensor used.
 pub fn load_hf_safetensors(model: &mut K3Mini, path: &Path) -> Result<(), HfError> {
-    let load_err = |message: String| HfError::Load {
+    load_hf_files(model, &[path.to_path_buf()])
+}
+
+/// The weights file of an unsharded model, and the index beside sharded ones (transformers' names).
+pub const WEIGHTS_FILE: &str = "model.safetensors";
+pub const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
+
+/// Weight files are split past this many bytes (transformers' `max_shard_size` default, 5 GB).
+pub const DEFAULT_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// The name of shard `i` (0-based) of `n`, as transformers writes them.
+pub fn shard_file_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+}
+
+/// A store of the safetensors file at `path` in transformers' names and layouts: for saving
+/// (`to_hf`) or loading.
+fn hf_store(path: &Path, to_hf: bool) -> SafetensorsStore {
+    let mut store = SafetensorsStore::from_file(path).skip_enum_variants(true);
+    store = match to_hf {
+        true => store.overwrite(true).with_to_adapter(BurnToPyTorchAdapter),
+        false => store
+            .with_from_adapter(PyTorchToBurnAdapter)
+            .allow_partial(true),
+    };
+    for (from, to) in renames(to_hf) {
+        store = store.with_key_remapping(from, to);
+    }
+    store
+}
+
+/// A safetensors file's header: the offset where its data starts, and the JSON object that
+/// describes each tensor (`dtype`, `shape`, `data_offsets` relative to that start).
+pub fn safetensors_header(path: &Path) -> Result<(u64, serde_json::Map<String, Value>), String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|e| format!("no header: {e}"))?;
+    let len = u64::from_le_bytes(len);
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    if len > size.saturating_sub(8) {
+        return Err(format!(
+            "its header claims {len} bytes of a {size}-byte file"
+        ));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header).map_err(|e| e.to_string())?;
+    let mut map: serde_json::Map<String, Value> =
+        serde_json::from_slice(&header).map_err(|e| format!("header: {e}"))?;
+    map.remove("__metadata__");
+    Ok((8 + len, map))
+}
+
+/// Writes the model's weights into `dir` with transformers' names and layouts, a tensor at a time
+/// (no second copy of the model in memory): [`WEIGHTS_FILE`], or, when they pass `shard_bytes`,
+/// `model-00001-of-0000N.safetensors`… (whole tensors, in module order) and [`WEIGHTS_INDEX`]
+/// (`weight_map` tensor → file, `metadata.total_size`). Returns the file names written.
+pub fn save_hf_files(model: &K3Mini, dir: &Path, shard_bytes: u64) -> Result<Vec<String>, HfError> {
+    let err = |path: &Path, e: String| HfError::Load {
+        path: path.display().to_string(),
+        message: e,
+    };
+    // Names (as the store's filter sees them) and sizes, without reading any tensor's data.
+    let tensors = model.collect(None, Some(Box::new(BurnToPyTorchAdapter)), true);
+    let mut groups: Vec<(Vec<String>, u64)> = Vec::new();
+    for t in &tensors {
+        let bytes = (t.shape.num_elements() * t.dtype.size()) as u64;
+        match groups.last_mut() {
+            Some((names, total)) if *total + bytes <= shard_bytes => {
+                names.push(t.name.clone());
+                *total += bytes;
+            }
+            _ => groups.push((vec![t.name.clone()], bytes)),
+        }
+    }
+    drop(tensors);
+    if groups.len() <= 1 {
+        let path = dir.join(WEIGHTS_FILE);
+        model
+            .save_into(&mut hf_store(&path, true))
+            .map_err(|e| err(&path, e.to_string()))?;
+        return Ok(vec![WEIGHTS_FILE.into()]);
+    }
+    let n = groups.len();
+    let mut weight_map = serde_json::Map::new();
+    let mut files = Vec::with_capacity(n + 1);
+    for (i, (names, _)) in groups.iter().enumerate() {
+        let name = shard_file_name(i, n);
+        let path = dir.join(&name);
+        let mut store = hf_store(&path, true).with_full_paths(names.iter().cloned());
+        model
+            .save_into(&mut store)
+            .map_err(|e| err(&path, e.to_string()))?;
+        for (tensor, _) in safetensors_header(&path).map_err(|e| err(&path, e))?.1 {
+            weight_map.insert(tensor, Value::String(name.clone()));
+        }
+        files.push(name);
+    }
+    let total: u64 = groups.iter().map(|g| g.1).sum();
+    let index = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let path = dir.join(WEIGHTS_INDEX);
+    let text = serde_json::to_vec_pretty(&index).expect("an index serialises");
+    std::fs::write(&path, text).map_err(|e| err(&path, e.to_string()))?;
+    files.push(WEIGHTS_INDEX.into());
+    Ok(files)
+}
+
+/// The safetensors files of a weights directory: [`WEIGHTS_FILE`], or the shards its
+/// [`WEIGHTS_INDEX`] names (each must exist).
+pub fn hf_weight_files(dir: &Path) -> Result<Vec<PathBuf>, HfError> {
+    let index = dir.join(WEIGHTS_INDEX);
+    let err = |path: &Path, message: String| HfError::Load {
         path: path.display().to_string(),
         message,
     };
-    if !path.is_file() {
-        return Err(load_err("file not found".into()));
+    if !index.is_file() {
+        let single = dir.join(WEIGHTS_FILE);
+        return match single.is_file() {
+            true => Ok(vec![single]),
+            false => Err(err(
+                dir,
+                format!("neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX}"),
+            )),
+        };
     }
-    load_hf_store(model, SafetensorsStore::from_file(path)).map_err(load_err)
+    let text = std::fs::read(&index).map_err(|e| err(&index, e.to_string()))?;
+    let v: Value = serde_json::from_slice(&text).map_err(|e| err(&index, e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| err(&index, "no weight_map object".into()))?;
+    let mut names: Vec<&str> = Vec::new();
+    for (tensor, file) in map {
+        let file = file
+            .as_str()
+            .filter(|f| !f.contains('/') && !f.contains('\\') && f.ends_with(".safetensors"))
+            .ok_or_else(|| {
+                err(
+                    &index,
+                    format!("{tensor}: not a safetensors file in this directory"),
+                )
+            })?;
+        if !names.contains(&file) {
+            names.push(file);
+        }
+    }
+    names.sort();
+    names
+        .into_iter()
+        .map(|f| {
+            let path = dir.join(f);
+            match path.is_file() {
+                true => Ok(path),
+                false => Err(err(&path, format!("listed in {WEIGHTS_INDEX} but missing"))),
+            }
+        })
+        .collect()
 }
 
-/// [`load_hf_safetensors`] from bytes in memory.
-pub fn load_hf_bytes(model: &mut K3Mini, bytes: Vec<u8>) -> Result<(), HfError> {
-    load_hf_store(model, SafetensorsStore::from_bytes(Some(bytes))).map_err(HfError::Weights)
-}
-
-fn load_hf_store(model: &mut K3Mini, store: SafetensorsStore) -> Result<(), String> {
-    let mut store = store
-        .with_from_adapter(PyTorchToBurnAdapter)
-        .skip_enum_variants(true)
-        .allow_partial(false);
-    for (from, to) in renames(false) {
-        store = store.with_key_remapping(from, to);
+/// Loads transformers-named weights from safetensors `files` (one, or a sharded set) into
+/// `model`, a tensor at a time from disk: every parameter must be in some file and every tensor
+/// of every file must be used.
+pub fn load_hf_files(model: &mut K3Mini, files: &[PathBuf]) -> Result<(), HfError> {
+    let mut applied = std::collections::BTreeSet::new();
+    let mut missing = None::<std::collections::BTreeSet<String>>;
+    for path in files {
+        let load_err = |message: String| HfError::Load {
+            path: path.display().to_string(),
+            message,
+        };
+        if !path.is_file() {
+            return Err(load_err("file not found".into()));
+        }
+        // Partial: a shard holds some of the model; coverage is checked over all of them.
+        let mut store = hf_store(path, false);
+        let result = model
+            .load_from(&mut store)
+            .map_err(|e| load_err(e.to_string()))?;
+        if !result.errors.is_empty() || !result.unused.is_empty() {
+            return Err(load_err(format!(
+                "errors {:?}, tensors the model does not have {:?}",
+                result.errors, result.unused
+            )));
+        }
+        let here: std::collections::BTreeSet<String> =
+            result.missing.into_iter().map(|(p, _)| p).collect();
+        missing = Some(match missing {
+            None => here,
+            Some(m) => m.intersection(&here).cloned().collect(),
+        });
+        for p in result.applied {
+            if !applied.insert(p.clone()) {
+                return Err(load_err(format!("{p} is in more than one file")));
+            }
+        }
     }
-    let result = model.load_from(&mut store).map_err(|e| e.to_string())?;
-    if !result.errors.is_empty() || !result.missing.is_empty() || !result.unused.is_empty() {
-        return Err(format!(
-            "errors {:?}, missing {:?}, unused {:?}",
-            result.errors, result.missing, result.unused
-        ));
+    match missing {
+        Some(m) if m.is_empty() => Ok(()),
+        Some(m) => Err(HfError::Weights(format!("missing {:?}", m))),
+        None => Err(HfError::Weights("no weight files".into())),
     }
-    Ok(())
-}
-
-/// The model's weights as safetensors bytes with transformers' Kimi Linear names and layouts.
-pub fn to_hf_bytes(model: &K3Mini) -> Result<Vec<u8>, HfError> {
-    let mut store = SafetensorsStore::from_bytes(None)
-        .with_to_adapter(BurnToPyTorchAdapter)
-        .skip_enum_variants(true);
-    for (from, to) in renames(true) {
-        store = store.with_key_remapping(from, to);
-    }
-    model
-        .save_into(&mut store)
-        .map_err(|e| HfError::Weights(e.to_string()))?;
-    store
-        .get_bytes()
-        .map_err(|e| HfError::Weights(e.to_string()))
 }

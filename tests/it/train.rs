@@ -177,7 +177,7 @@ fn non_finite_steps_are_skipped_then_the_run_stops_keeping_the_last_checkpoint()
     );
     // Every checkpoint written is readable (none holds non-finite weights from a skipped step).
     for (_, dir) in k3mini_checkpoints::list(&out).unwrap() {
-        k3mini_checkpoints::read(&dir).unwrap();
+        k3mini::run_dir::open_checkpoint(&dir).unwrap();
     }
 }
 
@@ -520,7 +520,11 @@ fn a_garbage_optimizer_state_or_non_finite_weights_are_refused_by_name() {
     let out = s.0.join("run");
     train_steps(&r, &out, 3);
     let (step, dir) = k3mini_checkpoints::latest(&out).unwrap().unwrap();
-    let files = k3mini_checkpoints::read(&dir).unwrap();
+    let files: std::collections::BTreeMap<String, Vec<u8>> = k3mini_checkpoints::verify(&dir)
+        .unwrap()
+        .into_iter()
+        .map(|(name, path)| (name, std::fs::read(path).unwrap()))
+        .collect();
     // The checkpoint rewritten, manifest and all, with one file replaced: its checksums hold.
     let rewrite = |name: &str, bytes: Vec<u8>| {
         let mut replaced = files.clone();
@@ -548,4 +552,98 @@ fn a_garbage_optimizer_state_or_non_finite_weights_are_refused_by_name() {
         .unwrap()
         .to_string();
     assert!(e.contains("holds NaN or infinite values"), "{e}");
+}
+
+#[test]
+fn sharded_weights_resume_bit_identically_and_export_as_transformers_reads_them() {
+    let (s, path) = setup("sharded", 8, "");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "checkpoint_every = 3",
+        "checkpoint_every = 3\nweights_shard_bytes = 100000",
+    );
+    std::fs::write(&path, text).unwrap();
+    let r = recipe::load(&path).unwrap();
+    let straight = s.0.join("straight");
+    train(&r, &opts(&straight)).unwrap();
+    let split = s.0.join("split");
+    train_steps(&r, &split, 3);
+    resume_run(&r, &split);
+    assert_eq!(loss_bits(&straight), loss_bits(&split));
+
+    // The checkpoint holds transformers' sharded layout: shards of at most the limit (a tensor
+    // larger than it alone), and an index naming every tensor's file.
+    let (_, dir) = k3mini_checkpoints::latest(&split).unwrap().unwrap();
+    assert!(!dir.join("model.safetensors").exists());
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let files = k3mini_student::hf::hf_weight_files(&dir).unwrap();
+    let n = files.len();
+    assert!(n > 2, "{n} shards");
+    let mut total = 0;
+    for (i, f) in files.iter().enumerate() {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        assert_eq!(name, format!("model-{:05}-of-{n:05}.safetensors", i + 1));
+        let (_, header) = k3mini_student::hf::safetensors_header(f).unwrap();
+        let bytes: u64 = header
+            .values()
+            .map(|v| {
+                v["data_offsets"][1].as_u64().unwrap() - v["data_offsets"][0].as_u64().unwrap()
+            })
+            .sum();
+        assert!(
+            bytes <= 100_000 || header.len() == 1,
+            "{name}: {bytes} bytes"
+        );
+        for tensor in header.keys() {
+            assert_eq!(index["weight_map"][tensor], name, "{tensor}");
+        }
+        total += bytes;
+    }
+    assert_eq!(index["metadata"]["total_size"], total);
+
+    // `export --format hf` copies that layout, and it loads back as the same model.
+    let ck = k3mini::run_dir::open_checkpoint(&dir).unwrap();
+    let device = burn::tensor::Device::default();
+    let out = s.0.join("hf");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("model.safetensors"), b"an earlier export").unwrap();
+    k3mini::export::export_hf(&ck, None, &out, false).unwrap();
+    assert!(
+        !out.join("model.safetensors").exists(),
+        "the stale file is gone"
+    );
+    let mut back = k3mini_student::K3Mini::new(&ck.plan.model, &device).unwrap();
+    let exported = k3mini_student::hf::hf_weight_files(&out).unwrap();
+    assert_eq!(exported.len(), n);
+    k3mini_student::hf::load_hf_files(&mut back, &exported).unwrap();
+    let ids = burn::tensor::Tensor::<2, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new((0..16i64).collect::<Vec<_>>(), [1, 16]),
+        &device,
+    );
+    let logits = |m: &k3mini_student::K3Mini| -> Vec<f32> {
+        m.forward(ids.clone()).into_data().try_into_vec().unwrap()
+    };
+    assert_eq!(logits(&back), logits(&ck.model(&device).unwrap()));
+
+    // A damaged shard is named; a shard missing from the set too.
+    let second = files[1].clone();
+    let bytes = std::fs::read(&second).unwrap();
+    std::fs::write(&second, &bytes[..bytes.len() / 2]).unwrap();
+    let e = k3mini::run_dir::open_checkpoint(&dir)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains(&format!("model-00002-of-{n:05}.safetensors is corrupt")),
+        "{e}"
+    );
+    std::fs::remove_file(exported[1].clone()).unwrap();
+    let e = k3mini_student::hf::hf_weight_files(&out)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("listed in model.safetensors.index.json but missing"),
+        "{e}"
+    );
 }

@@ -160,13 +160,17 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
     .zip(["1", "t", "s", "8", "1"])
     .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
     .collect();
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_key_value_metadata(Some(kv))
-        .build();
-    let file = std::fs::File::create(&path).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    let write = |kv: Vec<KeyValue>| {
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_key_value_metadata(Some(kv))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    };
+    write(kv);
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("column doc_id has type Utf8"), "{e}");
     // A schema version this k3mini does not know is named as such.
@@ -179,13 +183,7 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
         "k3mini.kind".into(),
         "teacher-signals".to_string(),
     ));
-    let props = parquet::file::properties::WriterProperties::builder()
-        .set_key_value_metadata(Some(kv))
-        .build();
-    let file = std::fs::File::create(&path).unwrap();
-    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
-    w.write(&batch).unwrap();
-    w.close().unwrap();
+    write(kv);
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(
         e.contains("schema version 3; this k3mini reads version 1 and 2"),
