@@ -23,8 +23,9 @@ use crate::recipe::RunPlan;
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
-use k3mini_data::Cursor;
+use k3mini_data::PackCursor;
 use k3mini_data::signals::SignalCursor;
+use k3mini_data::stream::StreamCursor;
 use k3mini_student::K3Mini;
 use k3mini_student::hf::{hf_weight_files, load_hf_files, safetensors_header, save_hf_files};
 use serde::{Deserialize, Serialize};
@@ -96,7 +97,7 @@ impl TrainState {
             step: 0,
             cursor: match plan.distill {
                 Some(_) => DataCursor::Signals(SignalCursor::default()),
-                None => DataCursor::Packed(Cursor::default()),
+                None => DataCursor::Stream(PackCursor::default()),
             },
             prompts: None,
             seed: plan.seed,
@@ -106,11 +107,19 @@ impl TrainState {
 }
 
 /// Where the training data stream is: packed documents, or teacher signals.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum DataCursor {
-    Packed(Cursor),
+    /// Plain runs: the packer over the streamed corpus.
+    Stream(PackCursor<StreamCursor>),
     Signals(SignalCursor),
+    /// What plain runs saved before the corpus streamed (`{epoch, doc, offset}` into an in-memory
+    /// document list): read only to refuse it by name.
+    Legacy {
+        epoch: u64,
+        doc: usize,
+        offset: usize,
+    },
 }
 
 /// A checkpoint, verified.

@@ -1,24 +1,33 @@
 //! Sequence packing with a deterministic, resumable order.
 //!
-//! Documents (token ids, each ending in the end-of-document id when the tokenizer has one) are
-//! shuffled per epoch by a seeded Fisher–Yates permutation and laid back to back into rows of
-//! `seq_len` tokens. Each row carries `starts` (1 where a document begins: the model resets its
-//! KDA state and masks attention there) and a loss mask (0 where the next token starts another
-//! document, so no position is trained to predict across a boundary, and 0 where the next token is
-//! not a target of its document, e.g. the prompt of a chat). The whole loader state is a
-//! [`Cursor`] `(epoch, document, offset)`: saving it and packing again from it reproduces the
-//! batches exactly.
+//! Documents (token ids, each ending in the end-of-document id when the tokenizer has one) come
+//! from a [`DocFeed`] (a [`crate::stream::DocStream`] in training) and are laid back to back into
+//! rows of `seq_len` tokens. Each row carries `starts` (1 where a document begins: the model
+//! resets its KDA state and masks attention there) and a loss mask (0 where the next token starts
+//! another document, so no position is trained to predict across a boundary, and 0 where the next
+//! token is not a target of its document, e.g. the prompt of a chat). The packer's state is a
+//! [`PackCursor`]: the feed's cursor at the current document and the offset into it; reopening the
+//! feed there and packing again reproduces the batches exactly.
 
+use crate::error::DataError;
 use crate::rng::{splitmix64, uniform};
 use serde::{Deserialize, Serialize};
 
-/// Where the loader is: the next token to emit is `offset` into the `doc`-th document of `epoch`'s
-/// permutation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Cursor {
-    pub epoch: u64,
-    pub doc: usize,
+/// Where a [`Packer`] is: the feed's cursor at the document being packed, and the next token's
+/// offset into it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackCursor<C> {
+    pub feed: C,
     pub offset: usize,
+}
+
+/// A source of documents for a [`Packer`].
+pub trait DocFeed {
+    type Cursor: Clone;
+    /// The cursor from which a reopened feed yields the next document again.
+    fn cursor(&self) -> Self::Cursor;
+    /// The next document (non-empty, one target flag per token when it has flags).
+    fn next_doc(&mut self) -> Result<TokenDoc, DataError>;
 }
 
 /// One packed batch, row-major `[rows, seq_len]`.
@@ -35,7 +44,7 @@ pub struct PackedBatch {
 
 /// A tokenized document. `targets[j]` says whether token `j` is trained as a next-token target
 /// (a chat's answer but not its prompt); `None` trains every token.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenDoc {
     pub ids: Vec<u32>,
     pub targets: Option<Vec<bool>>,
@@ -84,70 +93,85 @@ pub fn split_held_out(n: usize, fraction: f64, seed: u64) -> (Vec<usize>, Vec<us
     (train, held)
 }
 
-/// Packs documents into fixed-length rows from a cursor.
-#[derive(Clone, Debug)]
-pub struct Packer {
-    docs: std::sync::Arc<Vec<TokenDoc>>,
+/// Packs a feed's documents into fixed-length rows.
+pub struct Packer<F: DocFeed> {
+    feed: F,
     seq_len: usize,
-    seed: u64,
     /// Pack back to back; otherwise each row holds the head of one document, padded with `pad`.
     packing: bool,
     pad: u32,
-    cursor: Cursor,
-    order: Vec<usize>,
+    /// The document being packed, the feed's cursor before it, and the offset into it.
+    doc: TokenDoc,
+    at: F::Cursor,
+    offset: usize,
 }
 
-impl Packer {
-    /// `docs` must be non-empty and every document non-empty (with one target flag per token).
+impl<F: DocFeed> Packer<F> {
+    /// Packs `feed` from its next document (at `offset` into it when resuming a [`PackCursor`],
+    /// the feed reopened at its `feed` cursor).
     pub fn new(
-        docs: std::sync::Arc<Vec<TokenDoc>>,
+        mut feed: F,
         seq_len: usize,
-        seed: u64,
         packing: bool,
         pad: u32,
-    ) -> Self {
-        assert!(
-            !docs.is_empty()
-                && docs.iter().all(|d| !d.ids.is_empty()
-                    && d.targets.as_ref().is_none_or(|t| t.len() == d.ids.len())),
-            "documents must be non-empty, with one target flag per token"
-        );
+        offset: usize,
+    ) -> Result<Self, DataError> {
         assert!(seq_len >= 2, "seq_len must be at least 2");
-        let order = epoch_order(docs.len(), seed, 0);
-        Self {
-            docs,
+        let at = feed.cursor();
+        let doc = Self::checked(feed.next_doc()?);
+        if offset >= doc.ids.len() {
+            return Err(DataError::Io {
+                path: "(data cursor)".into(),
+                message: format!(
+                    "offset {offset} is past its document of {} tokens: the corpus changed since \
+                     the checkpoint",
+                    doc.ids.len()
+                ),
+            });
+        }
+        Ok(Self {
+            feed,
             seq_len,
-            seed,
             packing,
             pad,
-            cursor: Cursor::default(),
-            order,
+            doc,
+            at,
+            offset,
+        })
+    }
+
+    fn checked(doc: TokenDoc) -> TokenDoc {
+        assert!(
+            !doc.ids.is_empty()
+                && doc
+                    .targets
+                    .as_ref()
+                    .is_none_or(|t| t.len() == doc.ids.len()),
+            "documents must be non-empty, with one target flag per token"
+        );
+        doc
+    }
+
+    pub fn cursor(&self) -> PackCursor<F::Cursor> {
+        PackCursor {
+            feed: self.at.clone(),
+            offset: self.offset,
         }
     }
 
-    /// Continues from a saved cursor.
-    pub fn with_cursor(mut self, cursor: Cursor) -> Self {
-        self.order = epoch_order(self.docs.len(), self.seed, cursor.epoch);
-        self.cursor = cursor;
-        self
+    pub fn feed(&self) -> &F {
+        &self.feed
     }
 
-    pub fn cursor(&self) -> Cursor {
-        self.cursor
-    }
-
-    fn advance_doc(&mut self) {
-        self.cursor.doc += 1;
-        self.cursor.offset = 0;
-        if self.cursor.doc == self.docs.len() {
-            self.cursor.epoch += 1;
-            self.cursor.doc = 0;
-            self.order = epoch_order(self.docs.len(), self.seed, self.cursor.epoch);
-        }
+    fn advance_doc(&mut self) -> Result<(), DataError> {
+        self.at = self.feed.cursor();
+        self.doc = Self::checked(self.feed.next_doc()?);
+        self.offset = 0;
+        Ok(())
     }
 
     /// The next `rows` rows.
-    pub fn next_batch(&mut self, rows: usize) -> PackedBatch {
+    pub fn next_batch(&mut self, rows: usize) -> Result<PackedBatch, DataError> {
         let t = self.seq_len;
         let mut tokens = Vec::with_capacity(rows * t);
         let mut starts = Vec::with_capacity(rows * t);
@@ -155,26 +179,21 @@ impl Packer {
         for _ in 0..rows {
             let row_start = tokens.len();
             while tokens.len() - row_start < t {
-                let doc = &self.docs[self.order[self.cursor.doc]];
+                let doc = &self.doc;
                 let len = doc.ids.len();
-                let take = (len - self.cursor.offset).min(t - (tokens.len() - row_start));
-                for (i, &id) in doc.ids[self.cursor.offset..self.cursor.offset + take]
-                    .iter()
-                    .enumerate()
-                {
+                let take = (len - self.offset).min(t - (tokens.len() - row_start));
+                for (i, &id) in doc.ids[self.offset..self.offset + take].iter().enumerate() {
                     tokens.push(id as i64);
-                    let j = self.cursor.offset + i;
+                    let j = self.offset + i;
                     starts.push(if j == 0 { 1.0 } else { 0.0 });
                     // The last token of a document has no same-document target.
                     let trained = j + 1 < len && doc.is_target(j + 1);
                     loss_mask.push(if trained { 1.0 } else { 0.0 });
                 }
-                self.cursor.offset += take;
-                if self.cursor.offset == len {
-                    self.advance_doc();
-                } else if !self.packing {
-                    // One document per row: the rest of this document is dropped.
-                    self.advance_doc();
+                self.offset += take;
+                // Without packing one document fills a row: the rest of it is dropped.
+                if self.offset == len || !self.packing {
+                    self.advance_doc()?;
                 }
                 if !self.packing {
                     let pad = t - (tokens.len() - row_start);
@@ -186,12 +205,12 @@ impl Packer {
             // The row's last position predicts a token outside the row.
             loss_mask[row_start + t - 1] = 0.0;
         }
-        PackedBatch {
+        Ok(PackedBatch {
             rows,
             seq_len: t,
             tokens,
             starts,
             loss_mask,
-        }
+        })
     }
 }

@@ -68,6 +68,36 @@ pub enum BenchCommand {
         #[arg(long)]
         rows_per_file: Option<usize>,
     },
+    /// The data loader as the corpus grows: peak RSS and tokens/s of one pass of the streaming
+    /// loader, and of reading every document into memory first, over corpora of the machine's
+    /// own text (Python sources, Rust documentation HTML) written as Parquet, each in its own
+    /// process.
+    Data {
+        /// Where the corpora are written (kept for reruns; not committed).
+        #[arg(long, default_value = "bench-data")]
+        out: std::path::PathBuf,
+        /// Corpus sizes in MB.
+        #[arg(long, default_value = "10,100,1000", value_delimiter = ',')]
+        sizes: Vec<u64>,
+        #[arg(long, default_value = "kimi")]
+        tokenizer: String,
+        #[arg(long, default_value_t = 2048)]
+        seq_len: usize,
+        /// Sizes (MB) up to which the in-memory reader runs too.
+        #[arg(long, default_value_t = 1000)]
+        memory_up_to: u64,
+    },
+    /// One loader pass over a Parquet directory (the child `bench data` runs), as JSON.
+    #[command(hide = true)]
+    Loader {
+        dir: std::path::PathBuf,
+        #[arg(long)]
+        tokenizer: String,
+        #[arg(long)]
+        seq_len: usize,
+        #[arg(long)]
+        memory: bool,
+    },
     /// `export --format gguf` of a freshly initialised preset: seconds and file size per file type.
     Export {
         #[arg(long, default_value = "smoke-300m")]
@@ -181,6 +211,23 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             rows_per_file,
         } => shards(&dir, &k, step, rows_per_file),
         BenchCommand::All { steps } => all(steps),
+        BenchCommand::Data {
+            out,
+            sizes,
+            tokenizer,
+            seq_len,
+            memory_up_to,
+        } => data(&out, &sizes, &tokenizer, seq_len, memory_up_to),
+        BenchCommand::Loader {
+            dir,
+            tokenizer,
+            seq_len,
+            memory,
+        } => {
+            let r = k3mini::train::bench::bench_loader(&dir, &tokenizer, seq_len, memory)?;
+            println!("{}", serde_json::to_string(&r)?);
+            Ok(())
+        }
     }
 }
 
@@ -486,6 +533,59 @@ fn all(steps: usize) -> Result<()> {
         }
         let r: TrainStepBench = serde_json::from_slice(&out.stdout)?;
         println!("{}", row(&r, batch, seq, name));
+    }
+    Ok(())
+}
+
+fn data(
+    out: &std::path::Path,
+    sizes: &[u64],
+    tokenizer: &str,
+    seq_len: usize,
+    memory_up_to: u64,
+) -> Result<()> {
+    use k3mini::train::bench::{LoaderBench, build_corpus};
+    let exe = std::env::current_exe().context("locating k3mini")?;
+    println!(
+        "| corpus | loader | tokens | seconds | tokens/s | peak RSS |\n|---|---|---|---|---|---|"
+    );
+    for &mb in sizes {
+        let dir = out.join(format!("corpus-{mb}mb"));
+        let done = dir.join(".complete");
+        if !done.exists() {
+            std::fs::remove_dir_all(&dir).ok();
+            let written = build_corpus(&dir, mb << 20)?;
+            std::fs::write(&done, written.to_string())?;
+        }
+        for memory in [false, true] {
+            if memory && mb > memory_up_to {
+                continue;
+            }
+            let child = std::process::Command::new(&exe)
+                .args(["bench", "loader"])
+                .arg(&dir)
+                .args(["--tokenizer", tokenizer, "--seq-len", &seq_len.to_string()])
+                .args(memory.then_some("--memory"))
+                .output()
+                .context("running a loader child")?;
+            if !child.status.success() {
+                bail!(
+                    "bench loader {}: {}",
+                    dir.display(),
+                    String::from_utf8_lossy(&child.stderr)
+                );
+            }
+            let r: LoaderBench = serde_json::from_slice(&child.stdout)?;
+            println!(
+                "| {mb} MB of text ({:.1} MB Parquet) | {} | {} | {:.1} | {:.0} | {} |",
+                r.corpus_bytes as f64 / 1e6,
+                r.mode,
+                r.tokens,
+                r.seconds,
+                r.tokens_per_s,
+                r.peak_rss_bytes.map_or("n/a".into(), bytes),
+            );
+        }
     }
     Ok(())
 }

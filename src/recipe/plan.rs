@@ -80,6 +80,16 @@ pub struct SourcePlan {
     /// Conversations rendered with this template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat: Option<ChatFormat>,
+    /// Its share of the training tokens (positive, finite).
+    #[serde(default = "unit_weight", skip_serializing_if = "is_unit_weight")]
+    pub weight: f64,
+}
+
+fn unit_weight() -> f64 {
+    1.0
+}
+fn is_unit_weight(w: &f64) -> bool {
+    *w == 1.0
 }
 
 /// Where the student's tokenizer comes from.
@@ -495,11 +505,18 @@ fn data_plan(
                 "chat sources are JSONL (one conversation per line)",
             );
         }
+        if !(source.weight > 0.0 && source.weight.is_finite()) {
+            return refuse(
+                &format!("data.sources.{i}.weight"),
+                format!("{}: a share must be positive", source.weight),
+            );
+        }
         sources.push(SourcePlan {
             field: source.field().to_string(),
             path,
             format,
             chat: source.chat,
+            weight: source.weight,
         });
     }
     let tokenizer = if d.tokenizer == TEACHER_TOKENIZER {

@@ -5,7 +5,7 @@
 //! [run]       name, out_dir, seed
 //! [model]     preset = "tiny" plus any ModelConfig field to override ([model.kda], ...)
 //! [data]      tokenizer, seq_len, packing, held_out_fraction, train_on, [[data.sources]]
-//!             path/format/field/chat
+//!             path/format/field/chat/weight
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
@@ -267,6 +267,10 @@ pub struct SourceConfig {
     /// rendered with this template; `data.train_on` picks which parts carry loss.
     #[serde(default)]
     pub chat: Option<ChatFormat>,
+    /// Its share of the training tokens, relative to the other sources' (plain training streams
+    /// them in this proportion; default 1).
+    #[serde(default = "one_f64")]
+    pub weight: f64,
 }
 
 impl SourceConfig {
@@ -451,6 +455,9 @@ fn default_k() -> usize {
     20
 }
 fn default_temperature() -> f32 {
+    1.0
+}
+fn one_f64() -> f64 {
     1.0
 }
 fn default_logprob_step() -> f32 {

@@ -1,21 +1,21 @@
 //! The held-out evaluator, one for training and `k3mini eval`: the same batches every evaluation,
 //! fixed when the run opens, so a checkpoint evaluated later reproduces the logged numbers.
 //!
-//! - plain runs: packed held-out documents, cross-entropy of the next token;
+//! - plain runs: the first packed rows of the held-out stream, cross-entropy of the next token;
 //! - distillation: held-out teacher-scored segments (from shards, or scored by the teacher for
 //!   online runs), cross-entropy plus the student's top-1 agreement with the teacher and the
 //!   forward `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k and tail.
 
 use crate::error::Result;
-use crate::recipe::DataPlan;
+use crate::recipe::RunPlan;
 use crate::train::batch::{flatten, packed_tensors, position_logits};
 use burn::tensor::Device;
 use k3mini_data::signals::SignalBatch;
-use k3mini_data::{PackedBatch, Packer, TokenDoc, Tokenizer};
+use k3mini_data::stream::{Split, StreamCursor};
+use k3mini_data::{PackedBatch, Packer, Tokenizer};
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{Objective, masked_mean, objective_per_position};
 use k3mini_student::loss::next_token_cross_entropy;
-use std::sync::Arc;
 
 /// Held-out measurements (token-weighted means); `top1` and `kl` are NaN without a teacher.
 #[derive(Clone, Copy, Debug, Default)]
@@ -30,11 +30,8 @@ pub struct HeldOutEval {
 
 /// A run's held-out batches.
 pub enum HeldOut {
-    /// The first micro-batches of the packed held-out documents.
-    Documents {
-        batches: Vec<PackedBatch>,
-        docs: Arc<Vec<TokenDoc>>,
-    },
+    /// The first micro-batches of the plan's held-out documents, streamed and packed.
+    Documents { batches: Vec<PackedBatch> },
     /// Held-out teacher-scored segments, whose logprobs are at `temperature`.
     Signals {
         batches: Vec<SignalBatch>,
@@ -43,21 +40,27 @@ pub enum HeldOut {
 }
 
 impl HeldOut {
-    /// The first `n` micro-batches of `rows` packed held-out documents.
-    pub fn documents(
-        docs: Arc<Vec<TokenDoc>>,
-        data: &DataPlan,
-        seed: u64,
-        rows: usize,
-        n: usize,
-    ) -> Self {
-        let batches = if docs.is_empty() {
-            Vec::new()
-        } else {
-            let mut packer = Packer::new(docs.clone(), data.seq_len, seed, data.packing, 0);
-            (0..n).map(|_| packer.next_batch(rows)).collect()
-        };
-        Self::Documents { batches, docs }
+    /// The first `n` micro-batches of `rows` packed held-out documents (none when the plan holds
+    /// nothing out).
+    pub fn documents(plan: &RunPlan, tokenizer: &Tokenizer, rows: usize, n: usize) -> Result<Self> {
+        let data = &plan.data;
+        if data.held_out_fraction == 0.0 {
+            return Ok(Self::Documents {
+                batches: Vec::new(),
+            });
+        }
+        let stream = crate::corpus::document_stream(
+            data,
+            tokenizer,
+            plan.seed,
+            Split::HeldOut,
+            StreamCursor::default(),
+        )?;
+        let mut packer = Packer::new(stream, data.seq_len, data.packing, 0, 0)?;
+        let batches = (0..n)
+            .map(|_| packer.next_batch(rows))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(Self::Documents { batches })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -87,11 +90,14 @@ impl HeldOut {
         })
     }
 
-    /// The held-out tokens and the UTF-8 bytes they spell (for bits per byte): every held-out
-    /// document's, or the evaluated segments'.
+    /// The held-out tokens and the UTF-8 bytes they spell (for bits per byte): the evaluated
+    /// rows' or segments'.
     pub fn tokens_and_bytes(&self, tokenizer: &Tokenizer) -> Result<(usize, usize)> {
         let ids: Vec<u32> = match self {
-            Self::Documents { docs, .. } => docs.iter().flat_map(|d| d.ids.clone()).collect(),
+            Self::Documents { batches } => batches
+                .iter()
+                .flat_map(|b| b.tokens.iter().map(|&t| t as u32))
+                .collect(),
             Self::Signals { batches, .. } => batches
                 .iter()
                 .flat_map(|b| b.tokens.iter().map(|&t| t as u32))

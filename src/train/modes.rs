@@ -20,8 +20,16 @@ pub fn open(
     state: &TrainState,
 ) -> Result<Box<dyn TrainingObjective>> {
     let Some(distill) = &plan.distill else {
-        let DataCursor::Packed(cursor) = state.cursor else {
-            bail!("the checkpoint was written by a distillation run, and this plan trains plainly");
+        let cursor = match &state.cursor {
+            DataCursor::Stream(cursor) => cursor.clone(),
+            DataCursor::Legacy { .. } => bail!(
+                "the checkpoint's data position is an in-memory document list's (a k3mini from \
+                 before corpora streamed); the streaming loader cannot continue it: start a new run \
+                 (its weights can seed one through export)"
+            ),
+            DataCursor::Signals(_) => bail!(
+                "the checkpoint was written by a distillation run, and this plan trains plainly"
+            ),
         };
         return Ok(Box::new(Lm::open(plan, tokenizer, cursor)?));
     };
@@ -47,10 +55,7 @@ pub fn open(
 pub fn held_out(plan: &RunPlan, tokenizer: &Tokenizer, n: usize) -> Result<HeldOut> {
     let rows = plan.train.micro_batch;
     let Some(distill) = &plan.distill else {
-        let docs = crate::corpus::tokenized_documents(&plan.data, tokenizer)?;
-        let (_, held) =
-            crate::corpus::split_documents(&docs, plan.data.held_out_fraction, plan.seed);
-        return Ok(HeldOut::documents(held, &plan.data, plan.seed, rows, n));
+        return HeldOut::documents(plan, tokenizer, rows, n);
     };
     if distill.mode == ModePlan::Online {
         let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;

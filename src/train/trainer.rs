@@ -9,7 +9,7 @@
 
 use crate::bail;
 use crate::device::DeviceKind;
-use crate::error::Result;
+use crate::error::{Context, Error, Result};
 use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
 use crate::train::modes;
@@ -84,7 +84,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         let started = Instant::now();
         let lr = lr_at(&plan.schedule, plan.optim.lr, state.step, total);
         let step;
-        (model, step) = train_step(
+        (model, step) = match train_step(
             plan,
             model,
             &mut optim,
@@ -92,7 +92,24 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             &state,
             lr,
             &replicas,
-        )?;
+        ) {
+            Ok(stepped) => stepped,
+            // The step's data would not load (a corrupt file mid-stream, a teacher gone): nothing
+            // of it was applied, so the steps before it are checkpointed and kept.
+            Err((model, e)) => {
+                if state.step > first && state.step % plan.train.checkpoint_every != 0 {
+                    run_dir::write_checkpoint(plan, &model, &optim, &state)?;
+                    return Err(e).with_context(|| {
+                        format!(
+                            "step {} (checkpoint at step {} written)",
+                            state.step + 1,
+                            state.step
+                        )
+                    });
+                }
+                return Err(e).with_context(|| format!("step {}", state.step + 1));
+            }
+        };
         state.consecutive_bad_steps = if step.skipped {
             state.consecutive_bad_steps + 1
         } else {
@@ -286,6 +303,9 @@ struct Step {
 /// replica's tokens skipped is simply absent from that replica's gradients). One optimizer step
 /// follows, so every replica starts the next step from the same weights. The result equals one
 /// device doing all micro-batches, up to the devices' arithmetic.
+///
+/// A micro-batch that fails to load fails the step before any weight changes: the model comes
+/// back with the error.
 fn train_step(
     plan: &RunPlan,
     mut model: K3Mini,
@@ -294,7 +314,7 @@ fn train_step(
     state: &TrainState,
     lr: f64,
     replicas: &[Device],
-) -> Result<(K3Mini, Step)> {
+) -> std::result::Result<(K3Mini, Step), (K3Mini, Error)> {
     let accumulation = plan.accumulation;
     let main = model.lm_head.weight.device();
     let copies: Vec<K3Mini> = std::iter::once(model.clone())
@@ -315,7 +335,10 @@ fn train_step(
         };
         // Seeds what a micro-batch samples: a function of the step.
         let seed = plan.seed ^ ((state.step * accumulation + micro) as u64 + 1);
-        let out = objective.micro_batch(&forward_model, seed)?;
+        let out = match objective.micro_batch(&forward_model, seed) {
+            Ok(out) => out,
+            Err(e) => return Err((model, e)),
+        };
         let loss = out.loss / accumulation as f64;
         if let Some(s) = out.on_policy {
             on_policy.0 += s.reverse_kl * s.tokens as f64;

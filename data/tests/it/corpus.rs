@@ -1,27 +1,7 @@
 //! Corpus readers: good sources, and bad ones that fail with the file (and line) named.
+use crate::Dir;
 use k3mini_data::{DataError, Role, SourceFormat, read_chats, read_source};
 use std::path::{Path, PathBuf};
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("k3mini-corpus-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Self(d)
-    }
-    fn file(&self, name: &str, bytes: &[u8]) -> PathBuf {
-        let p = self.0.join(name);
-        std::fs::write(&p, bytes).unwrap();
-        p
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
 
 #[test]
 fn text_files_and_directories() {

@@ -1,7 +1,29 @@
 //! Packing: lossless, boundary-aware, deterministic and exactly resumable.
 use k3mini_data::pack::{epoch_order, split_held_out};
-use k3mini_data::{Cursor, Packer, TokenDoc};
+use k3mini_data::{DataError, DocFeed, PackCursor, Packer, TokenDoc};
 use std::sync::Arc;
+
+/// The documents in order, round and round; its cursor is the next one's index.
+struct Cycle {
+    docs: Arc<Vec<TokenDoc>>,
+    next: usize,
+}
+
+impl DocFeed for Cycle {
+    type Cursor = usize;
+    fn cursor(&self) -> usize {
+        self.next
+    }
+    fn next_doc(&mut self) -> Result<TokenDoc, DataError> {
+        let d = self.docs[self.next % self.docs.len()].clone();
+        self.next += 1;
+        Ok(d)
+    }
+}
+
+fn packer(docs: Arc<Vec<TokenDoc>>, seq_len: usize, packing: bool, pad: u32) -> Packer<Cycle> {
+    Packer::new(Cycle { docs, next: 0 }, seq_len, packing, pad, 0).unwrap()
+}
 
 /// Documents whose ids encode (document, position): doc d has ids d*1000 .. d*1000 + len.
 fn docs(lens: &[usize]) -> Arc<Vec<TokenDoc>> {
@@ -26,8 +48,8 @@ fn per_token_targets_mask_the_positions_that_predict_them() {
         ids: (0..6).collect(),
         targets: Some(vec![false, false, false, true, true, true]),
     };
-    let mut p = Packer::new(Arc::new(vec![doc]), 12, 0, true, 0);
-    let b = p.next_batch(1);
+    let mut p = packer(Arc::new(vec![doc]), 12, true, 0);
+    let b = p.next_batch(1).unwrap();
     assert_eq!(b.tokens, [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5]);
     assert_eq!(
         b.loss_mask,
@@ -36,16 +58,15 @@ fn per_token_targets_mask_the_positions_that_predict_them() {
 }
 
 #[test]
-fn one_epoch_emits_every_token_once_in_permuted_order() {
+fn every_token_is_emitted_once_in_feed_order() {
     let lens = [5, 17, 3, 40, 9, 1, 12];
     let total: usize = lens.iter().sum(); // 87
-    let mut p = Packer::new(docs(&lens), 8, 42, true, 0);
+    let mut p = packer(docs(&lens), 8, true, 0);
     let mut seen = Vec::new();
     while seen.len() < total {
-        seen.extend(p.next_batch(1).tokens);
+        seen.extend(p.next_batch(1).unwrap().tokens);
     }
-    let expect: Vec<i64> = epoch_order(lens.len(), 42, 0)
-        .into_iter()
+    let expect: Vec<i64> = (0..lens.len())
         .flat_map(|d| (0..lens[d] as i64).map(move |i| d as i64 * 1000 + i))
         .collect();
     assert_eq!(&seen[..total], &expect[..]);
@@ -53,8 +74,8 @@ fn one_epoch_emits_every_token_once_in_permuted_order() {
 
 #[test]
 fn starts_and_loss_mask_follow_document_boundaries() {
-    let mut p = Packer::new(docs(&[3, 4, 2]), 16, 1, true, 0);
-    let b = p.next_batch(1);
+    let mut p = packer(docs(&[3, 4, 2]), 16, true, 0);
+    let b = p.next_batch(1).unwrap();
     for t in 0..16 {
         let pos = b.tokens[t] % 1000;
         assert_eq!(b.starts[t], if pos == 0 { 1.0 } else { 0.0 }, "t={t}");
@@ -72,19 +93,32 @@ fn starts_and_loss_mask_follow_document_boundaries() {
 #[test]
 fn resuming_from_a_cursor_reproduces_the_stream() {
     let d = docs(&[50, 7, 33, 2, 90, 14]);
-    let mut straight = Packer::new(d.clone(), 32, 9, true, 0);
-    let all: Vec<_> = (0..12).map(|_| straight.next_batch(3)).collect(); // crosses epochs
-    let mut first = Packer::new(d.clone(), 32, 9, true, 0);
+    let mut straight = packer(d.clone(), 32, true, 0);
+    let all: Vec<_> = (0..12).map(|_| straight.next_batch(3).unwrap()).collect();
+    let mut first = packer(d.clone(), 32, true, 0);
     for b in &all[..5] {
-        assert_eq!(&first.next_batch(3), b);
+        assert_eq!(&first.next_batch(3).unwrap(), b);
     }
-    let cursor: Cursor =
+    let cursor: PackCursor<usize> =
         serde_json::from_str(&serde_json::to_string(&first.cursor()).unwrap()).unwrap();
-    let mut resumed = Packer::new(d, 32, 9, true, 0).with_cursor(cursor);
+    assert!(cursor.offset > 0, "the cursor is inside a document");
+    let feed = Cycle {
+        docs: d,
+        next: cursor.feed,
+    };
+    let mut resumed = Packer::new(feed, 32, true, 0, cursor.offset).unwrap();
     for b in &all[5..] {
-        assert_eq!(&resumed.next_batch(3), b);
+        assert_eq!(&resumed.next_batch(3).unwrap(), b);
     }
-    assert!(resumed.cursor().epoch >= 1, "the test crossed an epoch");
+    let past = Cycle {
+        docs: docs(&[4]),
+        next: 0,
+    };
+    let e = Packer::new(past, 32, true, 0, 9).err().unwrap().to_string();
+    assert!(
+        e.contains("offset 9 is past its document of 4 tokens"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -98,8 +132,8 @@ fn seeds_change_the_order_and_epochs_reshuffle() {
 
 #[test]
 fn without_packing_each_row_is_one_padded_document() {
-    let mut p = Packer::new(docs(&[3, 20]), 8, 0, false, 7);
-    let b = p.next_batch(2);
+    let mut p = packer(docs(&[3, 20]), 8, false, 7);
+    let b = p.next_batch(2).unwrap();
     for row in 0..2 {
         let r = &b.tokens[row * 8..(row + 1) * 8];
         assert_eq!(b.starts[row * 8], 1.0);
