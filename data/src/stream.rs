@@ -18,7 +18,8 @@
 //!   the block: a shuffle buffer whose state is where the block began.
 //! - **Cursor.** [`StreamCursor`]: each source's position and token count at the start of the
 //!   block, the block's index, and how far into it the stream is. Resuming re-reads that block
-//!   from those positions and shuffles it the same way.
+//!   from those positions and shuffles it the same way (a Parquet file is entered at its row, a
+//!   JSONL file re-read up to its line).
 
 use crate::chat::Message;
 use crate::corpus::SourceFormat;
@@ -376,6 +377,8 @@ impl FeedJob {
         } = self.files.as_ref();
         let n = files.len();
         let order_seed = self.seed ^ 0x5151_F00D;
+        // This epoch's file order (recomputed when the epoch changes).
+        let mut order = (at.epoch, epoch_order(n, order_seed, at.epoch));
         // A whole epoch without a document: the split leaves this source none.
         let mut yielded = at.file > 0 || at.item > 0;
         let mut empty_epochs = 0;
@@ -397,7 +400,10 @@ impl FeedJob {
                     item: 0,
                 };
             }
-            let file = epoch_order(n, order_seed, at.epoch)[at.file];
+            if order.0 != at.epoch {
+                order = (at.epoch, epoch_order(n, order_seed, at.epoch));
+            }
+            let file = order.1[at.file];
             let path = &files[file];
             if items.is_none() {
                 items = Some(Items::open(path, source.format, &source.field, at.item)?);
