@@ -151,10 +151,18 @@ impl ShardMeta {
     }
 
     pub(crate) fn read(opened: &Opened, path: &Path, what: &str) -> Result<Self, DataError> {
+        let k: usize = opened.parse(path, what, "k")?;
+        if k == 0 {
+            return Err(file_err(
+                path,
+                what,
+                "k3mini.k is 0: a top-k holds at least one id",
+            ));
+        }
         Ok(Self {
             teacher: opened.get(path, what, "teacher")?.into(),
             tokenizer_sha256: opened.get(path, what, "tokenizer_sha256")?.into(),
-            k: opened.parse(path, what, "k")?,
+            k,
             temperature: opened.parse(path, what, "temperature")?,
             vocab: match opened.meta.contains_key("vocab") {
                 true => Some(opened.parse(path, what, "vocab")?),
@@ -276,6 +284,13 @@ pub fn write_shard(
     rows: &[ShardRow],
 ) -> Result<u64, DataError> {
     let k = meta.k;
+    if k == 0 {
+        return Err(file_err(
+            path,
+            WHAT,
+            "k is 0: a top-k holds at least one id",
+        ));
+    }
     for r in rows {
         r.check(k)
             .and_then(|()| r.check_ids(meta))

@@ -189,6 +189,22 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
         e.contains("schema version 3; this k3mini reads version 1 and 2"),
         "{e}"
     );
+    // A top-k of nothing is refused, not divided by.
+    let kv = [
+        "kind",
+        "schema_version",
+        "teacher",
+        "tokenizer_sha256",
+        "k",
+        "temperature",
+    ]
+    .iter()
+    .zip(["teacher-signals", "2", "t", "s", "0", "1"])
+    .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
+    .collect();
+    write(kv);
+    let e = read_shard(&path, None).unwrap_err().to_string();
+    assert!(e.contains("k3mini.k is 0"), "{e}");
     std::fs::remove_file(&path).ok();
 }
 
@@ -234,6 +250,14 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
             "{e}"
         );
     }
+    let zero = ShardMeta {
+        k: 0,
+        ..meta.clone()
+    };
+    let e = write_shard(&path, &zero, COMPACT, &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k is 0"), "{e}");
     // Ids are checked against the teacher's vocabulary the shard records (-7 stored as int32
     // reads as a huge id, and is named as -7).
     let meta = ShardMeta {
