@@ -1,6 +1,8 @@
 //! Data for k3mini: tokenizers (any `tokenizer.json`, the Kimi tiktoken vocabulary, byte-level BPE
-//! training), corpus readers (text, JSONL, Parquet, chat conversations), chat templates with
-//! per-token parts for loss masks, resumable sequence packing, and the teacher-signal shard schema.
+//! training), corpus readers (text, JSONL, Parquet, chat conversations) and the streaming loader
+//! over them (weighted mixtures, a hashed held-out split, an exact cursor), chat templates with
+//! per-token parts for loss masks, resumable sequence packing, and the teacher-signal shard
+//! schemas with their compact top-k codec.
 
 pub mod chat;
 pub mod corpus;
