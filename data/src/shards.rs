@@ -468,19 +468,29 @@ pub fn read_shard(path: &Path, sha256: Option<&str>) -> Result<Shard, DataError>
     })
 }
 
+/// The columns both schemas begin with: which segment a row is, and its ids.
+const SEGMENT_COLUMNS: [(&str, Col); 3] = [
+    ("doc_id", Col::Int64),
+    ("segment", Col::Int32),
+    ("input_ids", Col::IntList),
+];
+
 /// The rows of a v1 shard.
 fn read_exact(opened: Opened, path: &Path, meta: &ShardMeta) -> Result<Vec<ShardRow>, DataError> {
     let k = meta.k;
     opened
-        .check_columns(&[
-            ("doc_id", Col::Int64),
-            ("segment", Col::Int32),
-            ("input_ids", Col::IntList),
-            ("target_logprobs", Col::FloatList),
-            ("top_ids", Col::TopkInt(k)),
-            ("top_logprobs", Col::TopkFloat(k)),
-            ("tail_mass", Col::FloatList),
-        ])
+        .check_columns(
+            &[
+                &SEGMENT_COLUMNS[..],
+                &[
+                    ("target_logprobs", Col::FloatList),
+                    ("top_ids", Col::TopkInt(k)),
+                    ("top_logprobs", Col::TopkFloat(k)),
+                    ("tail_mass", Col::FloatList),
+                ],
+            ]
+            .concat(),
+        )
         .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
     for batch in opened.batches(path, WHAT)? {
@@ -538,15 +548,18 @@ fn read_quantised(
 ) -> Result<Vec<ShardRow>, DataError> {
     let k = meta.k;
     opened
-        .check_columns(&[
-            ("doc_id", Col::Int64),
-            ("segment", Col::Int32),
-            ("input_ids", Col::IntList),
-            ("tail_mass", Col::FloatList),
-            ("top_ids", Col::Binary),
-            ("top_logprobs", Col::Binary),
-            ("target_logprobs", Col::FloatList),
-        ])
+        .check_columns(
+            &[
+                &SEGMENT_COLUMNS[..],
+                &[
+                    ("tail_mass", Col::FloatList),
+                    ("top_ids", Col::Binary),
+                    ("top_logprobs", Col::Binary),
+                    ("target_logprobs", Col::FloatList),
+                ],
+            ]
+            .concat(),
+        )
         .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
     for batch in opened.batches(path, WHAT)? {

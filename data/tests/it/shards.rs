@@ -149,18 +149,12 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
         Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
     )])
     .unwrap();
-    let kv = [
-        "schema_version",
-        "teacher",
-        "tokenizer_sha256",
-        "k",
-        "temperature",
-    ]
-    .iter()
-    .zip(["1", "t", "s", "8", "1"])
-    .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
-    .collect();
-    let write = |kv: Vec<KeyValue>| {
+    // The file with `k3mini.KEY = value` metadata.
+    let write = |pairs: &[(&str, &str)]| {
+        let kv = pairs
+            .iter()
+            .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
+            .collect();
         let props = parquet::file::properties::WriterProperties::builder()
             .set_key_value_metadata(Some(kv))
             .build();
@@ -170,39 +164,32 @@ fn a_file_with_shard_metadata_but_other_columns_is_refused() {
         w.write(&batch).unwrap();
         w.close().unwrap();
     };
-    write(kv);
+    let meta = [
+        ("teacher", "t"),
+        ("tokenizer_sha256", "s"),
+        ("temperature", "1"),
+    ];
+    write(&[&meta[..], &[("schema_version", "1"), ("k", "8")]].concat());
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("column doc_id has type Utf8"), "{e}");
     // A schema version this k3mini does not know is named as such.
-    let mut kv: Vec<KeyValue> = ["schema_version", "teacher"]
-        .iter()
-        .zip(["3", "t"])
-        .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
-        .collect();
-    kv.push(KeyValue::new(
-        "k3mini.kind".into(),
-        "teacher-signals".to_string(),
-    ));
-    write(kv);
+    write(&[
+        ("kind", "teacher-signals"),
+        ("schema_version", "3"),
+        ("teacher", "t"),
+    ]);
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(
         e.contains("schema version 3; this k3mini reads version 1 and 2"),
         "{e}"
     );
     // A top-k of nothing is refused, not divided by.
-    let kv = [
-        "kind",
-        "schema_version",
-        "teacher",
-        "tokenizer_sha256",
-        "k",
-        "temperature",
-    ]
-    .iter()
-    .zip(["teacher-signals", "2", "t", "s", "0", "1"])
-    .map(|(k, v)| KeyValue::new(format!("k3mini.{k}"), v.to_string()))
-    .collect();
-    write(kv);
+    let zero = [
+        ("kind", "teacher-signals"),
+        ("schema_version", "2"),
+        ("k", "0"),
+    ];
+    write(&[&meta[..], &zero[..]].concat());
     let e = read_shard(&path, None).unwrap_err().to_string();
     assert!(e.contains("k3mini.k is 0"), "{e}");
     std::fs::remove_file(&path).ok();
