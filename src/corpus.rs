@@ -1,18 +1,20 @@
 //! A plan's corpus as token documents: read, rendered (chat) and tokenized one way for every
-//! consumer. Plain training streams it ([`document_stream`]: lazily, weighted, held-out documents
-//! chosen by a seeded hash); teacher scoring, offline and online distillation and their
-//! evaluation take the whole document list ([`tokenized_documents`]), which they split by a
-//! seeded draw over its indices (`k3mini_data::pack::split_held_out`).
+//! consumer, lazily. Training streams it ([`document_stream`]: weighted, shuffled, held-out
+//! documents chosen by a seeded hash of their key); teacher scoring reads it once in order
+//! ([`scoring_corpus`]), keeping each document's key and a conversation's parts in the shards, so
+//! distillation splits and masks the shards as training splits and masks the corpus.
 
 use crate::bail;
 use crate::error::Result;
 use crate::recipe::DataPlan;
 use k3mini_data::chat::{ChatFormat, LossParts, check_markers, render};
 use k3mini_data::stream::{
-    DocPlace, DocStream, RawDoc, Split, StreamCursor, StreamSource, Tokenize,
+    DocPlace, DocStream, InOrder, RawDoc, Split, StreamCursor, StreamSource, Tokenize,
+    source_listing,
 };
 use k3mini_data::tokenizer::BPE_EOS;
-use k3mini_data::{DataError, TokenDoc, Tokenizer, read_chats, read_source};
+use k3mini_data::{DataError, TokenDoc, Tokenizer};
+use k3mini_teacher::score::{Corpus, CorpusDoc};
 use std::sync::Arc;
 
 /// The tokenizer's end-of-document id, when it has one.
@@ -22,18 +24,16 @@ fn end_of_text(tokenizer: &Tokenizer) -> Option<u32> {
         .find_map(|t| tokenizer.token_id(t))
 }
 
-/// One document as ids: text ends in the end-of-text id and trains on every token; a chat is
-/// rendered with its template and trains on the parts `train_on` names. `None` when it has fewer
-/// than two tokens.
-fn token_doc(
+/// One document as ids and, for a chat rendered with its template, what each id is; text ends
+/// in the end-of-text id. `None` when it has fewer than two tokens.
+fn parted_doc(
     raw: RawDoc,
     template: Option<ChatFormat>,
     tokenizer: &Tokenizer,
     eos: Option<u32>,
-    train_on: &LossParts,
     place: &DocPlace,
-) -> std::result::Result<Option<TokenDoc>, DataError> {
-    let doc = match (raw, template) {
+) -> std::result::Result<Option<CorpusDoc>, DataError> {
+    let (ids, parts) = match (raw, template) {
         (RawDoc::Chat(messages), Some(template)) => {
             let rendered = render(&messages, template, false).map_err(|e| DataError::Record {
                 path: place.path.clone(),
@@ -41,20 +41,46 @@ fn token_doc(
                 message: e.to_string(),
             })?;
             let (ids, parts) = rendered.encode(tokenizer)?;
-            let targets = parts.iter().map(|&p| train_on.trains(p)).collect();
-            TokenDoc {
-                ids,
-                targets: Some(targets),
-            }
+            (ids, Some(parts))
         }
         (RawDoc::Text(text), _) => {
             let mut ids = tokenizer.encode(&text)?;
             ids.extend(eos);
-            ids.into()
+            (ids, None)
         }
         (RawDoc::Chat(_), None) => unreachable!("only chat sources yield conversations"),
     };
-    Ok((doc.ids.len() >= 2).then_some(doc))
+    // The key is the reader's to set.
+    Ok((ids.len() >= 2).then_some(CorpusDoc { key: 0, ids, parts }))
+}
+
+/// A document as training reads it: a chat trains on the parts `train_on` names.
+fn token_doc(doc: CorpusDoc, train_on: &LossParts) -> TokenDoc {
+    TokenDoc {
+        targets: doc
+            .parts
+            .map(|parts| parts.iter().map(|&p| train_on.trains(p)).collect()),
+        ids: doc.ids,
+    }
+}
+
+/// How the plan's documents are tokenized (chat templates' markers checked first).
+fn tokenize<T: 'static>(
+    data: &DataPlan,
+    tokenizer: &Tokenizer,
+    finish: impl Fn(CorpusDoc) -> T + Send + Sync + 'static,
+) -> Result<Tokenize<T>> {
+    for s in &data.sources {
+        if let Some(template) = s.chat {
+            check_markers(template, tokenizer)
+                .map_err(|e| crate::refused!("{}: {e}", s.path.display()))?;
+        }
+    }
+    let templates: Vec<Option<ChatFormat>> = data.sources.iter().map(|s| s.chat).collect();
+    let (tokenizer, eos) = (tokenizer.clone(), end_of_text(tokenizer));
+    Ok(Arc::new(move |i, raw, place| {
+        Ok(parted_doc(raw, templates[i], &tokenizer, eos, place)?.map(&finish))
+    }))
 }
 
 /// The plan's sources as a stream reads them.
@@ -79,24 +105,10 @@ pub fn document_stream(
     split: Split,
     cursor: StreamCursor,
 ) -> Result<DocStream> {
-    for s in &data.sources {
-        if let Some(template) = s.chat {
-            check_markers(template, tokenizer)
-                .map_err(|e| crate::refused!("{}: {e}", s.path.display()))?;
-        }
-    }
-    let templates: Vec<Option<ChatFormat>> = data.sources.iter().map(|s| s.chat).collect();
-    let (tokenizer, eos, train_on) = (
-        tokenizer.clone(),
-        end_of_text(tokenizer),
-        data.train_on.clone(),
-    );
-    let tokenize: Tokenize = Arc::new(move |i, raw, place| {
-        token_doc(raw, templates[i], &tokenizer, eos, &train_on, place)
-    });
+    let train_on = data.train_on.clone();
     Ok(DocStream::open(
         &stream_sources(data),
-        tokenize,
+        tokenize(data, tokenizer, move |d| token_doc(d, &train_on))?,
         seed,
         split,
         data.held_out_fraction,
@@ -104,57 +116,56 @@ pub fn document_stream(
     )?)
 }
 
-/// Every document of a plan, tokenized, in source and file order.
+/// Every document of the plan once, in corpus order, with its key and parts: what
+/// `k3mini teacher score` reads (each call starts again from the beginning).
+pub fn scoring_corpus(data: &DataPlan, tokenizer: &Tokenizer) -> Result<Corpus> {
+    let docs = InOrder::open(&stream_sources(data), tokenize(data, tokenizer, |d| d)?)?;
+    Ok(Box::new(
+        docs.map(|d| d.map(|(key, doc)| CorpusDoc { key, ..doc })),
+    ))
+}
+
+/// Every document of the plan, tokenized, in corpus order, in memory: the loader benchmark's
+/// in-memory side, which the streaming loader is measured against.
 pub fn tokenized_documents(data: &DataPlan, tokenizer: &Tokenizer) -> Result<Vec<TokenDoc>> {
-    let eos = end_of_text(tokenizer);
-    let mut docs = Vec::new();
-    for source in &data.sources {
-        let path = &source.path;
-        if let Some(template) = source.chat {
-            check_markers(template, tokenizer)
-                .map_err(|e| crate::refused!("{}: {e}", path.display()))?;
-            for chat in read_chats(path, &source.field)? {
-                let place = DocPlace {
-                    path: chat.source,
-                    item: chat.index as u64,
-                };
-                let raw = RawDoc::Chat(chat.messages);
-                docs.extend(token_doc(
-                    raw,
-                    Some(template),
-                    tokenizer,
-                    eos,
-                    &data.train_on,
-                    &place,
-                )?);
-            }
-            continue;
-        }
-        for doc in read_source(path, source.format, &source.field)? {
-            let place = DocPlace {
-                path: doc.source,
-                item: doc.index as u64,
-            };
-            docs.extend(token_doc(
-                RawDoc::Text(doc.text),
-                None,
-                tokenizer,
-                eos,
-                &data.train_on,
-                &place,
-            )?);
-        }
-    }
+    let train_on = data.train_on.clone();
+    let read = tokenize(data, tokenizer, move |d| token_doc(d, &train_on))?;
+    let docs = InOrder::open(&stream_sources(data), read)?
+        .map(|d| d.map(|(_, doc)| doc))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     if docs.is_empty() {
-        let names: Vec<_> = data.sources.iter().map(|s| s.path.display()).collect();
+        let names: Vec<String> = data
+            .sources
+            .iter()
+            .map(|s| s.path.display().to_string())
+            .collect();
         bail!(
             "the data sources ({}) hold no document of two or more tokens",
-            names
-                .iter()
-                .map(|n| n.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            names.join(", ")
         );
     }
     Ok(docs)
+}
+
+/// SHA-256 of what the plan's corpus is, cheaply: each source's settings and its files' names and
+/// sizes (not their contents). Teacher shards record it, so training can tell that a recipe still
+/// names the corpus that was scored without reading it.
+pub fn sources_sha256(data: &DataPlan) -> Result<String> {
+    use k3mini_data::digest::{Digest, Sha256, hex};
+    let mut h = Sha256::new();
+    let listing = source_listing(&stream_sources(data))?;
+    for (source, files) in data.sources.iter().zip(listing) {
+        let settings = format!(
+            "{:?} {:?} {:?} {}\n",
+            source.format,
+            source.field,
+            source.chat,
+            files.len()
+        );
+        h.update(settings.as_bytes());
+        for (key, bytes) in files {
+            h.update(format!("{key}\t{bytes}\n").as_bytes());
+        }
+    }
+    Ok(hex(h))
 }

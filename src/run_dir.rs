@@ -19,6 +19,7 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
+use crate::recipe::ModePlan;
 use crate::recipe::RunPlan;
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
@@ -95,9 +96,12 @@ impl TrainState {
     pub fn fresh(plan: &RunPlan) -> Self {
         Self {
             step: 0,
-            cursor: match plan.distill {
-                Some(_) => DataCursor::Signals(SignalCursor::default()),
-                None => DataCursor::Stream(PackCursor::default()),
+            // Plain and online runs stream the corpus; the other modes walk shards.
+            cursor: match &plan.distill {
+                Some(d) if d.mode != ModePlan::Online => {
+                    DataCursor::Signals(SignalCursor::default())
+                }
+                _ => DataCursor::Stream(PackCursor::default()),
             },
             prompts: None,
             seed: plan.seed,
@@ -110,7 +114,7 @@ impl TrainState {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum DataCursor {
-    /// Plain runs: the packer over the streamed corpus.
+    /// Plain and online runs: where the packer or the segmenter is in the streamed corpus.
     Stream(PackCursor<StreamCursor>),
     Signals(SignalCursor),
     /// What plain runs saved before the corpus streamed (`{epoch, doc, offset}` into an in-memory

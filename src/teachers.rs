@@ -182,10 +182,6 @@ pub fn score_plan(
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
     let teacher = plan_teacher(distill, &plan.devices, &tokenizer)?;
     let t = &distill.teacher;
-    let docs: Vec<Vec<u32>> = crate::corpus::tokenized_documents(&plan.data, &tokenizer)?
-        .into_iter()
-        .map(|d| d.ids)
-        .collect();
     let job = ScoreJob {
         out_dir: out.unwrap_or_else(|| t.shards_dir.clone()),
         meta: ShardMeta {
@@ -199,8 +195,13 @@ pub fn score_plan(
         seq_len: plan.data.seq_len,
         segments_per_shard: t.segments_per_shard,
         concurrency: t.concurrency,
+        sources_sha256: crate::corpus::sources_sha256(&plan.data)?,
     };
-    let manifest = score_corpus(teacher.as_ref(), &docs, &job, on_progress)?;
+    let open = || {
+        crate::corpus::scoring_corpus(&plan.data, &tokenizer)
+            .map_err(|e| k3mini_teacher::TeacherError::Request(e.to_string()))
+    };
+    let manifest = score_corpus(teacher.as_ref(), &open, &job, on_progress)?;
     Ok((manifest, job.out_dir))
 }
 

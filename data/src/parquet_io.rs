@@ -285,6 +285,14 @@ impl Opened {
         Ok(())
     }
 
+    /// Whether the file has the optional column `name`, which must then be a `col`.
+    pub fn has_column(&self, name: &str, col: Col) -> Result<bool, String> {
+        match self.builder.schema().field_with_name(name) {
+            Err(_) => Ok(false),
+            Ok(_) => self.check_columns(&[(name, col)]).map(|()| true),
+        }
+    }
+
     /// Every record batch (checked columns may be cast freely).
     pub fn batches(self, path: &Path, what: &str) -> Result<Vec<RecordBatch>, DataError> {
         let reader = self.builder.build().map_err(|e| file_err(path, what, e))?;

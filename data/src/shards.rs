@@ -9,13 +9,14 @@
 //!
 //! | column | type | meaning |
 //! |---|---|---|
-//! | `doc_id` | int64 | index of the source document in the scoring job's document list |
+//! | `doc_id` | int64 | the source document's key (`k3mini_data::stream::doc_key`, as two's complement): what the held-out split hashes |
 //! | `segment` | int32 | which window of that document (0-based) |
 //! | `input_ids` | list<int32> | the `n` ids scored |
 //! | `tail_mass` | list<float32> | `1 − Σ_k p` per position, exact: the top-k mass `P` |
 //! | `top_ids` | binary | `(n − 1)·k` LEB128 varints: each id's index in the id table, or `T + id` for an id the table of `T` lacks (lossless) |
 //! | `top_logprobs` | binary | per position `k − 1` varints `c_j − c_{j−1}`, `c_j = round((ℓ_0 − ℓ_j)/s)` |
 //! | `target_logprobs` | list<float32> | `log p(ids[t+1])` for the positions whose next id is *not* in the top-k, in order |
+//! | `parts` | binary, optional | what each of the `n` ids is in its conversation (one byte each: 0 markup, 1 prompt, 2 thinking, 3 answer); empty for a text document, every position of which trains; absent when no row is a conversation |
 //!
 //! Metadata beyond v1's: `k3mini.logprob_step` (`s`, nats) and `k3mini.id_table` (base64 of a
 //! varint count and the file's most frequent ids, at most 2048, most frequent first). A reader rebuilds `ℓ'_j = L − s c_j` with `L`
@@ -25,7 +26,8 @@
 //! **Schema version 1** (exact; still read, and written when `teacher.logprob_step = 0`):
 //! `doc_id`, `segment`, `input_ids` as above; `target_logprobs` list<float32> (all `n − 1`);
 //! `top_ids` list<fixed_size_list<int32, k>>; `top_logprobs` list<fixed_size_list<float32, k>>
-//! (byte-stream-split so zstd finds the exponent bytes' redundancy); `tail_mass` as above.
+//! (byte-stream-split so zstd finds the exponent bytes' redundancy); `tail_mass` and `parts` as
+//! above.
 //!
 //! Both: file metadata `k3mini.kind`, `k3mini.schema_version`, `k3mini.teacher`,
 //! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`, and `k3mini.vocab` (the teacher's
@@ -36,6 +38,7 @@
 //! `k3mini.vocab`, an id table without repeats, log-probabilities finite and ≤ 0, top-k masses at
 //! most 1, and (v1) `tail_mass` equal to what the top-k leaves.
 
+use crate::chat::Part;
 use crate::error::DataError;
 use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
@@ -195,9 +198,12 @@ impl ShardMeta {
 /// One scored segment.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ShardRow {
+    /// The source document's key (`k3mini_data::stream::doc_key`).
     pub doc_id: u64,
     pub segment: u32,
     pub input_ids: Vec<u32>,
+    /// What each id is in its conversation (`None`: a text document, every position trains).
+    pub parts: Option<Vec<Part>>,
     pub target_logprobs: Vec<f32>,
     /// `(n − 1) × k`, row-major.
     pub top_ids: Vec<u32>,
@@ -260,6 +266,9 @@ impl ShardRow {
                 self.top_ids.len(),
                 self.top_logprobs.len()
             ));
+        }
+        if let Some(parts) = self.parts.as_ref().filter(|p| p.len() != n) {
+            return Err(format!("{at}: {} parts for {n} ids", parts.len()));
         }
         check_logprobs(&at, "target_logprobs", &self.target_logprobs)?;
         check_logprobs(&at, "top_logprobs", &self.top_logprobs)?;
@@ -341,22 +350,19 @@ pub fn write_shard(
         .map(|r| tail_mass(&r.top_logprobs, k))
         .collect();
     let blobs = |b: &[Vec<u8>]| Arc::new(BinaryArray::from_iter_values(b)) as ArrayRef;
-    let batch = RecordBatch::try_from_iter([
-        ("doc_id", doc_ids(rows)),
-        ("segment", segments(rows)),
-        (
-            "input_ids",
-            int_lists(rows.iter().map(|r| &r.input_ids[..])),
-        ),
-        ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
-        ("top_ids", blobs(&top_ids)),
-        ("top_logprobs", blobs(&top_lps)),
-        (
-            "target_logprobs",
-            float_lists(outside.iter().map(Vec::as_slice)),
-        ),
-    ])
-    .map_err(|e| file_err(path, WHAT, e))?;
+    let batch = record_batch(
+        path,
+        rows,
+        vec![
+            ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
+            ("top_ids", blobs(&top_ids)),
+            ("top_logprobs", blobs(&top_lps)),
+            (
+                "target_logprobs",
+                float_lists(outside.iter().map(Vec::as_slice)),
+            ),
+        ],
+    )?;
     let mut pairs = meta.pairs(KIND, SCHEMA_VERSION);
     pairs.push(("logprob_step", step.to_string()));
     pairs.push((
@@ -376,44 +382,90 @@ pub fn write_shard(
     )
 }
 
-fn doc_ids(rows: &[ShardRow]) -> ArrayRef {
-    Arc::new(Int64Array::from_iter_values(
-        rows.iter().map(|r| r.doc_id as i64),
-    ))
+/// The `parts` column's byte for each part (its index here).
+const PART_CODES: [Part; 4] = [Part::Markup, Part::Prompt, Part::Thinking, Part::Answer];
+
+/// The optional `parts` column, when a row is a conversation.
+fn parts_column(rows: &[ShardRow]) -> Option<(&'static str, ArrayRef)> {
+    rows.iter().any(|r| r.parts.is_some()).then(|| {
+        let code = |p: &Part| PART_CODES.iter().position(|c| c == p).expect("a part") as u8;
+        let bytes = rows
+            .iter()
+            .map(|r| r.parts.iter().flatten().map(code).collect::<Vec<u8>>());
+        let array: ArrayRef = Arc::new(BinaryArray::from_iter_values(bytes));
+        ("parts", array)
+    })
 }
 
-fn segments(rows: &[ShardRow]) -> ArrayRef {
-    Arc::new(Int32Array::from_iter_values(
-        rows.iter().map(|r| r.segment as i32),
-    ))
+/// Row `i`'s parts from the `parts` column of `batch` (when the file has one), checked to cover
+/// its `n` ids.
+fn read_parts(batch: &RecordBatch, i: usize, n: usize) -> Result<Option<Vec<Part>>, String> {
+    let Some(column) = batch.column_by_name("parts") else {
+        return Ok(None);
+    };
+    let bytes = column.as_binary::<i32>().value(i);
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    if bytes.len() != n {
+        return Err(format!("column parts: {} entries for {n} ids", bytes.len()));
+    }
+    bytes
+        .iter()
+        .map(|&b| {
+            PART_CODES
+                .get(b as usize)
+                .copied()
+                .ok_or_else(|| format!("column parts: {b} is not a part's code"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// A batch of the columns both schemas begin with ([`SEGMENT_COLUMNS`]), then the schema's own
+/// `columns`, then `parts` when a row has them.
+fn record_batch(
+    path: &Path,
+    rows: &[ShardRow],
+    columns: Vec<(&'static str, ArrayRef)>,
+) -> Result<RecordBatch, DataError> {
+    let doc_ids = Int64Array::from_iter_values(rows.iter().map(|r| r.doc_id as i64));
+    let segments = Int32Array::from_iter_values(rows.iter().map(|r| r.segment as i32));
+    let first: [(&'static str, ArrayRef); 3] = [
+        ("doc_id", Arc::new(doc_ids)),
+        ("segment", Arc::new(segments)),
+        (
+            "input_ids",
+            int_lists(rows.iter().map(|r| &r.input_ids[..])),
+        ),
+    ];
+    RecordBatch::try_from_iter(first.into_iter().chain(columns).chain(parts_column(rows)))
+        .map_err(|e| file_err(path, WHAT, e))
 }
 
 /// Schema v1 (rows already checked).
 fn write_exact(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, DataError> {
     let k = meta.k;
     let tails: Vec<Vec<f32>> = rows.iter().map(|r| tail_mass(&r.top_logprobs, k)).collect();
-    let batch = RecordBatch::try_from_iter([
-        ("doc_id", doc_ids(rows)),
-        ("segment", segments(rows)),
-        (
-            "input_ids",
-            int_lists(rows.iter().map(|r| &r.input_ids[..])),
-        ),
-        (
-            "target_logprobs",
-            float_lists(rows.iter().map(|r| &r.target_logprobs[..])),
-        ),
-        (
-            "top_ids",
-            topk_int_lists(rows.iter().map(|r| &r.top_ids[..]), k),
-        ),
-        (
-            "top_logprobs",
-            topk_float_lists(rows.iter().map(|r| &r.top_logprobs[..]), k),
-        ),
-        ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
-    ])
-    .map_err(|e| file_err(path, WHAT, e))?;
+    let batch = record_batch(
+        path,
+        rows,
+        vec![
+            (
+                "target_logprobs",
+                float_lists(rows.iter().map(|r| &r.target_logprobs[..])),
+            ),
+            (
+                "top_ids",
+                topk_int_lists(rows.iter().map(|r| &r.top_ids[..]), k),
+            ),
+            (
+                "top_logprobs",
+                topk_float_lists(rows.iter().map(|r| &r.top_logprobs[..]), k),
+            ),
+            ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
+        ],
+    )?;
     write_atomic(
         path,
         WHAT,
@@ -492,6 +544,9 @@ fn read_exact(opened: Opened, path: &Path, meta: &ShardMeta) -> Result<Vec<Shard
             .concat(),
         )
         .map_err(|m| file_err(path, WHAT, m))?;
+    opened
+        .has_column("parts", Col::Binary)
+        .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
     for batch in opened.batches(path, WHAT)? {
         let doc = column(&batch, "doc_id").as_primitive::<Int64Type>();
@@ -503,10 +558,15 @@ fn read_exact(opened: Opened, path: &Path, meta: &ShardMeta) -> Result<Vec<Shard
         let (top_ids, top_lp) = (column(&batch, "top_ids"), column(&batch, "top_logprobs"));
         let tails = column(&batch, "tail_mass");
         for i in 0..batch.num_rows() {
+            let input_ids = u32s(ids, i);
+            let (doc_id, segment) = (doc.value(i) as u64, seg.value(i) as u32);
+            let at = format!("document {doc_id} segment {segment}");
             let row = ShardRow {
-                doc_id: doc.value(i) as u64,
-                segment: seg.value(i) as u32,
-                input_ids: u32s(ids, i),
+                doc_id,
+                segment,
+                parts: read_parts(&batch, i, input_ids.len())
+                    .map_err(|m| file_err(path, WHAT, format!("{at}: {m}")))?,
+                input_ids,
                 target_logprobs: f32s(targets, i),
                 top_ids: u32s(top_ids, i),
                 top_logprobs: f32s(top_lp, i),
@@ -560,6 +620,9 @@ fn read_quantised(
             ]
             .concat(),
         )
+        .map_err(|m| file_err(path, WHAT, m))?;
+    opened
+        .has_column("parts", Col::Binary)
         .map_err(|m| file_err(path, WHAT, m))?;
     let mut rows = Vec::new();
     for batch in opened.batches(path, WHAT)? {
@@ -624,6 +687,8 @@ fn read_quantised(
                 let row = ShardRow {
                     doc_id,
                     segment,
+                    parts: read_parts(&batch, i, input_ids.len())
+                        .map_err(|m| format!("{at}: {m}"))?,
                     input_ids,
                     target_logprobs,
                     top_ids,

@@ -17,7 +17,6 @@
 
 use crate::chat::LossParts;
 use crate::error::DataError;
-use crate::pack::TokenDoc;
 use crate::pack::epoch_order;
 use crate::shards::{Shard, ShardMeta, ShardRow, read_shard};
 use crate::trajectories::{TrajectoryRow, read_trajectories};
@@ -82,39 +81,20 @@ pub struct SignalRow {
 }
 
 impl SignalRow {
-    /// A scored segment, its top-k cut from the shard's `from` to `to`: every position trains.
-    pub fn from_scores(row: ShardRow, from: usize, to: usize) -> Self {
+    /// A scored segment, its top-k cut from the shard's `from` to `to`: every position of a text
+    /// document trains; in a conversation, those whose next token is a part `train_on` names.
+    pub fn from_scores(row: ShardRow, from: usize, to: usize, train_on: &LossParts) -> Self {
+        let targets = match &row.parts {
+            None => vec![true; row.positions()],
+            Some(parts) => parts[1..].iter().map(|&p| train_on.trains(p)).collect(),
+        };
         Self {
             doc: row.doc_id,
-            targets: vec![true; row.positions()],
+            targets,
             top_ids: top_prefix(&row.top_ids, from, to),
             top_logprobs: top_prefix(&row.top_logprobs, from, to),
             ids: row.input_ids,
         }
-    }
-
-    /// Checks the row against the corpus it was scored from (segment `segment` of `doc`, cut at
-    /// `seq_len`) and keeps only the positions whose next token is a target there (chat documents
-    /// train on the parts `data.train_on` names). A mismatch means the corpus changed since
-    /// scoring.
-    pub fn apply_document(
-        &mut self,
-        doc: &TokenDoc,
-        segment: usize,
-        seq_len: usize,
-    ) -> Result<(), String> {
-        let start = segment * seq_len;
-        if doc.ids.get(start..start + self.ids.len()) != Some(&self.ids[..]) {
-            return Err(format!(
-                "document {} segment {segment} does not match the recipe's corpus (it changed \
-                 since scoring: rescore into a new directory)",
-                self.doc
-            ));
-        }
-        for (pos, t) in self.targets.iter_mut().enumerate() {
-            *t = *t && doc.is_target(start + pos + 1);
-        }
-        Ok(())
     }
 
     /// Prompt `doc`'s trajectory, cut to `seq_len` ids: prompt positions never train; completion
@@ -202,8 +182,8 @@ pub fn assemble(rows: &[&SignalRow], seq_len: usize, k: usize, vocab: usize) -> 
 /// Which kind of shard a stream reads.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SignalSource {
-    /// Teacher-signal shards (`k3mini teacher score`).
-    Scores,
+    /// Teacher-signal shards (`k3mini teacher score`); conversations train on `train_on`.
+    Scores { train_on: LossParts },
     /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
     Trajectories {
         think_close: Option<u32>,
@@ -224,9 +204,6 @@ pub struct ShardFile {
 #[derive(Clone, Debug)]
 pub struct SignalSpec {
     pub source: SignalSource,
-    /// For teacher-signal shards: the recipe's documents, which every row must match and whose
-    /// per-token targets mask it (`None` skips both).
-    pub documents: Option<Arc<Vec<TokenDoc>>>,
     pub seq_len: usize,
     pub k: usize,
     /// The student's vocabulary size.
@@ -244,7 +221,7 @@ impl SignalSpec {
     ) -> Result<Vec<SignalRow>, DataError> {
         let path = &file.path;
         match &self.source {
-            SignalSource::Scores => {
+            SignalSource::Scores { train_on } => {
                 let Shard { meta, rows, .. } = read_shard(path, Some(&file.sha256))?;
                 self.check(path, &meta)?;
                 let mut kept = Vec::new();
@@ -261,28 +238,9 @@ impl SignalSpec {
                             ),
                         ));
                     }
-                    if !keep(row.doc_id) {
-                        continue;
+                    if keep(row.doc_id) {
+                        kept.push(SignalRow::from_scores(row, meta.k, self.k, train_on));
                     }
-                    let segment = row.segment as usize;
-                    let mut signal = SignalRow::from_scores(row, meta.k, self.k);
-                    if let Some(docs) = &self.documents {
-                        let doc = docs.get(signal.doc as usize).ok_or_else(|| {
-                            DataError::io(
-                                path,
-                                format!(
-                                    "document {} is not in the recipe's corpus of {} (it changed \
-                                     since scoring)",
-                                    signal.doc,
-                                    docs.len()
-                                ),
-                            )
-                        })?;
-                        signal
-                            .apply_document(doc, segment, self.seq_len)
-                            .map_err(|m| DataError::io(path, m))?;
-                    }
-                    kept.push(signal);
                 }
                 Ok(kept)
             }

@@ -5,9 +5,12 @@
 //! - **Sources.** A file, or a directory of the format's files (`.txt`: one document per file;
 //!   `.jsonl`: one per line; `.parquet`: one per row of the string column, read a batch of rows
 //!   at a time). Each epoch visits a source's files in a seeded order.
-//! - **Held-out split.** A document is held out when a seeded hash of its key — its file's path
-//!   inside the source and its line or row — falls under `held_out_fraction`. It depends on nothing
-//!   else, so it is stable as sources grow or reorder, and a held-out document never trains.
+//! - **Held-out split.** A document is held out when a seeded hash of its key ([`doc_key`]: its
+//!   file's path inside the source and its line or row) falls under `held_out_fraction`. It
+//!   depends on nothing else, so it is stable as sources grow or reorder, a held-out document never
+//!   trains, and teacher shards, which keep the key, split the same way.
+//! - **In order.** [`InOrder`] reads every document once, unshuffled and unsplit, with its key:
+//!   how teacher scoring walks a corpus.
 //! - **Background tokenization.** Each source has a thread that reads, filters and tokenizes
 //!   ahead into a bounded queue ([`QUEUE`] documents).
 //! - **Mixture.** Each document comes from the source furthest below its share of the tokens
@@ -70,9 +73,10 @@ pub struct DocPlace {
     pub item: u64,
 }
 
-/// Turns a raw document of source `i` into ids (`None` drops it, e.g. shorter than two tokens).
-pub type Tokenize =
-    Arc<dyn Fn(usize, RawDoc, &DocPlace) -> Result<Option<TokenDoc>, DataError> + Send + Sync>;
+/// Turns a raw document of source `i` into ids (`None` drops it, e.g. shorter than two tokens):
+/// a [`TokenDoc`] for training, or whatever else a reader of the corpus needs.
+pub type Tokenize<T = TokenDoc> =
+    Arc<dyn Fn(usize, RawDoc, &DocPlace) -> Result<Option<T>, DataError> + Send + Sync>;
 
 /// Which documents a stream yields.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,14 +85,22 @@ pub enum Split {
     HeldOut,
 }
 
-/// The held-out draw of a document: a seeded hash of its key (file inside its source, item).
-pub fn is_held_out(seed: u64, file_key: &str, item: u64, fraction: f64) -> bool {
-    // FNV-1a over the key, then SplitMix64 over (seed, key, item).
+/// A document's key: a 64-bit hash of its file's path inside its source and its line or row. It
+/// names the document wherever the corpus is used (the `doc_id` of teacher-signal shards) and is
+/// what the held-out draw hashes, so every stage splits a corpus the same way.
+pub fn doc_key(file_key: &str, item: u64) -> u64 {
+    // FNV-1a over the file's key, mixed with the item.
     let mut h: u64 = 0xCBF2_9CE4_8422_2325;
     for b in file_key.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01B3);
     }
-    let mut state = seed ^ h.rotate_left(17) ^ item.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h.rotate_left(17) ^ item.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The held-out draw of the document with key `key` (see [`doc_key`]): SplitMix64 of
+/// `seed ⊕ key`, as a uniform in [0, 1), under `fraction`.
+pub fn is_held_out(seed: u64, key: u64, fraction: f64) -> bool {
+    let mut state = seed ^ key;
     let u = (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64;
     u < fraction
 }
@@ -416,7 +428,7 @@ impl FeedJob {
                 continue;
             };
             at.item = item + 1;
-            if is_held_out(self.seed, &keys[file], item, self.fraction)
+            if is_held_out(self.seed, doc_key(&keys[file], item), self.fraction)
                 != (self.split == Split::HeldOut)
             {
                 continue;
@@ -434,6 +446,95 @@ impl FeedJob {
             }
         }
     }
+}
+
+/// Every document of a corpus once, in order — source by source, each source's files in name
+/// order, each file's items in order — with its [`doc_key`], read and tokenized lazily: how
+/// teacher scoring walks a corpus, in the memory of one document.
+pub struct InOrder<T> {
+    sources: Vec<SourceFiles>,
+    tokenize: Tokenize<T>,
+    source: usize,
+    file: usize,
+    items: Option<Items>,
+}
+
+impl<T> InOrder<T> {
+    pub fn open(sources: &[StreamSource], tokenize: Tokenize<T>) -> Result<Self, DataError> {
+        Ok(Self {
+            sources: sources
+                .iter()
+                .map(SourceFiles::open)
+                .collect::<Result<_, _>>()?,
+            tokenize,
+            source: 0,
+            file: 0,
+            items: None,
+        })
+    }
+
+    fn step(&mut self) -> Result<Option<(u64, T)>, DataError> {
+        loop {
+            let Some(src) = self.sources.get(self.source) else {
+                return Ok(None);
+            };
+            let Some(path) = src.files.get(self.file) else {
+                (self.source, self.file) = (self.source + 1, 0);
+                continue;
+            };
+            let (format, field) = (src.source.format, &src.source.field);
+            if self.items.is_none() {
+                self.items = Some(Items::open(path, format, field, 0)?);
+            }
+            let Some((item, text)) = self.items.as_mut().expect("opened").next(path, field)? else {
+                (self.items, self.file) = (None, self.file + 1);
+                continue;
+            };
+            let place = DocPlace {
+                path: path.clone(),
+                item,
+            };
+            let raw = parse_item(format, field, src.source.chat, text, &place)?;
+            if let Some(doc) = (self.tokenize)(self.source, raw, &place)? {
+                return Ok(Some((doc_key(&src.keys[self.file], item), doc)));
+            }
+        }
+    }
+}
+
+impl<T> Iterator for InOrder<T> {
+    type Item = Result<(u64, T), DataError>;
+
+    /// The next document and its key; after an error, nothing more.
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.step() {
+            Ok(doc) => doc.map(Ok),
+            Err(e) => {
+                self.source = self.sources.len();
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Each source's files as `(key inside the source, byte length)`, in name order: what a corpus
+/// holds, cheaply, for telling whether it changed since a stage read it.
+pub fn source_listing(sources: &[StreamSource]) -> Result<Vec<Vec<(String, u64)>>, DataError> {
+    sources
+        .iter()
+        .map(|s| {
+            let files = SourceFiles::open(s)?;
+            files
+                .files
+                .iter()
+                .zip(files.keys)
+                .map(|(f, key)| {
+                    let len = std::fs::metadata(f).map_err(|e| DataError::io(f, e))?.len();
+                    Ok((key, len))
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// An item as a raw document: a text file's or Parquet row's text, or a JSONL line's `field`

@@ -216,6 +216,13 @@ fn score(
     let bar = progress_bar(quiet, "segments");
     let started = std::time::Instant::now();
     let (manifest, dir) = score_plan(&plan, &distill, out, &mut |p| {
+        if p.counting {
+            bar.set_message(format!(
+                "reading the corpus: {} documents, {} segments so far",
+                p.documents, p.segments_total
+            ));
+            return;
+        }
         bar.set_length(p.segments_total as u64);
         bar.set_position(p.segments_done as u64);
         bar.set_message(format!(

@@ -511,6 +511,15 @@ fn data_plan(
                 format!("{}: a share must be positive", source.weight),
             );
         }
+        let from_shards = distill
+            .is_some_and(|d| matches!(d.mode, ModePlan::Offline | ModePlan::OnPolicy { .. }));
+        if from_shards && source.weight != 1.0 {
+            return refuse(
+                &format!("data.sources.{i}.weight"),
+                "training from scored shards draws every scored segment alike, so a source's \
+                 weight would be ignored: weights mix plain and online runs only",
+            );
+        }
         sources.push(SourcePlan {
             field: source.field().to_string(),
             path,

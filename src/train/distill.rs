@@ -3,10 +3,12 @@
 //! completions (`mode = "sequence"`: trajectory shards, completion tokens only), one row per
 //! segment or prompt (`k3mini_data::signals`).
 //!
-//! Held-out documents are chosen as in plain training (`data.held_out_fraction`, seeded, over the
-//! scoring job's documents); their segments never train and are what evaluation measures: the
-//! held-out cross-entropy (perplexity), the student's top-1 agreement with the teacher, and the
-//! forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail.
+//! Held-out documents are the ones plain training holds out: a scored segment's document key is
+//! hashed with the seed (`k3mini_data::stream::is_held_out`); trajectories are held out by a
+//! seeded draw over the prompts. Held-out segments never train and are what evaluation measures:
+//! the held-out cross-entropy (perplexity), the student's top-1 agreement with the teacher, and
+//! the forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail. Training reads only
+//! the shards: the corpus is checked, by its files' names and sizes, to be the one scored.
 
 use crate::bail;
 use crate::error::{Context, Result};
@@ -22,23 +24,28 @@ use k3mini_data::rng::uniform;
 use k3mini_data::signals::{
     ShardFile, SignalBatch, SignalCursor, SignalSource, SignalSpec, SignalStream, assemble,
 };
+use k3mini_data::stream::is_held_out;
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
     Objective, masked_mean, objective_per_position, sample_targets, teacher_buckets,
 };
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
-use k3mini_teacher::manifest::{MANIFEST, Manifest, ids_sha256};
-use k3mini_teacher::score::{ScoreManifestJob, segments};
+use k3mini_teacher::manifest::{MANIFEST, Manifest};
+use k3mini_teacher::score::ScoreManifestJob;
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
+
+/// Whether a row's document (a corpus document's key, or a prompt's index) is held out.
+type HeldOutDoc = Arc<dyn Fn(u64) -> bool + Send + Sync>;
 
 /// The teacher shards of a distillation plan, checked against it.
 pub struct SignalData {
     pub files: Vec<ShardFile>,
     pub spec: SignalSpec,
-    pub held_out: Arc<HashSet<u64>>,
+    pub held_out: HeldOutDoc,
+    pub held_out_fraction: f64,
     /// The temperature the shards' logprobs were scored at.
     pub temperature: f64,
 }
@@ -90,9 +97,7 @@ pub fn signal_data(
     let data = &plan.data;
     let teacher = &distill.teacher;
     let fingerprint = tokenizer.fingerprint();
-    // Scored segments are checked against (and masked by) the plan's own documents.
-    let mut corpus = None;
-    let (dir, documents, files, source, made_with, temperature) = match &distill.mode {
+    let (dir, held_out, files, source, made_with, temperature) = match &distill.mode {
         ModePlan::Sequence { trajectories } => {
             let m: Manifest<GenerateManifestJob> =
                 finished_manifest(trajectories, "generate", plan, |j: &GenerateManifestJob| {
@@ -103,10 +108,14 @@ pub fn signal_data(
                 think_close: tokenizer.token_id(THINK_CLOSE),
                 train_on: data.train_on.clone(),
             };
+            // Prompt sets are small and in memory: a draw over their indices.
+            let (_, held) = split_held_out(m.job.prompts, data.held_out_fraction, plan.seed);
+            let held: HashSet<u64> = held.into_iter().map(|d| d as u64).collect();
+            let held_out: HeldOutDoc = Arc::new(move |doc| held.contains(&doc));
             // Generation samples at its own temperature; the logprobs it returns are untempered.
             (
                 trajectories.clone(),
-                m.job.prompts,
+                held_out,
                 files,
                 source,
                 (m.job.tokenizer_sha256, m.job.k),
@@ -129,12 +138,19 @@ pub fn signal_data(
                     data.seq_len
                 );
             }
-            let docs = crate::corpus::tokenized_documents(data, tokenizer)?;
-            let scored = docs.iter().flat_map(|d| segments(&d.ids, data.seq_len));
-            if ids_sha256(scored) != m.job.inputs_sha256 {
+            if m.job.sources_sha256.is_empty() {
                 bail!(
-                    "{}: the recipe's corpus changed since scoring (its segments' hash differs): \
-                     rescore it into a new directory",
+                    "{}: these shards number documents by their place in an in-memory list (a \
+                     k3mini from before corpora streamed), not by their key: rescore into a new \
+                     directory with `k3mini teacher score {}`",
+                    dir.display(),
+                    plan.recipe_name()
+                );
+            }
+            if crate::corpus::sources_sha256(data)? != m.job.sources_sha256 {
+                bail!(
+                    "{}: the recipe's corpus changed since scoring (its sources' files, their \
+                     sizes or settings differ): rescore it into a new directory",
                     dir.display()
                 );
             }
@@ -145,13 +161,16 @@ pub fn signal_data(
                     m.job.temperature
                 );
             }
-            corpus = Some(Arc::new(docs));
             let files = shard_files(dir, &m);
+            let (seed, fraction) = (plan.seed, data.held_out_fraction);
+            let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
             (
                 dir.clone(),
-                m.job.documents,
+                held_out,
                 files,
-                SignalSource::Scores,
+                SignalSource::Scores {
+                    train_on: data.train_on.clone(),
+                },
                 (m.job.tokenizer_sha256, m.job.k),
                 m.job.temperature as f64,
             )
@@ -171,18 +190,17 @@ pub fn signal_data(
             teacher.k
         );
     }
-    let (_, held) = split_held_out(documents, data.held_out_fraction, plan.seed);
     Ok(SignalData {
         files,
         spec: SignalSpec {
             source,
-            documents: corpus,
             seq_len: data.seq_len,
             k: teacher.k,
             vocab: plan.model.vocab_size,
             tokenizer_sha256: fingerprint,
         },
-        held_out: Arc::new(held.into_iter().map(|d| d as u64).collect()),
+        held_out,
+        held_out_fraction: data.held_out_fraction,
         temperature,
     })
 }
@@ -205,7 +223,7 @@ impl SignalData {
         Ok(SignalStream::new(
             self.files.clone(),
             self.spec.clone(),
-            Arc::new(move |doc| !held.contains(&doc)),
+            Arc::new(move |doc| !held(doc)),
             seed,
             cursor,
         )?)
@@ -214,13 +232,21 @@ impl SignalData {
     /// The first `n` held-out segments in shard order (the same every evaluation).
     pub fn held_out_batches(&self, n_batches: usize, rows: usize) -> Result<Vec<SignalBatch>> {
         let held = self.held_out.clone();
-        let keep = move |doc: u64| held.contains(&doc);
+        let keep = move |doc: u64| held(doc);
         let mut segments = Vec::new();
         for f in &self.files {
             if segments.len() >= n_batches * rows {
                 break;
             }
             segments.extend(self.spec.read(f, &keep)?);
+        }
+        if segments.is_empty() && self.held_out_fraction > 0.0 && n_batches > 0 {
+            let dir = self.files[0].path.parent().unwrap_or(Path::new("."));
+            bail!(
+                "{}: no held-out segment: the split hashes each document, so a corpus of few \
+                 documents may hold none out; raise data.held_out_fraction or set it to 0",
+                dir.display()
+            );
         }
         segments.truncate(n_batches * rows);
         Ok(segments

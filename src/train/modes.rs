@@ -33,21 +33,29 @@ pub fn open(
         };
         return Ok(Box::new(Lm::open(plan, tokenizer, cursor)?));
     };
-    let DataCursor::Signals(cursor) = state.cursor else {
-        bail!("the checkpoint was written by a plain run, and this plan distils");
-    };
-    Ok(match &distill.mode {
-        ModePlan::Offline | ModePlan::Sequence { .. } => {
-            Box::new(Shards::open(plan, distill, tokenizer, cursor)?)
+    // Online runs stream the corpus; the other modes walk shards.
+    Ok(match (&distill.mode, &state.cursor) {
+        (ModePlan::Online, DataCursor::Stream(cursor)) => {
+            Box::new(Online::open(plan, distill, tokenizer, cursor.clone())?)
         }
-        ModePlan::Online => Box::new(Online::open(plan, distill, tokenizer, cursor)?),
-        ModePlan::OnPolicy { .. } => Box::new(OnPolicy::open(
+        (ModePlan::Online, _) => bail!(
+            "the checkpoint's data position is not an online run's corpus stream (it was written \
+             by another mode, or by a k3mini from before online runs streamed): start a new run"
+        ),
+        (ModePlan::Offline | ModePlan::Sequence { .. }, DataCursor::Signals(cursor)) => {
+            Box::new(Shards::open(plan, distill, tokenizer, *cursor)?)
+        }
+        (ModePlan::OnPolicy { .. }, DataCursor::Signals(cursor)) => Box::new(OnPolicy::open(
             plan,
             distill,
             tokenizer,
-            cursor,
+            *cursor,
             state.prompts.unwrap_or_default(),
         )?),
+        _ => bail!(
+            "the checkpoint's data position is a corpus stream's (a plain or online run's), and \
+             this plan reads shards"
+        ),
     })
 }
 

@@ -1,10 +1,11 @@
 //! Online distillation: the teacher (local, or served over HTTP) scores each micro-batch while the
 //! student trains on the one before, so nothing is stored and the two overlap.
 //!
-//! The rows are the recipe's documents cut into `seq_len` segments (as `k3mini teacher score` cuts
-//! them); each epoch takes the training segments in a seeded permutation, and the stream's whole
-//! state is a cursor `(epoch, row)`, so a resumed run asks the teacher for exactly the batches an
-//! uninterrupted one would have.
+//! The rows are the corpus's documents, streamed as plain training streams them (weighted,
+//! shuffled in blocks, the held-out split hashed per document), cut into `seq_len` segments as
+//! `k3mini teacher score` cuts them. The stream's whole state is a [`PackCursor`]: the document
+//! stream's cursor at the current document and the offset of its next segment, so a resumed run
+//! asks the teacher for exactly the batches an uninterrupted one would have.
 
 use crate::error::Result;
 use crate::recipe::{DistillPlan, RunPlan};
@@ -12,12 +13,12 @@ use crate::run_dir::DataCursor;
 use crate::train::distill::distill_loss;
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
-use k3mini_data::pack::split_held_out;
-use k3mini_data::shards::ShardRow;
-use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble, take_in_epoch_order};
+use k3mini_data::pack::{DocFeed, PackCursor};
+use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble};
+use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{TokenDoc, Tokenizer};
 use k3mini_student::K3Mini;
-use k3mini_teacher::score::{score_many, segments};
+use k3mini_teacher::score::score_many;
 use k3mini_teacher::{LOGPROB_TEMPERATURE, Teacher};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -36,12 +37,9 @@ pub struct OnlineSpec {
 /// `data.train_on` names).
 #[derive(Clone, Debug)]
 pub struct Segment {
-    pub doc: u64,
     pub ids: Vec<u32>,
     pub targets: Vec<bool>,
 }
-
-type Segments = Arc<Vec<Segment>>;
 
 /// Scores `rows` with the teacher and lays them out as a batch.
 pub fn score_batch(
@@ -54,120 +52,134 @@ pub fn score_batch(
     let rows: Vec<SignalRow> = rows
         .iter()
         .zip(scored)
-        .map(|(seg, s)| {
-            let row = ShardRow {
-                doc_id: seg.doc,
-                segment: 0,
-                input_ids: s.ids,
-                target_logprobs: s.target_logprobs,
-                top_ids: s.top_ids,
-                top_logprobs: s.top_logprobs,
-            };
-            SignalRow {
-                targets: seg.targets.clone(),
-                ..SignalRow::from_scores(row, spec.k, spec.k)
-            }
+        .map(|(seg, s)| SignalRow {
+            doc: 0,
+            targets: seg.targets.clone(),
+            ids: s.ids,
+            top_ids: s.top_ids,
+            top_logprobs: s.top_logprobs,
         })
         .collect();
     let refs: Vec<&SignalRow> = rows.iter().collect();
     Ok(assemble(&refs, spec.seq_len, spec.k, spec.vocab))
 }
 
-/// Training and held-out segments of `docs`, split by document as plain training splits them.
-pub fn split_segments(
-    docs: &[TokenDoc],
+/// A document stream cut into segments: windows of at most `seq_len` ids, at least two each.
+pub struct SegmentFeed {
+    docs: DocStream,
     seq_len: usize,
-    held_out_fraction: f64,
-    seed: u64,
-) -> (Vec<Segment>, Vec<Segment>) {
-    let (train, held) = split_held_out(docs.len(), held_out_fraction, seed);
-    let cut = |idx: Vec<usize>| -> Vec<Segment> {
-        idx.into_iter()
-            .flat_map(|d| {
-                let doc = &docs[d];
-                segments(&doc.ids, seq_len)
-                    .enumerate()
-                    .map(move |(i, ids)| Segment {
-                        doc: d as u64,
-                        targets: (0..ids.len() - 1)
-                            .map(|pos| doc.is_target(i * seq_len + pos + 1))
-                            .collect(),
-                        ids: ids.to_vec(),
-                    })
-            })
-            .collect()
-    };
-    (cut(train), cut(held))
+    /// The document being cut, the stream's cursor before it, and its next segment's offset.
+    doc: TokenDoc,
+    at: StreamCursor,
+    offset: usize,
 }
 
-/// An endless stream of teacher-scored batches, one always being scored ahead.
+impl SegmentFeed {
+    /// Cuts `docs` from its next document, at `offset` into it (a resumed [`PackCursor`]'s).
+    pub fn new(mut docs: DocStream, seq_len: usize, offset: usize) -> Result<Self> {
+        let at = docs.cursor();
+        let doc = docs.next_doc()?;
+        crate::ensure!(
+            offset == 0 || offset + 2 <= doc.ids.len(),
+            "the run's data cursor is at offset {offset} of a document of {} tokens: the corpus \
+             changed since the checkpoint",
+            doc.ids.len()
+        );
+        Ok(Self {
+            docs,
+            seq_len,
+            doc,
+            at,
+            offset,
+        })
+    }
+
+    pub fn cursor(&self) -> PackCursor<StreamCursor> {
+        PackCursor {
+            feed: self.at.clone(),
+            offset: self.offset,
+        }
+    }
+
+    /// The next segment.
+    pub fn next_segment(&mut self) -> Result<Segment> {
+        while self.offset + 2 > self.doc.ids.len() {
+            self.at = self.docs.cursor();
+            self.doc = self.docs.next_doc()?;
+            self.offset = 0;
+        }
+        let (start, end) = (
+            self.offset,
+            (self.offset + self.seq_len).min(self.doc.ids.len()),
+        );
+        self.offset = end;
+        Ok(Segment {
+            ids: self.doc.ids[start..end].to_vec(),
+            targets: (start + 1..end).map(|j| self.doc.is_target(j)).collect(),
+        })
+    }
+
+    fn take(&mut self, n: usize) -> Result<Vec<Segment>> {
+        (0..n).map(|_| self.next_segment()).collect()
+    }
+}
+
+/// What the scoring thread hands back: the feed, where it is after the batch, and the batch.
+type Scoring = JoinHandle<(SegmentFeed, PackCursor<StreamCursor>, Result<SignalBatch>)>;
+
+/// An endless stream of teacher-scored batches, one always being read and scored ahead.
 pub struct OnlineStream {
     teacher: Arc<dyn Teacher + Send + Sync>,
-    segments: Segments,
     spec: Arc<OnlineSpec>,
-    seed: u64,
     rows: usize,
-    cursor: SignalCursor,
-    /// The next batch (being scored) and the cursor after it.
-    next: Option<(SignalCursor, JoinHandle<Result<SignalBatch>>)>,
+    /// Where the batch being scored begins.
+    cursor: PackCursor<StreamCursor>,
+    next: Option<Scoring>,
 }
 
 impl OnlineStream {
     pub fn new(
         teacher: Arc<dyn Teacher + Send + Sync>,
-        segments: Vec<Segment>,
+        feed: SegmentFeed,
         spec: OnlineSpec,
-        seed: u64,
         rows: usize,
-        cursor: SignalCursor,
-    ) -> Result<Self> {
-        crate::ensure!(
-            !segments.is_empty(),
-            "no training segments left after the held-out split"
-        );
+    ) -> Self {
         let mut s = Self {
             teacher,
-            segments: Arc::new(segments),
             spec: Arc::new(spec),
-            seed,
             rows,
-            cursor,
+            cursor: feed.cursor(),
             next: None,
         };
-        s.prefetch();
-        Ok(s)
+        s.prefetch(feed);
+        s
     }
 
-    pub fn cursor(&self) -> SignalCursor {
-        self.cursor
+    pub fn cursor(&self) -> PackCursor<StreamCursor> {
+        self.cursor.clone()
     }
 
-    /// The segments of the batch at `at`, and the cursor after it.
-    fn pick(&self, mut at: SignalCursor) -> (Vec<Segment>, SignalCursor) {
-        let picked = take_in_epoch_order(self.segments.len(), self.seed, &mut at, self.rows);
-        let rows = picked
-            .into_iter()
-            .map(|i| self.segments[i].clone())
-            .collect();
-        (rows, at)
-    }
-
-    /// Starts scoring the batch at the cursor.
-    fn prefetch(&mut self) {
-        let (rows, after) = self.pick(self.cursor);
-        let (teacher, spec) = (self.teacher.clone(), self.spec.clone());
-        let handle = std::thread::spawn(move || score_batch(teacher.as_ref(), &rows, &spec));
-        self.next = Some((after, handle));
+    /// Starts reading and scoring the batch at the feed's position.
+    fn prefetch(&mut self, mut feed: SegmentFeed) {
+        let (teacher, spec, rows) = (self.teacher.clone(), self.spec.clone(), self.rows);
+        self.next = Some(std::thread::spawn(move || {
+            let batch = feed
+                .take(rows)
+                .and_then(|segments| score_batch(teacher.as_ref(), &segments, &spec));
+            let after = feed.cursor();
+            (feed, after, batch)
+        }));
     }
 
     /// The scored batch at the cursor; the one after it starts scoring before this returns.
     pub fn next_batch(&mut self) -> Result<SignalBatch> {
-        let (after, handle) = self.next.take().expect("a batch is always being scored");
-        let batch = handle
+        let handle = self.next.take().expect("a batch is always being scored");
+        let (feed, after, batch) = handle
             .join()
-            .map_err(|_| crate::refused!("the teacher thread panicked"))??;
+            .map_err(|_| crate::refused!("the teacher thread panicked"))?;
+        let batch = batch?;
         self.cursor = after;
-        self.prefetch();
+        self.prefetch(feed);
         Ok(batch)
     }
 }
@@ -183,36 +195,20 @@ impl OnlineSpec {
     }
 }
 
-/// The plan's training and held-out segments.
-fn plan_segments(plan: &RunPlan, tokenizer: &Tokenizer) -> Result<(Vec<Segment>, Vec<Segment>)> {
-    let docs = crate::corpus::tokenized_documents(&plan.data, tokenizer)?;
-    Ok(split_segments(
-        &docs,
-        plan.data.seq_len,
-        plan.data.held_out_fraction,
-        plan.seed,
-    ))
+/// The plan's `split` segments from `cursor`.
+fn plan_segments(
+    plan: &RunPlan,
+    tokenizer: &Tokenizer,
+    split: Split,
+    cursor: PackCursor<StreamCursor>,
+) -> Result<SegmentFeed> {
+    let docs =
+        crate::corpus::document_stream(&plan.data, tokenizer, plan.seed, split, cursor.feed)?;
+    SegmentFeed::new(docs, plan.data.seq_len, cursor.offset)
 }
 
-/// The first `n` micro-batches of held-out segments, scored by `teacher`.
-fn score_held_out(
-    teacher: &dyn Teacher,
-    held: &[Segment],
-    spec: &OnlineSpec,
-    rows: usize,
-    n: usize,
-) -> Result<HeldOut> {
-    Ok(HeldOut::Signals {
-        batches: held
-            .chunks(rows)
-            .take(n)
-            .map(|c| score_batch(teacher, c, spec))
-            .collect::<Result<_>>()?,
-        temperature: LOGPROB_TEMPERATURE,
-    })
-}
-
-/// An online run's held-out set, as its training evaluates it.
+/// An online run's held-out set, as its training evaluates it: the first `n` micro-batches of
+/// held-out segments, scored by `teacher` (none when the plan holds nothing out).
 pub fn held_out(
     plan: &RunPlan,
     distill: &DistillPlan,
@@ -220,9 +216,19 @@ pub fn held_out(
     tokenizer: &Tokenizer,
     n: usize,
 ) -> Result<HeldOut> {
-    let (_, held) = plan_segments(plan, tokenizer)?;
-    let spec = OnlineSpec::of(plan, distill);
-    score_held_out(teacher, &held, &spec, plan.train.micro_batch, n)
+    let mut batches = Vec::new();
+    if plan.data.held_out_fraction > 0.0 {
+        let mut held = plan_segments(plan, tokenizer, Split::HeldOut, PackCursor::default())?;
+        let spec = OnlineSpec::of(plan, distill);
+        for _ in 0..n {
+            let segments = held.take(plan.train.micro_batch)?;
+            batches.push(score_batch(teacher, &segments, &spec)?);
+        }
+    }
+    Ok(HeldOut::Signals {
+        batches,
+        temperature: LOGPROB_TEMPERATURE,
+    })
 }
 
 /// Online distillation: the teacher scores the next micro-batch while the student trains.
@@ -237,21 +243,20 @@ impl Online {
         plan: &RunPlan,
         distill: &DistillPlan,
         tokenizer: &Tokenizer,
-        cursor: SignalCursor,
+        cursor: PackCursor<StreamCursor>,
     ) -> Result<Self> {
         let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
-        let (train, held) = plan_segments(plan, tokenizer)?;
-        let spec = OnlineSpec::of(plan, distill);
-        let rows = plan.train.micro_batch;
-        let held = score_held_out(
+        let held = held_out(
+            plan,
+            distill,
             teacher.as_ref(),
-            &held,
-            &spec,
-            rows,
+            tokenizer,
             plan.train.eval_batches,
         )?;
+        let train = plan_segments(plan, tokenizer, Split::Train, cursor)?;
+        let spec = OnlineSpec::of(plan, distill);
         Ok(Self {
-            stream: OnlineStream::new(teacher, train, spec, plan.seed, rows, cursor)?,
+            stream: OnlineStream::new(teacher, train, spec, plan.train.micro_batch),
             distill: distill.clone(),
             held,
         })
@@ -275,6 +280,6 @@ impl TrainingObjective for Online {
     }
 
     fn cursor(&self) -> (DataCursor, Option<SignalCursor>) {
-        (DataCursor::Signals(self.stream.cursor()), None)
+        (DataCursor::Stream(self.stream.cursor()), None)
     }
 }

@@ -203,14 +203,7 @@ pub fn bench_teacher(
     let rows: Vec<ShardRow> = scored
         .iter()
         .enumerate()
-        .map(|(i, s)| ShardRow {
-            doc_id: 0,
-            segment: i as u32,
-            input_ids: s.ids.clone(),
-            target_logprobs: s.target_logprobs.clone(),
-            top_ids: s.top_ids.clone(),
-            top_logprobs: s.top_logprobs.clone(),
-        })
+        .map(|(i, s)| s.clone().into_row(0, i as u32, None))
         .collect();
     let meta = ShardMeta {
         teacher: teacher.name().into(),

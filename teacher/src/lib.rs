@@ -94,6 +94,24 @@ impl Scored {
     pub fn positions(&self) -> usize {
         self.target_logprobs.len()
     }
+
+    /// As a shard row: segment `segment` of document `doc_id`, with the conversation's parts.
+    pub fn into_row(
+        self,
+        doc_id: u64,
+        segment: u32,
+        parts: Option<Vec<k3mini_data::chat::Part>>,
+    ) -> k3mini_data::shards::ShardRow {
+        k3mini_data::shards::ShardRow {
+            doc_id,
+            segment,
+            input_ids: self.ids,
+            parts,
+            target_logprobs: self.target_logprobs,
+            top_ids: self.top_ids,
+            top_logprobs: self.top_logprobs,
+        }
+    }
 }
 
 /// The temperature of every logprob a [`Teacher`] returns, scored or generated: its own

@@ -61,6 +61,11 @@ impl<'a, P: Copy> Reporter<'a, P> {
         }
     }
 
+    /// The progress so far.
+    pub fn get(&self) -> P {
+        *self.state.borrow()
+    }
+
     pub fn update(&self, f: impl FnOnce(&mut P)) {
         let mut p = self.state.borrow_mut();
         f(&mut p);
@@ -82,16 +87,30 @@ fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
     }
 }
 
-/// SHA-256 (hex) of a job's token ids: the inputs a manifest's shards were made from.
-pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
-    let mut h = Sha256::new();
-    for s in sequences {
-        h.update((s.len() as u64).to_le_bytes());
-        for id in s {
-            h.update(id.to_le_bytes());
+/// SHA-256 of a job's token ids, fed one sequence at a time: the inputs a manifest's shards were
+/// made from.
+#[derive(Clone, Default)]
+pub struct IdsDigest(Sha256);
+
+impl IdsDigest {
+    pub fn add(&mut self, ids: &[u32]) {
+        self.0.update((ids.len() as u64).to_le_bytes());
+        for id in ids {
+            self.0.update(id.to_le_bytes());
         }
     }
-    hex(h)
+
+    /// The hex digest of what was added so far.
+    pub fn finish(&self) -> String {
+        hex(self.0.clone())
+    }
+}
+
+/// [`IdsDigest`] of `sequences`.
+pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
+    let mut d = IdsDigest::default();
+    sequences.for_each(|s| d.add(s));
+    d.finish()
 }
 
 pub(crate) fn write_manifest<J: Serialize>(

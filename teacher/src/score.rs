@@ -1,17 +1,25 @@
-//! Scoring a corpus into teacher-signal shards, resumably.
+//! Scoring a corpus into teacher-signal shards, resumably, in bounded memory.
 //!
-//! Documents are cut into segments of at most `seq_len` ids, numbered in document order; shard `i`
-//! holds segments `[i·S, (i+1)·S)` (S = `segments_per_shard`). Shards, the manifest and resuming are
-//! [`crate::manifest`]'s: killing the scorer loses at most the shard in flight.
+//! The corpus is read twice, lazily, in the same order (see `k3mini_data::stream::InOrder`): once
+//! to count and hash its segments (the job a manifest records, cheap next to the teacher), then
+//! to score them. Documents are cut into segments of at most `seq_len` ids, numbered in corpus
+//! order; shard `i` holds segments `[i·S, (i+1)·S)` (S = `segments_per_shard`). Each row keeps its
+//! document's key, which the held-out split hashes, and a conversation's parts, which training
+//! masks with `data.train_on`, so training needs the shards and not the corpus. Shards, the
+//! manifest and resuming are [`crate::manifest`]'s: killing the scorer loses at most the shard in
+//! flight.
 
 use crate::fetch::sha256_file;
 use crate::manifest::{
-    MANIFEST, Manifest, Reporter, ShardEntry, Written, ids_sha256, run_shards, write_manifest,
+    IdsDigest, MANIFEST, Manifest, Reporter, ShardEntry, Written, run_shards, write_manifest,
 };
 use crate::{Scored, Teacher, TeacherError};
+use k3mini_data::DataError;
+use k3mini_data::chat::Part;
 use k3mini_data::pool::run_many;
 use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 /// What to score and where.
@@ -24,6 +32,9 @@ pub struct ScoreJob {
     pub segments_per_shard: usize,
     /// Segments in flight at once (for HTTP teachers; a local teacher already uses every core).
     pub concurrency: usize,
+    /// What the corpus's files are (the caller's fingerprint of them): training checks it to tell
+    /// whether the recipe still names the corpus that was scored.
+    pub sources_sha256: String,
 }
 
 /// A scoring job as its manifest records it: a rerun must match it to reuse the shards.
@@ -43,15 +54,23 @@ pub struct ScoreManifestJob {
     pub segments: usize,
     /// SHA-256 of the segments' ids.
     pub inputs_sha256: String,
+    /// The corpus's files ([`ScoreJob::sources_sha256`]; empty in manifests written before shards
+    /// keyed their documents, which training refuses).
+    #[serde(default)]
+    pub sources_sha256: String,
 }
 
 fn exact() -> Storage {
     Storage::Exact
 }
 
-/// Progress after each segment (for a progress bar).
+/// Progress after each document of the first reading and each segment of the second (for a
+/// progress bar).
 #[derive(Clone, Copy, Debug)]
 pub struct ScoreProgress {
+    /// Still on the first reading, which counts documents and segments (`segments_total` so far).
+    pub counting: bool,
+    pub documents: usize,
     pub shards_done: usize,
     pub shards_total: usize,
     /// Segments finished, skipped ones included.
@@ -65,6 +84,96 @@ pub struct ScoreProgress {
 /// The segments of one document: consecutive windows of at most `seq_len` ids (≥ 2 each).
 pub fn segments(doc: &[u32], seq_len: usize) -> impl Iterator<Item = &[u32]> {
     doc.chunks(seq_len).filter(|s| s.len() >= 2)
+}
+
+/// A corpus document as scoring reads it: its key (`k3mini_data::stream::doc_key`), its ids, and
+/// for a conversation what each id is.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CorpusDoc {
+    pub key: u64,
+    pub ids: Vec<u32>,
+    pub parts: Option<Vec<Part>>,
+}
+
+/// A corpus read from its start, one document at a time.
+pub type Corpus = Box<dyn Iterator<Item = Result<CorpusDoc, DataError>>>;
+
+/// One segment to score: its document's key, its index in the document, its ids and parts.
+struct Segment {
+    doc: u64,
+    index: u32,
+    ids: Vec<u32>,
+    parts: Option<Vec<Part>>,
+}
+
+/// A corpus's segments in order, hashed as they pass.
+struct Segments {
+    docs: Corpus,
+    seq_len: usize,
+    /// The document being cut and its next segment's index.
+    doc: Option<(CorpusDoc, usize)>,
+    documents: usize,
+    taken: usize,
+    digest: IdsDigest,
+}
+
+impl Segments {
+    fn new(docs: Corpus, seq_len: usize) -> Self {
+        Self {
+            docs,
+            seq_len,
+            doc: None,
+            documents: 0,
+            taken: 0,
+            digest: IdsDigest::default(),
+        }
+    }
+
+    fn next(&mut self) -> Result<Option<Segment>, TeacherError> {
+        loop {
+            if let Some((doc, i)) = &mut self.doc {
+                let start = *i * self.seq_len;
+                let end = (start + self.seq_len).min(doc.ids.len());
+                if end >= start + 2 {
+                    let segment = Segment {
+                        doc: doc.key,
+                        index: *i as u32,
+                        ids: doc.ids[start..end].to_vec(),
+                        parts: doc.parts.as_ref().map(|p| p[start..end].to_vec()),
+                    };
+                    *i += 1;
+                    self.taken += 1;
+                    self.digest.add(&segment.ids);
+                    return Ok(Some(segment));
+                }
+            }
+            match self.docs.next().transpose()? {
+                None => return Ok(None),
+                Some(doc) => {
+                    self.documents += 1;
+                    self.doc = Some((doc, 0));
+                }
+            }
+        }
+    }
+
+    /// Reads on to segment `n` (nothing when already there).
+    fn skip_to(&mut self, n: usize) -> Result<(), TeacherError> {
+        while self.taken < n {
+            if self.next()?.is_none() {
+                return Err(corpus_changed());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn corpus_changed() -> TeacherError {
+    TeacherError::Request(
+        "the corpus changed while it was being scored (its second reading differs from its \
+         first): score it again once it is stable"
+            .into(),
+    )
 }
 
 /// Scores every sequence with up to `concurrency` requests in flight, results in input order;
@@ -84,22 +193,38 @@ pub fn score_many(
     )
 }
 
-/// Scores `docs` into shards under `job.out_dir`, skipping shards a previous run finished.
+/// Scores the corpus `open` reads (from its start, each time it is called) into shards under
+/// `job.out_dir`, skipping shards a previous run finished.
 pub fn score_corpus(
     teacher: &dyn Teacher,
-    docs: &[Vec<u32>],
+    open: &dyn Fn() -> Result<Corpus, TeacherError>,
     job: &ScoreJob,
     on_progress: &mut dyn FnMut(ScoreProgress),
 ) -> Result<Manifest<ScoreManifestJob>, TeacherError> {
-    let all: Vec<(usize, usize, &[u32])> = docs
-        .iter()
-        .enumerate()
-        .flat_map(|(d, doc)| {
-            segments(doc, job.seq_len)
-                .enumerate()
-                .map(move |(s, ids)| (d, s, ids))
-        })
-        .collect();
+    let report = Reporter::new(
+        ScoreProgress {
+            counting: true,
+            documents: 0,
+            shards_done: 0,
+            shards_total: 0,
+            segments_done: 0,
+            segments_total: 0,
+            positions: 0,
+            skipped: 0,
+        },
+        on_progress,
+    );
+    // The first reading: how many segments, and their hash.
+    let mut count = Segments::new(open()?, job.seq_len);
+    while count.next()?.is_some() {
+        if count.documents > report.get().documents {
+            report.update(|p| {
+                p.documents = count.documents;
+                p.segments_total = count.taken;
+            });
+        }
+    }
+    let total = count.taken;
     let header = ScoreManifestJob {
         schema_version: job.storage.version(),
         teacher: job.meta.teacher.clone(),
@@ -109,25 +234,24 @@ pub fn score_corpus(
         logprob_step: job.storage,
         seq_len: job.seq_len,
         segments_per_shard: job.segments_per_shard,
-        documents: docs.len(),
-        segments: all.len(),
-        inputs_sha256: ids_sha256(all.iter().map(|s| s.2)),
+        documents: count.documents,
+        segments: total,
+        inputs_sha256: count.digest.finish(),
+        sources_sha256: job.sources_sha256.clone(),
     };
-    let report = Reporter::new(
-        ScoreProgress {
-            shards_done: 0,
-            shards_total: all.len().div_ceil(job.segments_per_shard.max(1)),
-            segments_done: 0,
-            segments_total: all.len(),
-            positions: 0,
-            skipped: 0,
-        },
-        on_progress,
-    );
-    run_shards(
+    let inputs_sha256 = header.inputs_sha256.clone();
+    report.update(|p| {
+        p.counting = false;
+        p.documents = count.documents;
+        p.segments_total = total;
+        p.shards_total = total.div_ceil(job.segments_per_shard.max(1));
+    });
+    // The second reading, shard by shard (finished shards are read past).
+    let stream = RefCell::new(Segments::new(open()?, job.seq_len));
+    let manifest = run_shards(
         &job.out_dir,
         header,
-        all.len(),
+        total,
         job.segments_per_shard,
         &mut |range| {
             report.update(|p| {
@@ -137,8 +261,12 @@ pub fn score_corpus(
             })
         },
         &mut |_, range, path| {
-            let chunk = &all[range];
-            let inputs: Vec<&[u32]> = chunk.iter().map(|c| c.2).collect();
+            let mut stream = stream.borrow_mut();
+            stream.skip_to(range.start)?;
+            let chunk = range
+                .map(|_| stream.next()?.ok_or_else(corpus_changed))
+                .collect::<Result<Vec<Segment>, _>>()?;
+            let inputs: Vec<&[u32]> = chunk.iter().map(|c| &c.ids[..]).collect();
             let scored = score_many(teacher, &inputs, job.meta.k, job.concurrency, &mut |n| {
                 report.update(|p| {
                     p.segments_done += 1;
@@ -146,16 +274,9 @@ pub fn score_corpus(
                 })
             })?;
             let rows: Vec<ShardRow> = chunk
-                .iter()
+                .into_iter()
                 .zip(scored)
-                .map(|(&(doc_id, segment, _), s)| ShardRow {
-                    doc_id: doc_id as u64,
-                    segment: segment as u32,
-                    input_ids: s.ids,
-                    target_logprobs: s.target_logprobs,
-                    top_ids: s.top_ids,
-                    top_logprobs: s.top_logprobs,
-                })
+                .map(|(seg, s)| s.into_row(seg.doc, seg.index, seg.parts))
                 .collect();
             let written = Written {
                 rows: rows.len(),
@@ -165,7 +286,14 @@ pub fn score_corpus(
             report.update(|p| p.shards_done += 1);
             Ok(written)
         },
-    )
+    )?;
+    // Every segment was read again (scored or read past): it must be what was counted.
+    let mut stream = stream.into_inner();
+    stream.skip_to(total)?;
+    if stream.next()?.is_some() || stream.digest.finish() != inputs_sha256 {
+        return Err(corpus_changed());
+    }
+    Ok(manifest)
 }
 
 /// Rewrites the teacher-signal shards of `src` (either schema; each verified against its

@@ -278,6 +278,15 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     std::fs::write(&manifest, more.to_string()).unwrap();
     let e = train(&main, &damaged).unwrap_err().to_string();
     assert!(e.contains("it is inconsistent"), "{e}");
+    // Shards from before documents were keyed (no corpus fingerprint) are refused by name.
+    let mut unkeyed = m.clone();
+    unkeyed["job"]
+        .as_object_mut()
+        .unwrap()
+        .remove("sources_sha256");
+    std::fs::write(&manifest, unkeyed.to_string()).unwrap();
+    let e = train(&main, &damaged).unwrap_err().to_string();
+    assert!(e.contains("from before corpora streamed"), "{e}");
     m["shards"].as_array_mut().unwrap().pop();
     std::fs::write(&manifest, m.to_string()).unwrap();
     std::fs::remove_dir_all(dir.join("runs/each")).ok();

@@ -217,6 +217,18 @@ fn teacher_and_chat_settings_are_checked() {
             "teacher.k",
             "must be positive",
         ),
+        // Offline runs draw scored segments alike: a source weight would be silently ignored.
+        (
+            format!(
+                "{}{teacher}",
+                GOOD.replace(
+                    "path = \"corpus.txt\"",
+                    "path = \"corpus.txt\"\nweight = 2.0"
+                ) + &distill.replace("online", "offline")
+            ),
+            "data.sources.0.weight",
+            "weights mix plain and online runs only",
+        ),
         (
             GOOD.replace(
                 "path = \"corpus.txt\"",

@@ -319,6 +319,22 @@ fn chat_sources_train_on_the_answer_and_thinking_only() {
             "{answer:?}"
         );
     }
+    // Scoring reads the same documents, keeping what each token is rather than the mask, so
+    // distillation masks the shards as `data.train_on` says at training time.
+    let scored: Vec<_> = k3mini::corpus::scoring_corpus(&r.data, &tok)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(scored.len(), docs.len());
+    for (s, d) in scored.iter().zip(&docs) {
+        assert_eq!(s.ids, d.ids);
+        let masked = s.parts.as_ref().map(|p| {
+            p.iter()
+                .map(|&p| r.data.train_on.trains(p))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(masked, d.targets);
+    }
     // And the recipe trains.
     let out = s.0.join("run");
     assert_eq!(train(&r, &opts(&out)).unwrap().last_step, 3);

@@ -1,5 +1,6 @@
 //! Teacher-signal shards: exact (v1) and compact (v2) round trips, metadata, and refusal of what
 //! is not a shard.
+use k3mini_data::chat::Part;
 use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 
 fn rows(k: usize) -> Vec<ShardRow> {
@@ -16,10 +17,17 @@ fn rows(k: usize) -> Vec<ShardRow> {
                     top_lp.push(-1.0 - r as f32 * 0.731 - t as f32 * 1e-3);
                 }
             }
+            // The middle row is a conversation: what each id is round-trips too.
+            let parts = (d == 1).then(|| {
+                (0..n)
+                    .map(|i| [Part::Markup, Part::Prompt, Part::Thinking, Part::Answer][i % 4])
+                    .collect()
+            });
             ShardRow {
                 doc_id: d as u64 * 10,
                 segment: d,
                 input_ids: ids,
+                parts,
                 target_logprobs: (0..n - 1).map(|t| -(t as f32).sqrt()).collect(),
                 top_ids,
                 top_logprobs: top_lp,

@@ -1,5 +1,7 @@
 //! Batches from teacher shards: a resumed stream continues exactly, held-out documents never train,
 //! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
+use k3mini_data::LossParts;
+use k3mini_data::chat::Part;
 use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, ShardRow, Storage, write_shard};
 use k3mini_data::signals::{
@@ -24,6 +26,7 @@ fn row(doc: u64, segment: u32, n: usize) -> ShardRow {
             .collect(),
         top_logprobs: (0..(n - 1) * K).map(|j| -0.5 - (j % K) as f32).collect(),
         input_ids: ids,
+        parts: None,
     }
 }
 
@@ -56,8 +59,9 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
 
 fn spec(vocab: usize) -> SignalSpec {
     SignalSpec {
-        source: SignalSource::Scores,
-        documents: None,
+        source: SignalSource::Scores {
+            train_on: LossParts::default(),
+        },
         seq_len: 8,
         k: K,
         vocab,
@@ -173,7 +177,7 @@ fn a_resumed_stream_continues_exactly_and_never_trains_on_held_out_documents() {
 
 #[test]
 fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
-    let r = SignalRow::from_scores(row(1, 1, 5), K, K); // 4 positions, padded to 8
+    let r = SignalRow::from_scores(row(1, 1, 5), K, K, &LossParts::default()); // 4 positions, padded to 8
     let b = assemble(&[&r], 8, K, 500);
     assert_eq!(b.loss_mask, [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
     assert_eq!(&b.tokens[..5], &[110, 111, 112, 113, 114]);
@@ -188,7 +192,6 @@ fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
 
 #[test]
 fn trajectories_train_on_completion_parts_only() {
-    use k3mini_data::LossParts;
     // Prompt [1, 2, 3]; completion [10, 11, 99 (= </think>), 12, 13] with top-4 signals.
     let traj = TrajectoryRow {
         prompt_id: "p".into(),
@@ -226,25 +229,31 @@ fn trajectories_train_on_completion_parts_only() {
 }
 
 #[test]
-fn scored_rows_are_checked_against_and_masked_by_their_document() {
-    use k3mini_data::TokenDoc;
-    // Document 1's segment 1 of length 5 at seq_len 8 is ids 8..13 of the document.
-    let r = row(1, 1, 5);
-    let mut ids = vec![0u32; 8];
-    ids.extend(&r.input_ids);
-    let mut targets = vec![true; ids.len()];
-    targets[10] = false; // token 10 (position 1 of the segment predicts it) is prompt
-    let doc = TokenDoc {
-        ids: ids.clone(),
-        targets: Some(targets),
+fn a_scored_conversation_trains_on_the_parts_train_on_names() {
+    // Position t trains when token t + 1 is a part `train_on` names: here the prompt is
+    // tokens 0..=2 and the answer 3..=4.
+    let mut r = row(1, 1, 5);
+    r.parts = Some(vec![
+        Part::Markup,
+        Part::Prompt,
+        Part::Prompt,
+        Part::Answer,
+        Part::Answer,
+    ]);
+    let answers = SignalRow::from_scores(r.clone(), K, K, &LossParts::default());
+    assert_eq!(answers.targets, [false, false, true, true]);
+    let everything = LossParts {
+        prompt: true,
+        ..LossParts::default()
     };
-    let mut s = SignalRow::from_scores(r.clone(), K, K);
-    s.apply_document(&doc, 1, 8).unwrap();
-    assert_eq!(s.targets, [true, false, true, true]);
-    let mut changed = ids;
-    changed[9] += 1;
-    let e = SignalRow::from_scores(r, K, K)
-        .apply_document(&changed.into(), 1, 8)
-        .unwrap_err();
-    assert!(e.contains("does not match the recipe's corpus"), "{e}");
+    let all = SignalRow::from_scores(r, K, K, &everything);
+    assert_eq!(all.targets, [true, true, true, true]);
+    // Text trains everywhere whatever `train_on` says.
+    let none = LossParts {
+        prompt: false,
+        thinking: false,
+        answer: false,
+    };
+    let text = SignalRow::from_scores(row(1, 1, 5), K, K, &none);
+    assert_eq!(text.targets, [true; 4]);
 }

@@ -2,7 +2,7 @@
 //! that is disjoint and stable as sources grow, and bad files named mid-stream.
 use crate::Dir;
 use k3mini_data::stream::{
-    BLOCK, DocStream, RawDoc, Split, StreamCursor, StreamSource, Tokenize, is_held_out,
+    BLOCK, DocStream, RawDoc, Split, StreamCursor, StreamSource, Tokenize, doc_key, is_held_out,
 };
 use k3mini_data::{DocFeed, PackCursor, Packer, SourceFormat, TokenDoc};
 use std::path::Path;
@@ -176,8 +176,8 @@ fn the_held_out_split_is_disjoint_and_stable_as_the_corpus_grows() {
             .all(|t| t.starts_with("f9") || held.contains(t))
     );
     assert_eq!(
-        is_held_out(7, "2.jsonl", 5, 0.2),
-        is_held_out(7, "2.jsonl", 5, 0.2)
+        is_held_out(7, doc_key("2.jsonl", 5), 0.2),
+        is_held_out(7, doc_key("2.jsonl", 5), 0.2)
     );
 }
 
@@ -219,7 +219,7 @@ fn the_split_hash_is_pinned_where_recipes_rely_on_it() {
         plays
             .iter()
             .copied()
-            .filter(|p| is_held_out(seed, p, 0, fraction))
+            .filter(|p| is_held_out(seed, doc_key(p, 0), fraction))
             .collect()
     };
     assert_eq!(held(1234, 0.12), ["macbeth.txt"]);

@@ -174,6 +174,7 @@ fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
         doc_id: 0,
         segment: 0,
         input_ids: vec![1, 2],
+        parts: None,
         target_logprobs: vec![-1.0],
         top_ids: vec![2, 3],
         top_logprobs: vec![-1.0, -2.0],

@@ -140,8 +140,9 @@ fn bad_requests_are_refused_with_the_reason() {
 
 mod scoring {
     use super::teacher;
+    use k3mini_data::chat::Part;
     use k3mini_data::shards::{ShardMeta, Storage, read_shard};
-    use k3mini_teacher::score::{ScoreJob, convert_shards, score_corpus};
+    use k3mini_teacher::score::{Corpus, CorpusDoc, ScoreJob, convert_shards, score_corpus};
 
     use k3mini_teacher::{GenerateParams, Generation, Scored, Teacher, TeacherError};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -187,6 +188,30 @@ mod scoring {
             .iter()
             .map(|l| t.tokenizer.encode(l).unwrap())
             .collect();
+        // Document d's key is 100 + d; the third is a conversation (a prompt, then the answer).
+        let corpus = |docs: Vec<Vec<u32>>| {
+            move || -> Result<Corpus, TeacherError> {
+                let docs: Vec<_> = docs
+                    .clone()
+                    .into_iter()
+                    .enumerate()
+                    .map(|(d, ids)| {
+                        let parts = (d == 2).then(|| {
+                            (0..ids.len())
+                                .map(|j| if j < 3 { Part::Prompt } else { Part::Answer })
+                                .collect()
+                        });
+                        Ok(CorpusDoc {
+                            key: 100 + d as u64,
+                            ids,
+                            parts,
+                        })
+                    })
+                    .collect();
+                Ok(Box::new(docs.into_iter()))
+            }
+        };
+        let open = corpus(docs.clone());
         let dir = std::env::temp_dir().join(format!("k3mini-score-{}", std::process::id()));
         std::fs::remove_dir_all(&dir).ok();
         let job = ScoreJob {
@@ -202,6 +227,7 @@ mod scoring {
             seq_len: 6, // several segments per line
             segments_per_shard: 4,
             concurrency: 1,
+            sources_sha256: "test corpus".into(),
         };
         let segs: usize = docs
             .iter()
@@ -212,7 +238,7 @@ mod scoring {
             calls: AtomicUsize::new(0),
             fail_at: 5,
         };
-        let e = score_corpus(&dying, &docs, &job, &mut |_| {})
+        let e = score_corpus(&dying, &open, &job, &mut |_| {})
             .unwrap_err()
             .to_string();
         assert!(e.contains("connection reset"), "{e}");
@@ -221,7 +247,7 @@ mod scoring {
         assert_eq!(manifest["shards"].as_array().unwrap().len(), 1);
         // The rerun skips shard 0 and scores the rest.
         let mut last = None;
-        let m = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
+        let m = score_corpus(t, &open, &job, &mut |p| last = Some(p)).unwrap();
         let p = last.unwrap();
         assert_eq!((p.shards_total, p.skipped), (segs.div_ceil(4), 1));
         assert_eq!(m.shards.iter().map(|s| s.rows).sum::<usize>(), segs);
@@ -230,8 +256,29 @@ mod scoring {
         let (meta, rows) = (shard.meta, shard.rows);
         assert_eq!(meta, job.meta);
         let direct = t.score(&rows[0].input_ids, 8).unwrap();
-        assert_eq!((rows[0].doc_id, rows[0].segment), (4, 0));
+        assert_eq!((rows[0].doc_id, rows[0].segment), (104, 0));
         assert_eq!(rows[0].top_logprobs, direct.top_logprobs);
+        // A conversation's parts are kept per segment; text has none.
+        let all: Vec<_> = m
+            .shards
+            .iter()
+            .flat_map(|e| {
+                read_shard(&dir.join(&e.file), Some(&e.sha256))
+                    .unwrap()
+                    .rows
+            })
+            .collect();
+        for r in &all {
+            let expected = (r.doc_id == 102).then(|| {
+                (0..r.input_ids.len())
+                    .map(|j| match r.segment as usize * 6 + j {
+                        j if j < 3 => Part::Prompt,
+                        _ => Part::Answer,
+                    })
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(r.parts, expected);
+        }
         // Converted to the compact schema: the same ids, every logprob within the step, a
         // manifest of the same job that training reads as it reads the original.
         let compact = Storage::Quantised { step: 1.0 / 32.0 };
@@ -266,7 +313,7 @@ mod scoring {
         // A corrupted shard is rescored; a job with another k refuses the directory.
         let bytes = std::fs::read(dir.join("shard-00001.parquet")).unwrap();
         std::fs::write(dir.join("shard-00001.parquet"), &bytes[..bytes.len() / 2]).unwrap();
-        let m2 = score_corpus(t, &docs, &job, &mut |p| last = Some(p)).unwrap();
+        let m2 = score_corpus(t, &open, &job, &mut |p| last = Some(p)).unwrap();
         assert_eq!(last.unwrap().skipped, segs.div_ceil(4) - 1);
         assert_eq!(m2, m, "rescoring reproduces the shard byte for byte");
         // Several requests in flight give the same shards.
@@ -275,7 +322,7 @@ mod scoring {
             concurrency: 3,
             ..job.clone()
         };
-        let m3 = score_corpus(t, &docs, &parallel, &mut |_| {}).unwrap();
+        let m3 = score_corpus(t, &open, &parallel, &mut |_| {}).unwrap();
         assert_eq!(m3.shards, m.shards);
         let other = ScoreJob {
             meta: ShardMeta {
@@ -284,10 +331,28 @@ mod scoring {
             },
             ..job.clone()
         };
-        let e = score_corpus(t, &docs, &other, &mut |_| {})
+        let e = score_corpus(t, &open, &other, &mut |_| {})
             .unwrap_err()
             .to_string();
         assert!(e.contains("different job"), "{e}");
+        // A corpus that reads differently the second time is refused, not half-scored.
+        let readings = std::cell::Cell::new(0);
+        let changing = || {
+            readings.set(readings.get() + 1);
+            let mut docs = docs.clone();
+            if readings.get() == 2 {
+                docs[3][1] += 1;
+            }
+            corpus(docs)()
+        };
+        let moving = ScoreJob {
+            out_dir: dir.join("moving"),
+            ..job.clone()
+        };
+        let e = score_corpus(t, &changing, &moving, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("changed while it was being scored"), "{e}");
         std::fs::remove_dir_all(&dir).ok();
     }
 
