@@ -52,6 +52,28 @@ pub enum BenchCommand {
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
     },
+    /// Scoring tokens/s of a GGUF teacher on llama.cpp against the burn engine, interleaved
+    /// (built with `--features llama-cpp`).
+    #[cfg(feature = "llama-cpp")]
+    Engines {
+        #[arg(long, default_value = "smollm2")]
+        teacher: String,
+        /// Text to score.
+        #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
+        corpus: std::path::PathBuf,
+        #[arg(long, default_value_t = 256)]
+        seq_len: usize,
+        #[arg(long, default_value_t = 8)]
+        segments: usize,
+        /// Top-k values to score at, each measured `rounds` times, the engines alternating.
+        #[arg(long, value_delimiter = ',', default_value = "20,64")]
+        k: Vec<usize>,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+        /// CPU threads for llama.cpp.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
     /// Shard bytes per token in both schemas at several k, and what the compact one loses
     /// (KL, largest logprob error), measured on exact (schema v1) shards, e.g. from
     /// `teacher score` with `teacher.logprob_step = 0`.
@@ -204,6 +226,16 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             segments,
             device,
         } => teacher_scoring(&teacher, &corpus, seq_len, segments, &device),
+        #[cfg(feature = "llama-cpp")]
+        BenchCommand::Engines {
+            teacher,
+            corpus,
+            seq_len,
+            segments,
+            k,
+            rounds,
+            threads,
+        } => engines(&teacher, &corpus, seq_len, segments, &k, rounds, threads),
         BenchCommand::Shards {
             dir,
             k,
@@ -338,6 +370,42 @@ fn teacher_scoring(
     );
     println!();
     print_shard_sizes(&r.shards, local_vocab);
+    Ok(())
+}
+
+#[cfg(feature = "llama-cpp")]
+fn engines(
+    teacher: &str,
+    corpus: &std::path::Path,
+    seq_len: usize,
+    segments: usize,
+    ks: &[usize],
+    rounds: usize,
+    threads: usize,
+) -> Result<()> {
+    let path = k3mini::teachers::resolve(teacher)?;
+    let burn = k3mini_teacher::local::LocalTeacher::from_gguf(&path, &Default::default())?;
+    let cpp = k3mini_teacher::llama_cpp::LlamaCppTeacher::from_gguf(&path, threads)?;
+    let text = k3mini_data::read_source(corpus, k3mini_data::SourceFormat::Text, "text")?;
+    let ids = burn.tokenizer.encode(&text[0].text)?;
+    let inputs: Vec<&[u32]> = ids
+        .chunks(seq_len)
+        .filter(|c| c.len() == seq_len)
+        .take(segments)
+        .collect();
+    println!("| k | round | burn tokens/s | llama.cpp tokens/s | llama.cpp / burn |");
+    println!("|---|---|---|---|---|");
+    for &k in ks {
+        let measured = k3mini_teacher::bench::engines(&burn, &cpp, &inputs, k, rounds)?;
+        for (round, (b, c)) in measured.into_iter().enumerate() {
+            println!("| {k} | {} | {b:.0} | {c:.0} | {:.2} |", round + 1, c / b);
+        }
+    }
+    println!(
+        "({} segments of {seq_len} tokens from {}; llama.cpp on {threads} threads)",
+        inputs.len(),
+        corpus.display()
+    );
     Ok(())
 }
 

@@ -154,6 +154,20 @@ fn timed(
     Ok((scored, positions as f64 / started.elapsed().as_secs_f64()))
 }
 
+/// Scoring tokens/s of two teachers on the same windows at top-`k`, interleaved `a b a b …` over
+/// `rounds` (these machines are shared: compare within a round): one `(a, b)` per round.
+pub fn engines(
+    a: &dyn Teacher,
+    b: &dyn Teacher,
+    inputs: &[&[u32]],
+    k: usize,
+    rounds: usize,
+) -> Result<Vec<(f64, f64)>, TeacherError> {
+    (0..rounds)
+        .map(|_| Ok((timed(a, inputs, k)?.1, timed(b, inputs, k)?.1)))
+        .collect()
+}
+
 /// Scores the first `segments` windows of `seq_len` of `ids` at the largest of `ks`, in process and
 /// through a loopback server, and writes a shard at each k (top-k of the largest k) into `dir`.
 pub fn bench_teacher(

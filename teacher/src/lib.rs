@@ -5,11 +5,14 @@
 
 pub mod bench;
 pub mod client;
+pub mod engine;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
 pub mod http;
 pub mod llama;
+#[cfg(feature = "llama-cpp")]
+pub mod llama_cpp;
 pub mod local;
 pub mod manifest;
 pub mod score;

@@ -1,11 +1,9 @@
 //! A teacher run in-process: a llama-architecture GGUF on a burn device.
 
+use crate::engine::{Limits, Session};
 use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
 use crate::llama::{KvCache, Llama};
-use crate::{
-    FinishReason, GenerateParams, Generation, Interrupt, Scored, Teacher, TeacherError,
-    log_softmax, sample, top_k,
-};
+use crate::{GenerateParams, Generation, Interrupt, Scored, Teacher, TeacherError};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
 use k3mini_gguf::GgufFile;
@@ -96,9 +94,8 @@ impl Teacher for LocalTeacher {
 }
 
 impl LocalTeacher {
-    /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
-    /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both), until `interrupt` says stop
-    /// (checked between prefill chunks and generated tokens).
+    /// Scores `ids` at top-`k` and/or generates after them (see [`crate::engine::run`]), until
+    /// `interrupt` says stop.
     pub fn run(
         &self,
         ids: &[u32],
@@ -106,89 +103,28 @@ impl LocalTeacher {
         params: Option<&GenerateParams>,
         interrupt: Interrupt,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
-        let check = || interrupt.check();
         self.check_ids(ids)?;
-        let (vocab, context) = (self.vocab_size(), self.model.config.context_length);
-        if let Some(k) = k {
-            if ids.len() < 2 || ids.len() > context {
-                return Err(TeacherError::Request(format!(
-                    "scoring needs 2 to {context} tokens, got {}",
-                    ids.len()
-                )));
-            }
-            if k == 0 || k > vocab {
-                return Err(TeacherError::Request(format!(
-                    "k = {k} must be in 1..={vocab}"
-                )));
-            }
-        }
-        if params.is_some() && (ids.is_empty() || ids.len() >= context) {
-            return Err(TeacherError::Request(format!(
-                "the prompt needs 1 to {} tokens, got {}",
-                context - 1,
-                ids.len()
-            )));
-        }
-        let mut scored = k.map(|k| Scored::empty(ids, k));
-        let mut cache = KvCache::default();
-        // Scoring alone never needs the last id's distribution (it is only a target).
-        let fed = if params.is_some() {
-            ids
-        } else {
-            &ids[..ids.len() - 1]
+        let mut session = BurnSession {
+            teacher: self,
+            cache: KvCache::default(),
         };
-        let mut last = Vec::new();
-        let mut t = 0;
-        for chunk in fed.chunks(CHUNK) {
-            check()?;
-            last = self.logits(chunk, &mut cache);
-            for row in last.chunks_exact(vocab) {
-                if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
-                    let logprobs = log_softmax(row);
-                    out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
-                    for (id, lp) in top_k(&logprobs, out.k) {
-                        out.top_ids.push(id);
-                        out.top_logprobs.push(lp);
-                    }
-                }
-                t += 1;
-            }
-        }
-        let Some(params) = params else {
-            return Ok((scored, None));
+        let limits = Limits {
+            vocab: self.vocab_size(),
+            context: self.model.config.context_length,
+            chunk: CHUNK,
         };
-        let mut rng = params.seed;
-        let k = params.logprobs;
-        let mut g = Generation {
-            ids: Vec::new(),
-            logprobs: Vec::new(),
-            k,
-            top_ids: Vec::new(),
-            top_logprobs: Vec::new(),
-            finish: FinishReason::Length,
-        };
-        let budget = params.max_tokens.min(context - ids.len());
-        for _ in 0..budget {
-            check()?;
-            let row = &last[last.len() - vocab..];
-            let logprobs = log_softmax(row);
-            let id = if params.temperature <= 0.0 {
-                top_k(&logprobs, 1)[0].0
-            } else {
-                sample(row, params.temperature, params.top_p, &mut rng)
-            };
-            g.ids.push(id);
-            g.logprobs.push(logprobs[id as usize]);
-            for (tid, lp) in top_k(&logprobs, k) {
-                g.top_ids.push(tid);
-                g.top_logprobs.push(lp);
-            }
-            if params.stop.contains(&id) {
-                g.finish = FinishReason::Stop;
-                break;
-            }
-            last = self.logits(&[id], &mut cache);
-        }
-        Ok((scored, Some(g)))
+        crate::engine::run(&mut session, limits, ids, k, params, interrupt)
+    }
+}
+
+/// One sequence through the burn model: its KV cache.
+struct BurnSession<'a> {
+    teacher: &'a LocalTeacher,
+    cache: KvCache,
+}
+
+impl Session for BurnSession<'_> {
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError> {
+        Ok(self.teacher.logits(ids, &mut self.cache))
     }
 }

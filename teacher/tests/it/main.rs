@@ -1,3 +1,5 @@
 //! The teacher crate's integration tests, one binary (one link) with a module per area.
 mod http;
+#[cfg(feature = "llama-cpp")]
+mod llama_cpp;
 mod smollm2;

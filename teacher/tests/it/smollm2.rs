@@ -7,7 +7,7 @@ use k3mini_teacher::{FinishReason, GenerateParams, Teacher, fetch};
 use serde_json::Value;
 use std::sync::OnceLock;
 
-fn teacher() -> &'static LocalTeacher {
+pub(crate) fn teacher() -> &'static LocalTeacher {
     static T: OnceLock<LocalTeacher> = OnceLock::new();
     T.get_or_init(|| {
         let path = fetch::fetch(
@@ -21,12 +21,12 @@ fn teacher() -> &'static LocalTeacher {
     })
 }
 
-fn golden() -> Value {
+pub(crate) fn golden() -> Value {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden/smollm2.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()

@@ -1,0 +1,123 @@
+//! What every in-process teacher engine shares: scoring a sequence and generating after it from
+//! the logits an engine's [`Session`] returns, one prefill for both.
+
+use crate::{
+    FinishReason, GenerateParams, Generation, Interrupt, Scored, TeacherError, log_softmax, sample,
+    top_k,
+};
+
+/// One sequence's state in an engine (a KV cache, a llama.cpp context).
+pub trait Session {
+    /// Appends `ids` and returns their logits, `[ids.len(), vocab]` row-major.
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError>;
+}
+
+/// What an engine can take.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub vocab: usize,
+    /// The longest sequence (prompt and completion).
+    pub context: usize,
+    /// Ids fed at once when scoring or prefilling.
+    pub chunk: usize,
+}
+
+/// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
+/// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both), until `interrupt` says stop
+/// (checked between prefill chunks and generated tokens). Ids are the caller's to check against
+/// the vocabulary.
+pub fn run(
+    session: &mut dyn Session,
+    limits: Limits,
+    ids: &[u32],
+    k: Option<usize>,
+    params: Option<&GenerateParams>,
+    interrupt: Interrupt,
+) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
+    let check = || interrupt.check();
+    let Limits {
+        vocab,
+        context,
+        chunk,
+    } = limits;
+    if let Some(k) = k {
+        if ids.len() < 2 || ids.len() > context {
+            return Err(TeacherError::Request(format!(
+                "scoring needs 2 to {context} tokens, got {}",
+                ids.len()
+            )));
+        }
+        if k == 0 || k > vocab {
+            return Err(TeacherError::Request(format!(
+                "k = {k} must be in 1..={vocab}"
+            )));
+        }
+    }
+    if params.is_some() && (ids.is_empty() || ids.len() >= context) {
+        return Err(TeacherError::Request(format!(
+            "the prompt needs 1 to {} tokens, got {}",
+            context - 1,
+            ids.len()
+        )));
+    }
+    let mut scored = k.map(|k| Scored::empty(ids, k));
+    // Scoring alone never needs the last id's distribution (it is only a target).
+    let fed = if params.is_some() {
+        ids
+    } else {
+        &ids[..ids.len() - 1]
+    };
+    let mut last = Vec::new();
+    let mut t = 0;
+    for piece in fed.chunks(chunk) {
+        check()?;
+        last = session.feed(piece)?;
+        for row in last.chunks_exact(vocab) {
+            if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
+                let logprobs = log_softmax(row);
+                out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
+                for (id, lp) in top_k(&logprobs, out.k) {
+                    out.top_ids.push(id);
+                    out.top_logprobs.push(lp);
+                }
+            }
+            t += 1;
+        }
+    }
+    let Some(params) = params else {
+        return Ok((scored, None));
+    };
+    let mut rng = params.seed;
+    let k = params.logprobs;
+    let mut g = Generation {
+        ids: Vec::new(),
+        logprobs: Vec::new(),
+        k,
+        top_ids: Vec::new(),
+        top_logprobs: Vec::new(),
+        finish: FinishReason::Length,
+    };
+    let budget = params.max_tokens.min(context - ids.len());
+    for _ in 0..budget {
+        check()?;
+        let row = &last[last.len() - vocab..];
+        let logprobs = log_softmax(row);
+        let id = if params.temperature <= 0.0 {
+            top_k(&logprobs, 1)[0].0
+        } else {
+            sample(row, params.temperature, params.top_p, &mut rng)
+        };
+        g.ids.push(id);
+        g.logprobs.push(logprobs[id as usize]);
+        for (tid, lp) in top_k(&logprobs, k) {
+            g.top_ids.push(tid);
+            g.top_logprobs.push(lp);
+        }
+        if params.stop.contains(&id) {
+            g.finish = FinishReason::Stop;
+            break;
+        }
+        last = session.feed(&[id])?;
+    }
+    Ok((scored, Some(g)))
+}
