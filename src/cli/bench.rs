@@ -14,6 +14,34 @@ use k3mini_student::info::{Footprint, training_memory};
 use k3mini_student::precision::Precision;
 use k3mini_student::presets::preset;
 
+/// What a teacher benchmark scores: the first `segments` windows of `seq_len` tokens of a text.
+#[derive(clap::Args)]
+pub struct ScoringInput {
+    #[arg(long, default_value = "smollm2")]
+    teacher: String,
+    /// Text to score.
+    #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
+    corpus: std::path::PathBuf,
+    #[arg(long, default_value_t = 256)]
+    seq_len: usize,
+    #[arg(long, default_value_t = 8)]
+    segments: usize,
+}
+
+impl ScoringInput {
+    /// The windows, tokenized with `tokenizer`.
+    fn windows(&self, tokenizer: &k3mini_data::Tokenizer) -> Result<Vec<Vec<u32>>> {
+        let text = k3mini_data::read_source(&self.corpus, k3mini_data::SourceFormat::Text, "text")?;
+        let ids = tokenizer.encode(&text[0].text)?;
+        Ok(ids
+            .chunks(self.seq_len)
+            .filter(|c| c.len() == self.seq_len)
+            .take(self.segments)
+            .map(<[u32]>::to_vec)
+            .collect())
+    }
+}
+
 #[derive(Subcommand)]
 pub enum BenchCommand {
     /// Forward+backward tokens/s and peak memory of one model shape.
@@ -39,15 +67,8 @@ pub enum BenchCommand {
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
-        #[arg(long, default_value = "smollm2")]
-        teacher: String,
-        /// Text to score.
-        #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
-        corpus: std::path::PathBuf,
-        #[arg(long, default_value_t = 256)]
-        seq_len: usize,
-        #[arg(long, default_value_t = 8)]
-        segments: usize,
+        #[command(flatten)]
+        input: ScoringInput,
         /// cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
@@ -56,15 +77,8 @@ pub enum BenchCommand {
     /// (built with `--features llama-cpp`).
     #[cfg(feature = "llama-cpp")]
     Engines {
-        #[arg(long, default_value = "smollm2")]
-        teacher: String,
-        /// Text to score.
-        #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
-        corpus: std::path::PathBuf,
-        #[arg(long, default_value_t = 256)]
-        seq_len: usize,
-        #[arg(long, default_value_t = 8)]
-        segments: usize,
+        #[command(flatten)]
+        input: ScoringInput,
         /// Top-k values to score at, each measured `rounds` times, the engines alternating.
         #[arg(long, value_delimiter = ',', default_value = "20,64")]
         k: Vec<usize>,
@@ -219,23 +233,14 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             }
             train(&plan, steps, json)
         }
-        BenchCommand::Teacher {
-            teacher,
-            corpus,
-            seq_len,
-            segments,
-            device,
-        } => teacher_scoring(&teacher, &corpus, seq_len, segments, &device),
+        BenchCommand::Teacher { input, device } => teacher_scoring(&input, &device),
         #[cfg(feature = "llama-cpp")]
         BenchCommand::Engines {
-            teacher,
-            corpus,
-            seq_len,
-            segments,
+            input,
             k,
             rounds,
             threads,
-        } => engines(&teacher, &corpus, seq_len, segments, &k, rounds, threads),
+        } => engines(&input, &k, rounds, threads),
         BenchCommand::Shards {
             dir,
             k,
@@ -330,26 +335,18 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
     Ok(())
 }
 
-fn teacher_scoring(
-    teacher: &str,
-    corpus: &std::path::Path,
-    seq_len: usize,
-    segments: usize,
-    device: &DeviceList,
-) -> Result<()> {
+fn teacher_scoring(input: &ScoringInput, device: &DeviceList) -> Result<()> {
     let local = k3mini_teacher::local::LocalTeacher::from_gguf(
-        &k3mini::teachers::resolve(teacher)?,
+        &k3mini::teachers::resolve(&input.teacher)?,
         &device.open_main()?,
     )?;
-    let text = k3mini_data::read_source(corpus, k3mini_data::SourceFormat::Text, "text")?;
-    let ids = local.tokenizer.encode(&text[0].text)?;
+    let windows = input.windows(&local.tokenizer)?;
+    let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
     let local_vocab = k3mini_teacher::Teacher::vocab_size(&local);
     let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
     let r = k3mini_teacher::bench::bench_teacher(
         std::sync::Arc::new(local),
-        &ids,
-        seq_len,
-        segments,
+        &inputs,
         &[20, 50, 64],
         &dir,
     );
@@ -374,25 +371,12 @@ fn teacher_scoring(
 }
 
 #[cfg(feature = "llama-cpp")]
-fn engines(
-    teacher: &str,
-    corpus: &std::path::Path,
-    seq_len: usize,
-    segments: usize,
-    ks: &[usize],
-    rounds: usize,
-    threads: usize,
-) -> Result<()> {
-    let path = k3mini::teachers::resolve(teacher)?;
+fn engines(input: &ScoringInput, ks: &[usize], rounds: usize, threads: usize) -> Result<()> {
+    let path = k3mini::teachers::resolve(&input.teacher)?;
     let burn = k3mini_teacher::local::LocalTeacher::from_gguf(&path, &Default::default())?;
     let cpp = k3mini_teacher::llama_cpp::LlamaCppTeacher::from_gguf(&path, threads)?;
-    let text = k3mini_data::read_source(corpus, k3mini_data::SourceFormat::Text, "text")?;
-    let ids = burn.tokenizer.encode(&text[0].text)?;
-    let inputs: Vec<&[u32]> = ids
-        .chunks(seq_len)
-        .filter(|c| c.len() == seq_len)
-        .take(segments)
-        .collect();
+    let windows = input.windows(&burn.tokenizer)?;
+    let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
     println!("| k | round | burn tokens/s | llama.cpp tokens/s | llama.cpp / burn |");
     println!("|---|---|---|---|---|");
     for &k in ks {
@@ -402,9 +386,10 @@ fn engines(
         }
     }
     println!(
-        "({} segments of {seq_len} tokens from {}; llama.cpp on {threads} threads)",
+        "({} segments of {} tokens from {}; llama.cpp on {threads} threads)",
         inputs.len(),
-        corpus.display()
+        input.seq_len,
+        input.corpus.display()
     );
     Ok(())
 }

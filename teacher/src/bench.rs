@@ -168,23 +168,17 @@ pub fn engines(
         .collect()
 }
 
-/// Scores the first `segments` windows of `seq_len` of `ids` at the largest of `ks`, in process and
-/// through a loopback server, and writes a shard at each k (top-k of the largest k) into `dir`.
+/// Scores `inputs` (windows of one length) at the largest of `ks`, in process and through a
+/// loopback server, and writes a shard at each k (top-k of the largest k) into `dir`.
 pub fn bench_teacher(
     teacher: Arc<LocalTeacher>,
-    ids: &[u32],
-    seq_len: usize,
-    segments: usize,
+    inputs: &[&[u32]],
     ks: &[usize],
     dir: &std::path::Path,
 ) -> Result<TeacherBench, TeacherError> {
-    let inputs: Vec<&[u32]> = ids
-        .chunks(seq_len)
-        .filter(|c| c.len() == seq_len)
-        .take(segments)
-        .collect();
+    let seq_len = inputs.first().map_or(0, |w| w.len());
     let k = ks.iter().copied().max().unwrap_or(20);
-    let (scored, in_process) = timed(teacher.as_ref(), &inputs, k)?;
+    let (scored, in_process) = timed(teacher.as_ref(), inputs, k)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = std::sync::mpsc::channel();
@@ -204,7 +198,7 @@ pub fn bench_teacher(
         teacher.vocab_size(),
         ClientOptions::default(),
     );
-    let remote = client.and_then(|c| timed(&c, &inputs, k));
+    let remote = client.and_then(|c| timed(&c, inputs, k));
     stop.store(true, Ordering::SeqCst);
     let _ = server.join();
     let (remote_scored, http) = remote?;

@@ -24,8 +24,7 @@ pub struct Limits {
 
 /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
 /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both), until `interrupt` says stop
-/// (checked between prefill chunks and generated tokens). Ids are the caller's to check against
-/// the vocabulary.
+/// (checked between prefill chunks and generated tokens).
 pub fn run(
     session: &mut dyn Session,
     limits: Limits,
@@ -40,6 +39,15 @@ pub fn run(
         context,
         chunk,
     } = limits;
+    if let Some((i, &bad)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, id)| **id as usize >= vocab)
+    {
+        return Err(TeacherError::Request(format!(
+            "token {bad} at position {i} is outside the teacher's vocabulary of {vocab}"
+        )));
+    }
     if let Some(k) = k {
         if ids.len() < 2 || ids.len() > context {
             return Err(TeacherError::Request(format!(

@@ -83,16 +83,6 @@ impl LlamaCppTeacher {
         params: Option<&GenerateParams>,
         interrupt: Interrupt,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
-        if let Some((i, &bad)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, id)| **id as usize >= self.vocab)
-        {
-            return Err(TeacherError::Request(format!(
-                "token {bad} at position {i} is outside the teacher's vocabulary of {}",
-                self.vocab
-            )));
-        }
         let limits = Limits {
             vocab: self.vocab,
             context: self.context,

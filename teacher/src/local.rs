@@ -38,20 +38,6 @@ impl LocalTeacher {
         })
     }
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), TeacherError> {
-        let vocab = self.model.config.vocab_size;
-        if let Some((i, &bad)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, id)| **id as usize >= vocab)
-        {
-            return Err(TeacherError::Request(format!(
-                "token {bad} at position {i} is outside the teacher's vocabulary of {vocab}"
-            )));
-        }
-        Ok(())
-    }
-
     /// Logits `[t, vocab]` (row-major) of `ids`, extending `cache`.
     fn logits(&self, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {
         let device = self.model.device();
@@ -103,7 +89,6 @@ impl LocalTeacher {
         params: Option<&GenerateParams>,
         interrupt: Interrupt,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
-        self.check_ids(ids)?;
         let mut session = BurnSession {
             teacher: self,
             cache: KvCache::default(),

@@ -116,9 +116,8 @@ fn greedy_chat_answer_matches_transformers() {
     }
 }
 
-#[test]
-fn bad_requests_are_refused_with_the_reason() {
-    let t = teacher();
+/// What every engine refuses, and how it says so.
+pub(crate) fn refuses_bad_requests(t: &dyn Teacher) {
     let e = t.score(&[1, 60000], 4).unwrap_err().to_string();
     assert!(
         e.contains("token 60000 at position 1 is outside the teacher's vocabulary of 49152"),
@@ -136,6 +135,11 @@ fn bad_requests_are_refused_with_the_reason() {
             .to_string()
             .contains("k = 0")
     );
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_reason() {
+    refuses_bad_requests(teacher());
 }
 
 mod scoring {
