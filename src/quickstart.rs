@@ -22,6 +22,7 @@ use crate::train::trainer::{TrainOptions, train};
 use k3mini_checkpoints::write_atomic;
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
 use k3mini_gguf::mix::FileType;
+use k3mini_teacher::local::Engine;
 use std::path::{Path, PathBuf};
 
 const HAMLET: &str = include_str!("../recipes/corpus/shakespeare/hamlet.txt");
@@ -52,7 +53,7 @@ pub struct Outcome {
 }
 
 /// The recipe both runs share; `objectives` and `name` make the difference.
-fn recipe_text(out: &Path, name: &str, objectives: &str, size: &Size) -> String {
+fn recipe_text(out: &Path, name: &str, objectives: &str, size: &Size, engine: Engine) -> String {
     let out = out.display();
     format!(
         r#"# Written by `k3mini quickstart`: a tiny K3 Mini student and the SmolLM2 teacher.
@@ -76,6 +77,7 @@ path = "../corpus/macbeth.txt"
 
 [teacher]
 model = "smollm2"
+engine = "{engine}"{engine_note}
 k = 20
 segments_per_shard = 16
 shards_dir = "{out}/shards"  # both runs read the same rows
@@ -104,6 +106,8 @@ checkpoint_every = {eval_every}
 "#,
         steps = size.steps,
         eval_every = (size.steps / 5).max(1),
+        engine_note = " ".repeat(18usize.saturating_sub(engine.to_string().len()))
+            + "# or \"burn\" (pure Rust; shards then differ slightly)",
     )
 }
 
@@ -156,11 +160,11 @@ impl Stages {
 
 /// Writes the corpus, the prompts and the two recipes into `out`; returns the recipes'
 /// paths (distillation, baseline). Unchanged files are left alone, so reruns keep their hashes.
-pub fn prepare(out: &Path, fast: bool) -> Result<[PathBuf; 2]> {
-    prepare_sized(out, if fast { &FAST } else { &FULL })
+pub fn prepare(out: &Path, fast: bool, engine: Engine) -> Result<[PathBuf; 2]> {
+    prepare_sized(out, if fast { &FAST } else { &FULL }, engine)
 }
 
-fn prepare_sized(out: &Path, size: &Size) -> Result<[PathBuf; 2]> {
+fn prepare_sized(out: &Path, size: &Size, engine: Engine) -> Result<[PathBuf; 2]> {
     let out = &std::path::absolute(out)?;
     let distill = out.join("recipes/distill.toml");
     let baseline = out.join("recipes/baseline.toml");
@@ -174,20 +178,20 @@ fn prepare_sized(out: &Path, size: &Size) -> Result<[PathBuf; 2]> {
     )?;
     write_if_changed(&out.join("prompts/word-problems.jsonl"), PROMPTS)?;
     let kd = r#"[{ kind = "forward_kl", weight = 0.5 }, { kind = "ce", weight = 0.5 }]"#;
-    write_if_changed(&distill, &recipe_text(out, "distill", kd, size))?;
+    write_if_changed(&distill, &recipe_text(out, "distill", kd, size, engine))?;
     let ce = r#"[{ kind = "ce" }]"#;
-    write_if_changed(&baseline, &recipe_text(out, "baseline", ce, size))?;
+    write_if_changed(&baseline, &recipe_text(out, "baseline", ce, size, engine))?;
     Ok([distill, baseline])
 }
 
 /// Runs (or resumes) the quickstart into `out`.
-pub fn quickstart(out: &Path, fast: bool) -> Result<Outcome> {
+pub fn quickstart(out: &Path, fast: bool, engine: Engine) -> Result<Outcome> {
     let size = if fast { &FAST } else { &FULL };
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let out = std::path::absolute(out)?;
     let mut stages = Stages::open(&out);
     stages.run(1, "fetch the teacher", || resolve("smollm2").map(drop))?;
-    let [distill_path, baseline_path] = prepare_sized(&out, size)?;
+    let [distill_path, baseline_path] = prepare_sized(&out, size, engine)?;
     eprintln!("[2/7] corpus, prompts and recipes: {}", out.display());
     let distill = recipe::load(&distill_path)?;
     let baseline = recipe::load(&baseline_path)?;

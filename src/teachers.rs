@@ -1,5 +1,5 @@
 //! A plan's teacher: a local one (a built-in name, fetched into the cache when missing, or a
-//! llama-architecture `.gguf`) or served ones, probed for tokenizer agreement; the student's
+//! `.gguf`, on llama.cpp or burn) or served ones, probed for tokenizer agreement; the student's
 //! tokenizer; prompt sets; scoring a plan's corpus.
 
 use crate::device::DeviceList;
@@ -13,15 +13,15 @@ use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
 use k3mini_data::shards::ShardMeta;
 use k3mini_teacher::GenerateParams;
-use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
 use k3mini_teacher::generate::{
     GenerateJob, GenerateManifestJob, GenerateProgress, PromptIds, generate_trajectories,
 };
-use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::local::{Engine, EngineSpec, LocalTeacher};
 use k3mini_teacher::manifest::Manifest;
 use k3mini_teacher::score::{ScoreJob, ScoreManifestJob, ScoreProgress, score_corpus};
+use k3mini_teacher::{PROBE, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -52,6 +52,33 @@ pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
     }
 }
 
+/// A local teacher's GGUF on `engine`, on the main device of `devices`: burn opens it as a burn
+/// device; llama.cpp computes on this machine's cores, or on CUDA device N.
+pub fn open_local(path: &Path, engine: Engine, devices: &DeviceList) -> Result<LocalTeacher> {
+    let spec = match engine {
+        Engine::Burn => EngineSpec::Burn(devices.open_main()?),
+        #[cfg(feature = "llama-cpp")]
+        Engine::LlamaCpp => {
+            use crate::device::DeviceKind;
+            use k3mini_teacher::engine::llama_cpp::Placement;
+            EngineSpec::LlamaCpp(match devices.kinds()[0] {
+                DeviceKind::Cpu => Placement::Cpu {
+                    threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+                },
+                DeviceKind::Cuda(n) => Placement::Cuda(n),
+            })
+        }
+        #[cfg(not(feature = "llama-cpp"))]
+        Engine::LlamaCpp => {
+            return Err(crate::refused!(
+                "the llama-cpp engine: this k3mini was built without it (--no-default-features); \
+                 rebuild with the default features, or use the burn engine"
+            ));
+        }
+    };
+    Ok(LocalTeacher::open(path, spec)?)
+}
+
 /// The tokenizer stored in a GGUF teacher's metadata.
 pub fn gguf_tokenizer(path: &Path) -> Result<Tokenizer> {
     let file = k3mini_gguf::GgufFile::open(path)?;
@@ -66,10 +93,6 @@ pub fn student_tokenizer(spec: &TokenizerSpec) -> Result<Tokenizer> {
         TokenizerSpec::Teacher { model } => gguf_tokenizer(&local_model_path(model)?)?,
     })
 }
-
-/// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
-/// the probe that a served teacher tokenizes as the student does.
-const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
 
 /// The plan's teacher, checked to agree with the student's tokenizer: a local teacher's GGUF
 /// vocabulary has the student's fingerprint, a served one tokenizes a probe text as the student
@@ -87,10 +110,10 @@ pub fn plan_teacher(
         )
     };
     Ok(match &distill.teacher.source {
-        TeacherSource::Local { model } => {
+        TeacherSource::Local { model, engine } => {
             let file = local_model_path(model)?;
             // A local teacher runs on the stage's main device.
-            let local = LocalTeacher::from_gguf(&file, &devices.open_main()?)?;
+            let local = open_local(&file, *engine, devices)?;
             if student.fingerprint() != local.tokenizer.fingerprint() {
                 return Err(mismatch(
                     "their id → token tables have different fingerprints",

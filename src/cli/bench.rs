@@ -72,9 +72,12 @@ pub enum BenchCommand {
         /// cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
+        /// llama-cpp or burn.
+        #[arg(long, default_value_t)]
+        engine: k3mini_teacher::local::Engine,
     },
     /// Scoring tokens/s of a GGUF teacher on llama.cpp against the burn engine, interleaved
-    /// (built with `--features llama-cpp`).
+    /// (a build with llama.cpp, the default).
     #[cfg(feature = "llama-cpp")]
     Engines {
         #[command(flatten)]
@@ -233,7 +236,11 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             }
             train(&plan, steps, json)
         }
-        BenchCommand::Teacher { input, device } => teacher_scoring(&input, &device),
+        BenchCommand::Teacher {
+            input,
+            device,
+            engine,
+        } => teacher_scoring(&input, &device, engine),
         #[cfg(feature = "llama-cpp")]
         BenchCommand::Engines {
             input,
@@ -335,11 +342,13 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
     Ok(())
 }
 
-fn teacher_scoring(input: &ScoringInput, device: &DeviceList) -> Result<()> {
-    let local = k3mini_teacher::local::LocalTeacher::from_gguf(
-        &k3mini::teachers::resolve(&input.teacher)?,
-        &device.open_main()?,
-    )?;
+fn teacher_scoring(
+    input: &ScoringInput,
+    device: &DeviceList,
+    engine: k3mini_teacher::local::Engine,
+) -> Result<()> {
+    let local =
+        k3mini::teachers::open_local(&k3mini::teachers::resolve(&input.teacher)?, engine, device)?;
     let windows = input.windows(&local.tokenizer)?;
     let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
     let local_vocab = k3mini_teacher::Teacher::vocab_size(&local);
@@ -373,8 +382,10 @@ fn teacher_scoring(input: &ScoringInput, device: &DeviceList) -> Result<()> {
 #[cfg(feature = "llama-cpp")]
 fn engines(input: &ScoringInput, ks: &[usize], rounds: usize, threads: usize) -> Result<()> {
     let path = k3mini::teachers::resolve(&input.teacher)?;
-    let burn = k3mini_teacher::local::LocalTeacher::from_gguf(&path, &Default::default())?;
-    let cpp = k3mini_teacher::llama_cpp::LlamaCppTeacher::from_gguf(&path, threads)?;
+    use k3mini_teacher::engine::llama_cpp::Placement;
+    use k3mini_teacher::local::{EngineSpec, LocalTeacher};
+    let burn = LocalTeacher::from_gguf(&path, &Default::default())?;
+    let cpp = LocalTeacher::open(&path, EngineSpec::LlamaCpp(Placement::Cpu { threads }))?;
     let windows = input.windows(&burn.tokenizer)?;
     let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
     println!("| k | round | burn tokens/s | llama.cpp tokens/s | llama.cpp / burn |");

@@ -47,6 +47,9 @@ enum Command {
         /// Where everything goes (default: quickstart, or quickstart-fast).
         #[arg(long)]
         out: Option<std::path::PathBuf>,
+        /// The teacher's engine: llama-cpp or burn (compare engines in separate --out directories).
+        #[arg(long, default_value_t)]
+        engine: k3mini_teacher::local::Engine,
     },
     /// Runs side by side: held-out loss and perplexity, agreement with the teacher.
     Compare {
@@ -91,7 +94,7 @@ pub fn main() -> ExitCode {
         Command::Train(args) => train::run(args),
         Command::Export(args) => export::run(args),
         Command::Eval(args) => eval::run(args),
-        Command::Quickstart { fast, out } => {
+        Command::Quickstart { fast, out, engine } => {
             let out = out.unwrap_or_else(|| {
                 if fast {
                     "quickstart-fast"
@@ -100,7 +103,7 @@ pub fn main() -> ExitCode {
                 }
                 .into()
             });
-            k3mini::quickstart::quickstart(&out, fast)
+            k3mini::quickstart::quickstart(&out, fast, engine)
                 .map(|o| print!("{}", k3mini::quickstart::summary(&o)))
                 .map_err(Into::into)
         }

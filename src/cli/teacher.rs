@@ -4,10 +4,12 @@ use anyhow::Result;
 use clap::Subcommand;
 use k3mini::device::DeviceList;
 use k3mini::recipe::{DistillPlan, RunPlan};
-use k3mini::teachers::{generate_plan, gguf_tokenizer, progress_bar, resolve, score_plan};
+use k3mini::teachers::{
+    generate_plan, gguf_tokenizer, open_local, progress_bar, resolve, score_plan,
+};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
-use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::local::Engine;
 use k3mini_teacher::server::serve;
 use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
@@ -49,7 +51,7 @@ pub enum TeacherCommand {
     },
     /// Serve a local teacher over HTTP with vLLM's OpenAI-compatible surface (until Ctrl-C).
     Serve {
-        /// A built-in teacher name (fetched if needed) or a llama-architecture .gguf.
+        /// A built-in teacher name (fetched if needed) or a .gguf.
         teacher: String,
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
@@ -67,6 +69,9 @@ pub enum TeacherCommand {
         /// Where the teacher runs: cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
+        /// The engine that runs it: llama-cpp (any GGUF llama.cpp runs) or burn.
+        #[arg(long, default_value_t)]
+        engine: Engine,
     },
     /// Write a local teacher's tokenizer as tokenizer.json (for recipes that use a served teacher).
     Tokenizer {
@@ -76,7 +81,7 @@ pub enum TeacherCommand {
     },
     /// Ask a local teacher one chat question (greedy unless --temperature is set).
     Chat {
-        /// A built-in teacher name (fetched if needed) or a llama-architecture .gguf.
+        /// A built-in teacher name (fetched if needed) or a .gguf.
         teacher: String,
         question: String,
         #[arg(long, default_value_t = 128)]
@@ -84,6 +89,9 @@ pub enum TeacherCommand {
         /// Where the teacher runs: cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
+        /// The engine that runs it: llama-cpp (any GGUF llama.cpp runs) or burn.
+        #[arg(long, default_value_t)]
+        engine: Engine,
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
         #[arg(long, default_value_t = 0)]
@@ -124,8 +132,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             max_queued,
             request_timeout,
             device,
+            engine,
         } => {
-            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &device.open_main()?)?;
+            let t = open_local(&resolve(&teacher)?, engine, &device)?;
             let stop = Arc::new(AtomicBool::new(false));
             let on_ctrl_c = stop.clone();
             ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
@@ -155,8 +164,9 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             temperature,
             seed,
             device,
+            engine,
         } => {
-            let t = LocalTeacher::from_gguf(&resolve(&teacher)?, &device.open_main()?)?;
+            let t = open_local(&resolve(&teacher)?, engine, &device)?;
             let messages = [Message {
                 role: Role::User,
                 content: question,

@@ -16,6 +16,7 @@ use k3mini_student::info::{Footprint, TrainingMemory, training_memory};
 use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
+use k3mini_teacher::local::Engine;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -146,12 +147,12 @@ pub struct TeacherPlan {
 pub enum TeacherSource {
     Local {
         model: LocalModel,
+        /// Plans from before engines were a choice ran on burn.
+        #[serde(default = "burn")]
+        engine: Engine,
     },
     /// vLLM / SGLang / OpenAI-echo servers, round-robin.
-    Served {
-        endpoints: Vec<String>,
-        api: Api,
-    },
+    Served { endpoints: Vec<String>, api: Api },
 }
 
 /// Prompt sets and how they are rendered.
@@ -530,7 +531,7 @@ fn data_plan(
     }
     let tokenizer = if d.tokenizer == TEACHER_TOKENIZER {
         match distill.map(|d| &d.teacher.source) {
-            Some(TeacherSource::Local { model }) => TokenizerSpec::Teacher {
+            Some(TeacherSource::Local { model, .. }) => TokenizerSpec::Teacher {
                 model: model.clone(),
             },
             Some(TeacherSource::Served { .. }) => {
@@ -571,6 +572,10 @@ fn data_plan(
     })
 }
 
+fn burn() -> Engine {
+    Engine::Burn
+}
+
 fn local_model(name: &str, at: &dyn Fn(&Path) -> PathBuf) -> Result<LocalModel, Refusal> {
     if fetch::known(name, Kind::Teacher).is_some() {
         return Ok(LocalModel::Builtin { name: name.into() });
@@ -600,9 +605,22 @@ fn teacher_plan(
     at: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<TeacherPlan, Refusal> {
     let source = match (&t.model, t.endpoints.is_empty()) {
-        (Some(model), true) => TeacherSource::Local {
-            model: local_model(model, at)?,
-        },
+        (Some(model), true) => {
+            if !t.engine.built() {
+                return refuse(
+                    "teacher.engine",
+                    format!(
+                        "{}: this k3mini was built without it (--no-default-features); rebuild \
+                         with the default features, or set engine = \"burn\"",
+                        t.engine
+                    ),
+                );
+            }
+            TeacherSource::Local {
+                model: local_model(model, at)?,
+                engine: t.engine,
+            }
+        }
         (None, false) => TeacherSource::Served {
             endpoints: t.endpoints.clone(),
             api: t.api,

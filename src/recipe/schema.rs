@@ -11,8 +11,8 @@
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
 //!             weights_shard_bytes
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
-//! [teacher]   model | endpoints + api, concurrency, k, temperature, segments_per_shard, logprob_step,
-//!             shards_dir
+//! [teacher]   model + engine | endpoints + api, concurrency, k, temperature, segments_per_shard,
+//!             logprob_step, shards_dir
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
 //!             objectives = [{kind, weight, beta | alpha | samples}], temperature
 //! [distill.on_policy]  mix, max_tokens, temperature
@@ -24,6 +24,7 @@ use crate::device::DeviceList;
 use k3mini_data::{ChatFormat, LossParts, SourceFormat};
 use k3mini_student::distill::Objective;
 use k3mini_teacher::client::Api;
+use k3mini_teacher::local::Engine;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -163,10 +164,14 @@ impl ObjectiveConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherConfig {
-    /// A local teacher: a built-in name (`smollm2`, fetched when missing) or a llama-architecture
-    /// `.gguf`, relative to the recipe. Give this or `endpoints`.
+    /// A local teacher: a built-in name (`smollm2`, fetched when missing) or a `.gguf`, relative
+    /// to the recipe. Give this or `endpoints`.
     #[serde(default)]
     pub model: Option<String>,
+    /// The local teacher's engine: `llama-cpp` (any GGUF llama.cpp runs; the default) or `burn`
+    /// (llama-architecture GGUFs in pure Rust; the default of `--no-default-features` builds).
+    #[serde(default = "default_engine")]
+    pub engine: Engine,
     /// A served teacher: `http://host:port` of one or more vLLM / SGLang servers (round-robin).
     #[serde(default)]
     pub endpoints: Vec<String>,
@@ -448,6 +453,10 @@ fn is_default_shard_bytes(b: &u64) -> bool {
 fn default_keep() -> usize {
     3
 }
+fn default_engine() -> Engine {
+    Engine::default()
+}
+
 fn default_api() -> Api {
     Api::Vllm
 }

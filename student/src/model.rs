@@ -16,7 +16,7 @@ use crate::kda::{KdaState, KimiDeltaAttention};
 use crate::linear;
 use crate::mla::{GatedMla, MlaCache};
 use crate::mlp::Mlp;
-use crate::moe::{ExpertLoad, Moe};
+use crate::moe::{ExpertLoad, Moe, Route};
 use crate::norm::RmsNorm;
 use crate::precision::Precision;
 use burn::module::Module;
@@ -104,6 +104,8 @@ pub struct ModelOutput {
     pub logits: Tensor<3>,
     /// Tokens per expert, for each MoE layer in order (for the aux-loss-free bias update).
     pub expert_load: Vec<ExpertLoad>,
+    /// Each MoE layer's routing, in order.
+    pub routing: Vec<Route>,
 }
 
 impl K3Mini {
@@ -230,7 +232,7 @@ impl K3Mini {
         let t = tokens.dims()[1];
         let embedded = self.model.embed_tokens.forward(tokens);
         let block = self.config.attn_res.as_ref().map(|a| a.block_size);
-        let mut expert_load = Vec::new();
+        let (mut expert_load, mut routing) = (Vec::new(), Vec::new());
         let mut h = embedded.clone();
         let mut depth = DepthSources {
             done: vec![embedded],
@@ -266,8 +268,9 @@ impl K3Mini {
             let out = match &layer.mlp {
                 Ffn::Dense(mlp) => mlp.forward(x),
                 Ffn::Moe(moe) => {
-                    let (y, load) = moe.forward(x);
+                    let (y, load, route) = moe.forward(x);
                     expert_load.push(load);
+                    routing.push(Route { layer: i, ..route });
                     y
                 }
             };
@@ -290,6 +293,7 @@ impl K3Mini {
                 .precision
                 .linear(&self.lm_head, self.model.norm.forward(h)),
             expert_load,
+            routing,
         }
     }
 

@@ -62,6 +62,18 @@ pub struct Moe {
 /// How many tokens each expert received in one forward.
 pub type ExpertLoad = Vec<usize>;
 
+/// One MoE layer's routing in a forward (what llama.cpp's graph hooks read from a GGUF export).
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// The block's index in the model.
+    pub layer: usize,
+    pub k: usize,
+    /// `[N, k]` row-major, tokens in `[B, T]` order: the chosen experts, best first.
+    pub experts: Vec<u32>,
+    /// `[N, k]`: their weights `w_e`.
+    pub weights: Tensor<2>,
+}
+
 impl Moe {
     pub fn new(
         d_model: usize,
@@ -117,8 +129,8 @@ impl Moe {
         (ids, weights)
     }
 
-    /// `x [B, T, d]` → (`[B, T, d]`, tokens per expert).
-    pub fn forward(&self, x: Tensor<3>) -> (Tensor<3>, ExpertLoad) {
+    /// `x [B, T, d]` → (`[B, T, d]`, tokens per expert, the routing with `layer` unset).
+    pub fn forward(&self, x: Tensor<3>) -> (Tensor<3>, ExpertLoad, Route) {
         let [b, t, d] = x.dims();
         let n = b * t;
         let h = x.clone().reshape([n, d]);
@@ -140,6 +152,12 @@ impl Moe {
             slots[ex as usize].push(flat as i64);
         }
         let load: ExpertLoad = tokens.iter().map(Vec::len).collect();
+        let route = Route {
+            layer: 0,
+            k,
+            experts: ids_host.iter().map(|&e| e as u32).collect(),
+            weights: weights.clone(),
+        };
 
         let latent_in = match &self.latent_down_proj {
             Some(p) => self.precision.linear(p, h.clone()),
@@ -187,7 +205,7 @@ impl Moe {
         if let Some(shared) = &self.shared_experts {
             y = y + shared.forward(h);
         }
-        (y.reshape([b, t, d]), load)
+        (y.reshape([b, t, d]), load, route)
     }
 
     /// Applies one aux-loss-free balancing step with the loads of the last forward(s).

@@ -1,7 +1,8 @@
 //! Teachers: what the student learns from. A [`Teacher`] scores fixed token sequences (top-k
 //! logprobs at every position and the logprob of the actual next token) and generates completions
-//! with per-token logprobs. [`local::LocalTeacher`] runs a llama-architecture GGUF in burn (the
-//! SmolLM2-135M-Instruct teacher CI and the quickstart use, fetched by [`fetch`]).
+//! with per-token logprobs. [`local::LocalTeacher`] runs a GGUF in-process on llama.cpp or burn
+//! ([`engine`]; the SmolLM2-135M-Instruct teacher CI and the quickstart use is fetched by
+//! [`fetch`]).
 
 pub mod bench;
 pub mod client;
@@ -11,15 +12,19 @@ pub mod generate;
 pub mod gguf;
 pub mod http;
 pub mod llama;
-#[cfg(feature = "llama-cpp")]
-pub mod llama_cpp;
 pub mod local;
 pub mod manifest;
+pub mod routing;
 pub mod score;
 pub mod server;
 
 use k3mini_data::rng::uniform;
 use std::path::PathBuf;
+
+/// Text whose tokenization exercises digits, whitespace, punctuation and multi-byte characters:
+/// the probe that two tokenizers of one vocabulary (a served teacher's and the student's,
+/// llama.cpp's and k3mini's reading of a GGUF) split text alike.
+pub const PROBE: &str = "Hello, world! In 2026, 12345 + 678 = 13023.\n\tdef f(x):\n\t\treturn x ** 2  # café naïve 中文 😀";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TeacherError {
@@ -181,31 +186,41 @@ pub trait Teacher: Sync {
     -> Result<Generation, TeacherError>;
 }
 
-/// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id.
+/// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id: one pass
+/// with the best `k` kept sorted, so most values cost one comparison (a teacher runs this on
+/// every position of a vocabulary-wide row).
 pub fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let k = k.min(row.len());
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
     if k == 0 {
-        return Vec::new();
+        return best;
     }
-    if k < idx.len() {
-        idx.select_nth_unstable_by(k - 1, order);
-        idx.truncate(k);
+    for (i, &x) in row.iter().enumerate() {
+        // An equal value comes with a larger id, so it ranks after the one kept.
+        if best.len() == k && x.total_cmp(&best[k - 1].1).is_le() {
+            continue;
+        }
+        let at = best.partition_point(|&(_, b)| b.total_cmp(&x).is_ge());
+        best.insert(at, (i as u32, x));
+        best.truncate(k);
     }
-    idx.sort_unstable_by(order);
-    idx.into_iter().map(|i| (i, row[i as usize])).collect()
+    best
 }
 
-/// `log softmax(row)` in f64 accumulation.
-pub fn log_softmax(row: &[f32]) -> Vec<f32> {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
+/// `log Σ exp(row)`: f32 exponentials of `row − max` (each at most 1), summed in f64.
+pub fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    max as f64
         + row
             .iter()
-            .map(|&x| (x as f64 - max).exp())
+            .map(|&x| (x - max).exp() as f64)
             .sum::<f64>()
-            .ln();
+            .ln()
+}
+
+/// `log softmax(row)`.
+pub fn log_softmax(row: &[f32]) -> Vec<f32> {
+    let lse = log_sum_exp(row);
     row.iter().map(|&x| (x as f64 - lse) as f32).collect()
 }
 

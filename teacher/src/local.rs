@@ -1,85 +1,139 @@
-//! A teacher run in-process: a llama-architecture GGUF on a burn device.
+//! A teacher run in-process: a GGUF on one of the [`crate::engine`]s, with the tokenizer it
+//! carries (k3mini's reading of the GGUF's vocabulary, so the student's fingerprint check is the
+//! same whichever engine runs it).
 
-use crate::engine::{Limits, Session};
+use crate::engine::{Model, Session};
 use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
-use crate::llama::{KvCache, Llama};
 use crate::{GenerateParams, Generation, Interrupt, Scored, Teacher, TeacherError};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Device;
 use k3mini_data::Tokenizer;
 use k3mini_gguf::GgufFile;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// Positions per forward pass when scoring or prefilling: attention memory stays
-/// `heads × CHUNK × context` however long the sequence.
-pub const CHUNK: usize = 512;
+/// Which engine runs a local teacher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// llama.cpp (feature `llama-cpp`, default): any GGUF it runs, quantised as stored.
+    LlamaCpp,
+    /// burn: llama-architecture GGUFs, dequantised to f32, on any burn device.
+    Burn,
+}
+
+impl Engine {
+    pub const NAMES: &str = "llama-cpp, burn";
+
+    /// Whether this build has the engine.
+    pub fn built(self) -> bool {
+        match self {
+            Engine::LlamaCpp => cfg!(feature = "llama-cpp"),
+            Engine::Burn => true,
+        }
+    }
+}
+
+/// The engine of choice in this build: llama.cpp where it is built in, else burn.
+impl Default for Engine {
+    fn default() -> Self {
+        if Engine::LlamaCpp.built() {
+            Engine::LlamaCpp
+        } else {
+            Engine::Burn
+        }
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "llama-cpp" | "llama.cpp" => Ok(Engine::LlamaCpp),
+            "burn" => Ok(Engine::Burn),
+            _ => Err(format!("{s:?}: the engines are {}", Engine::NAMES)),
+        }
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Engine::LlamaCpp => "llama-cpp",
+            Engine::Burn => "burn",
+        })
+    }
+}
+
+/// An engine and where it computes.
+pub enum EngineSpec {
+    #[cfg(feature = "llama-cpp")]
+    LlamaCpp(crate::engine::llama_cpp::Placement),
+    Burn(Device),
+}
 
 pub struct LocalTeacher {
     pub name: String,
-    pub model: Llama,
+    pub engine: Engine,
     pub tokenizer: Tokenizer,
     pub meta: TokenizerMeta,
+    model: Box<dyn Model>,
 }
 
 impl LocalTeacher {
-    /// Loads a llama-architecture GGUF (weights dequantised to f32) and the tokenizer it carries.
-    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, TeacherError> {
+    /// Loads a GGUF into `spec`'s engine. k3mini's own reader goes first: it names what is wrong
+    /// with a malformed file, and it reads the tokenizer.
+    pub fn open(path: &Path, spec: EngineSpec) -> Result<Self, TeacherError> {
         let file = GgufFile::open(path)?;
-        let model = load_llama(&file, device)?;
         let (tokenizer, meta) = load_tokenizer(&file)?;
-        let name = path.file_name().map_or_else(
+        let (engine, model): (Engine, Box<dyn Model>) = match spec {
+            #[cfg(feature = "llama-cpp")]
+            EngineSpec::LlamaCpp(placement) => {
+                let model = crate::engine::llama_cpp::LlamaCppModel::load(path, placement)?;
+                // llama.cpp tokenises prompts served as text with its own reading of the
+                // vocabulary: it must be k3mini's.
+                if model.tokenize(crate::PROBE)? != tokenizer.encode(crate::PROBE)? {
+                    return Err(TeacherError::Load {
+                        path: path.to_path_buf(),
+                        message: "llama.cpp and k3mini read this GGUF's tokenizer differently \
+                                  (they split a probe text into different ids)"
+                            .into(),
+                    });
+                }
+                (Engine::LlamaCpp, Box::new(model))
+            }
+            EngineSpec::Burn(device) => (Engine::Burn, Box::new(load_llama(&file, &device)?)),
+        };
+        let file = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
+        // The name goes into shard metadata, so shards scored by one engine are not resumed by
+        // the other (they agree only to llama.cpp's quantised arithmetic). burn's stays the bare
+        // file name that shard sets from before llama.cpp carry.
+        let name = match engine {
+            Engine::Burn => file,
+            Engine::LlamaCpp => format!("{file} on llama.cpp"),
+        };
         Ok(Self {
             name,
-            model,
+            engine,
             tokenizer,
             meta,
+            model,
         })
     }
 
-    /// Logits `[t, vocab]` (row-major) of `ids`, extending `cache`.
-    fn logits(&self, ids: &[u32], cache: &mut KvCache) -> Vec<f32> {
-        let device = self.model.device();
-        let tokens: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &device);
-        self.model
-            .forward(tokens, cache)
-            .into_data()
-            .try_into_vec::<f32>()
-            .expect("f32 logits")
-    }
-}
-
-impl Teacher for LocalTeacher {
-    fn name(&self) -> &str {
-        &self.name
+    /// The burn engine on `device` (tests and benchmarks compare against it).
+    pub fn from_gguf(path: &Path, device: &Device) -> Result<Self, TeacherError> {
+        Self::open(path, EngineSpec::Burn(device.clone()))
     }
 
-    fn vocab_size(&self) -> usize {
-        self.model.config.vocab_size
+    /// The longest sequence it takes (prompt and completion).
+    pub fn context_length(&self) -> usize {
+        self.model.limits().context
     }
 
-    fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
-        Ok(self
-            .run(ids, Some(k), None, Interrupt::default())?
-            .0
-            .expect("scoring was asked for"))
-    }
-
-    fn generate(
-        &self,
-        prompt: &[u32],
-        params: &GenerateParams,
-    ) -> Result<Generation, TeacherError> {
-        Ok(self
-            .run(prompt, None, Some(params), Interrupt::default())?
-            .1
-            .expect("generation was asked for"))
-    }
-}
-
-impl LocalTeacher {
     /// Scores `ids` at top-`k` and/or generates after them (see [`crate::engine::run`]), until
     /// `interrupt` says stop.
     pub fn run(
@@ -89,27 +143,33 @@ impl LocalTeacher {
         params: Option<&GenerateParams>,
         interrupt: Interrupt,
     ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
-        let mut session = BurnSession {
-            teacher: self,
-            cache: KvCache::default(),
-        };
-        let limits = Limits {
-            vocab: self.vocab_size(),
-            context: self.model.config.context_length,
-            chunk: CHUNK,
-        };
-        crate::engine::run(&mut session, limits, ids, k, params, interrupt)
+        let limits = self.model.limits();
+        let len = ids.len() + params.map_or(0, |p| p.max_tokens);
+        let mut session: Box<dyn Session + '_> = self.model.session(len)?;
+        crate::engine::run(session.as_mut(), limits, ids, k, params, interrupt)
     }
 }
 
-/// One sequence through the burn model: its KV cache.
-struct BurnSession<'a> {
-    teacher: &'a LocalTeacher,
-    cache: KvCache,
-}
+impl Teacher for LocalTeacher {
+    fn name(&self) -> &str {
+        &self.name
+    }
 
-impl Session for BurnSession<'_> {
-    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError> {
-        Ok(self.teacher.logits(ids, &mut self.cache))
+    fn vocab_size(&self) -> usize {
+        self.model.limits().vocab
+    }
+
+    fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
+        let (scored, _) = self.run(ids, Some(k), None, Interrupt::default())?;
+        scored.ok_or_else(|| TeacherError::Request("nothing was scored".into()))
+    }
+
+    fn generate(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+    ) -> Result<Generation, TeacherError> {
+        let (_, generated) = self.run(prompt, None, Some(params), Interrupt::default())?;
+        generated.ok_or_else(|| TeacherError::Request("nothing was generated".into()))
     }
 }

@@ -233,7 +233,7 @@ fn route(
         ("GET", "/health") => Ok(json!({"status": "ok"})),
         ("GET", "/v1/models") => Ok(json!({"object": "list", "data": [{
             "id": name, "object": "model", "created": state.created, "owned_by": "k3mini",
-            "max_model_len": state.teacher.model.config.context_length}]})),
+            "max_model_len": state.teacher.context_length()}]})),
         ("POST", "/v1/completions") => completions(state, &parse(body)?, interrupt),
         ("POST", "/v1/chat/completions") => chat(state, &parse(body)?, interrupt),
         ("POST", "/generate") => sglang_generate(state, &parse(body)?, interrupt),
@@ -322,7 +322,7 @@ fn token_ids(state: &State, v: &[Value], key: &'static str) -> Option<Result<Vec
 /// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
 /// context (vLLM answers this with a 400 too).
 fn check_length(state: &State, prompt: usize, p: &GenerateParams) -> Result<(), ApiError> {
-    let max = state.teacher.model.config.context_length;
+    let max = state.teacher.context_length();
     if prompt.saturating_add(p.max_tokens) > max {
         return Err(bad(
             "max_tokens",

@@ -17,7 +17,7 @@ fn checkpoint(dir: &Path, model_table: &str) -> K3Mini {
 
 /// A checkpoint in `dir` of a freshly initialised model, with the plan of a recipe whose model
 /// table is `model_table` and whose tokenizer is `tokenizer` (`teacher`: SmolLM2's).
-fn checkpoint_with(dir: &Path, model_table: &str, tokenizer: &str) -> K3Mini {
+pub(crate) fn checkpoint_with(dir: &Path, model_table: &str, tokenizer: &str) -> K3Mini {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("corpus.txt"), "Some text.").unwrap();
     let mut recipe = Recipe::default()

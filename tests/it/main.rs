@@ -4,6 +4,8 @@ mod devices;
 mod distill;
 mod eval;
 mod export;
+#[cfg(feature = "llama-cpp")]
+mod export_llama_cpp;
 mod fixture;
 mod quickstart;
 mod recipe;

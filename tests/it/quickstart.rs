@@ -10,7 +10,7 @@ fn quickstart_recipes_load_and_differ_only_in_objectives() {
     std::fs::remove_dir_all(&dir).ok();
     for fast in [true, false] {
         let out = dir.join(if fast { "fast" } else { "full" });
-        let [kd, ce] = prepare(&out, fast).unwrap();
+        let [kd, ce] = prepare(&out, fast, Default::default()).unwrap();
         let (kd, ce) = (recipe::load(&kd).unwrap(), recipe::load(&ce).unwrap());
         assert_eq!(
             kd.shards_dir(),
@@ -27,7 +27,7 @@ fn quickstart_recipes_load_and_differ_only_in_objectives() {
         }
         let stamp = |p: &std::path::Path| std::fs::metadata(p).unwrap().modified().unwrap();
         let before = stamp(&kd.recipe);
-        prepare(&out, fast).unwrap();
+        prepare(&out, fast, Default::default()).unwrap();
         assert_eq!(stamp(&kd.recipe), before, "a rerun rewrites nothing");
     }
     std::fs::remove_dir_all(&dir).ok();

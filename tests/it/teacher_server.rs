@@ -1,9 +1,8 @@
 //! The real client against the real `k3mini teacher serve` process on loopback: scores and
 //! generations equal the in-process teacher's to the bit; bad requests get OpenAI-style errors and
 //! the server keeps serving; a dead endpoint in the list is retried past.
-use burn::tensor::Device;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
-use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::local::Engine;
 use k3mini_teacher::{GenerateParams, Teacher, fetch};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -127,7 +126,8 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         &mut |_| {},
     )
     .unwrap();
-    let local = LocalTeacher::from_gguf(&path, &Device::default()).unwrap();
+    // The engine `teacher serve` runs by default, on the threads it uses.
+    let local = k3mini::teachers::open_local(&path, Engine::LlamaCpp, &Default::default()).unwrap();
     // A dead endpoint first: round-robin moves past it after a short backoff.
     let endpoints = ["http://127.0.0.1:9".to_string(), server.url.clone()];
     let opts = ClientOptions {
@@ -147,7 +147,7 @@ fn client_and_server_agree_with_the_in_process_teacher() {
         },
     )
     .unwrap();
-    assert_eq!(remote.name(), "SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(remote.name(), local.name());
 
     let ids = local
         .tokenizer
@@ -555,9 +555,9 @@ fn the_server_stays_available_under_load() {
 
 #[test]
 fn a_request_past_its_time_limit_is_stopped() {
-    // ~4000 greedy tokens take far longer than 1 s on these CPUs: stopped at the limit, with a
-    // 504, and the model is free for the next request.
-    let server = start_with(&["--request-timeout", "1"]);
+    // ~4000 greedy tokens take minutes on these CPUs: stopped at the limit, with a 504, and the
+    // model is free for the next request (which gets the same 3 s, on a machine other tests load).
+    let server = start_with(&["--request-timeout", "3"]);
     let long = r#"{"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}"#;
     let t0 = std::time::Instant::now();
     let (status, v) = raw(&server.url, "POST", "/v1/completions", long);
@@ -570,7 +570,7 @@ fn a_request_past_its_time_limit_is_stopped() {
             .contains("time limit"),
         "{v}"
     );
-    assert!(took < Duration::from_secs(10), "stopped after {took:?}");
+    assert!(took < Duration::from_secs(15), "stopped after {took:?}");
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
     assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
 }

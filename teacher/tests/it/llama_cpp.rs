@@ -1,13 +1,19 @@
 //! The llama.cpp engine on SmolLM2-135M-Instruct's Q4_1 GGUF, against transformers (the same
 //! golden file the burn teacher meets) and against the burn teacher itself.
 use super::smollm2::{golden, ids, refuses_bad_requests, smollm2_gguf, teacher};
-use k3mini_teacher::llama_cpp::LlamaCppTeacher;
+use k3mini_teacher::engine::llama_cpp::Placement;
+use k3mini_teacher::local::{EngineSpec, LocalTeacher};
 use k3mini_teacher::{GenerateParams, Teacher};
+use std::path::Path;
 use std::sync::OnceLock;
 
-fn cpp() -> &'static LlamaCppTeacher {
-    static T: OnceLock<LlamaCppTeacher> = OnceLock::new();
-    T.get_or_init(|| LlamaCppTeacher::from_gguf(&smollm2_gguf(), 2).unwrap())
+fn open(path: &Path) -> Result<LocalTeacher, k3mini_teacher::TeacherError> {
+    LocalTeacher::open(path, EngineSpec::LlamaCpp(Placement::Cpu { threads: 2 }))
+}
+
+fn cpp() -> &'static LocalTeacher {
+    static T: OnceLock<LocalTeacher> = OnceLock::new();
+    T.get_or_init(|| open(&smollm2_gguf()).unwrap())
 }
 
 #[test]
@@ -81,10 +87,33 @@ fn llama_cpp_refuses_bad_requests_and_files_by_name() {
     let cut = dir.join("cut.gguf");
     let whole = std::fs::read(smollm2_gguf()).unwrap();
     std::fs::write(&cut, &whole[..whole.len() / 3]).unwrap();
-    let e = LlamaCppTeacher::from_gguf(&cut, 1)
-        .err()
-        .expect("a cut file is refused")
-        .to_string();
+    let e = open(&cut).err().expect("a cut file is refused").to_string();
     assert!(e.contains("cut.gguf"), "{e}");
+    // `whole` with the byte at the end of the first `find` replaced by `to`, written as `name`:
+    // llama.cpp's own reason for refusing it.
+    let patched = |find: &[u8], to: u8, name: &str| {
+        let at = whole
+            .windows(find.len())
+            .position(|w| w == find)
+            .expect("found")
+            + find.len();
+        let mut bytes = whole.clone();
+        bytes[at - 1] = to;
+        std::fs::write(dir.join(name), &bytes).unwrap();
+        open(&dir.join(name)).err().expect("refused").to_string()
+    };
+    // A well-formed file of an architecture llama.cpp does not know.
+    let key = b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00llama";
+    let e = patched(key, b'b', "llamb.gguf");
+    assert!(
+        e.contains("llamb.gguf") && e.contains("unknown model architecture"),
+        "{e}"
+    );
+    // A file whose tensors are not the ones its architecture needs.
+    let e = patched(b"output_norm.weight", b'x', "missing.gguf");
+    assert!(
+        e.contains("missing.gguf") && e.contains("output_norm.weight"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -3,3 +3,4 @@ mod http;
 #[cfg(feature = "llama-cpp")]
 mod llama_cpp;
 mod smollm2;
+mod top_k;

@@ -1,8 +1,13 @@
 //! What every in-process teacher engine shares: scoring a sequence and generating after it from
-//! the logits an engine's [`Session`] returns, one prefill for both.
+//! the logits an engine's [`Session`] returns, one prefill for both. The engines: [`llama_cpp`]
+//! (any GGUF llama.cpp runs; the default) and [`burn`] (llama-architecture GGUFs in pure Rust).
+
+pub mod burn;
+#[cfg(feature = "llama-cpp")]
+pub mod llama_cpp;
 
 use crate::{
-    FinishReason, GenerateParams, Generation, Interrupt, Scored, TeacherError, log_softmax, sample,
+    FinishReason, GenerateParams, Generation, Interrupt, Scored, TeacherError, log_sum_exp, sample,
     top_k,
 };
 
@@ -10,6 +15,13 @@ use crate::{
 pub trait Session {
     /// Appends `ids` and returns their logits, `[ids.len(), vocab]` row-major.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError>;
+}
+
+/// A loaded model: what it takes, and fresh sequences through it.
+pub trait Model: Send + Sync {
+    fn limits(&self) -> Limits;
+    /// A new sequence with room for `len` ids (prompt and completion).
+    fn session(&self, len: usize) -> Result<Box<dyn Session + '_>, TeacherError>;
 }
 
 /// What an engine can take.
@@ -20,6 +32,24 @@ pub struct Limits {
     pub context: usize,
     /// Ids fed at once when scoring or prefilling.
     pub chunk: usize,
+}
+
+/// Appends the top-`k` ids of one position's logits `row` and their logprobs; returns `id`'s
+/// logprob. Logprobs are formed only where kept: the top-k of the logits is that of their logprobs.
+fn keep_top(
+    row: &[f32],
+    k: usize,
+    id: u32,
+    top_ids: &mut Vec<u32>,
+    top_logprobs: &mut Vec<f32>,
+) -> f32 {
+    let lse = log_sum_exp(row);
+    let logprob = |x: f32| (x as f64 - lse) as f32;
+    for (top, x) in top_k(row, k) {
+        top_ids.push(top);
+        top_logprobs.push(logprob(x));
+    }
+    logprob(row[id as usize])
 }
 
 /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
@@ -82,12 +112,14 @@ pub fn run(
         last = session.feed(piece)?;
         for row in last.chunks_exact(vocab) {
             if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
-                let logprobs = log_softmax(row);
-                out.target_logprobs.push(logprobs[ids[t + 1] as usize]);
-                for (id, lp) in top_k(&logprobs, out.k) {
-                    out.top_ids.push(id);
-                    out.top_logprobs.push(lp);
-                }
+                let lp = keep_top(
+                    row,
+                    out.k,
+                    ids[t + 1],
+                    &mut out.top_ids,
+                    &mut out.top_logprobs,
+                );
+                out.target_logprobs.push(lp);
             }
             t += 1;
         }
@@ -109,18 +141,14 @@ pub fn run(
     for _ in 0..budget {
         check()?;
         let row = &last[last.len() - vocab..];
-        let logprobs = log_softmax(row);
         let id = if params.temperature <= 0.0 {
-            top_k(&logprobs, 1)[0].0
+            top_k(row, 1)[0].0
         } else {
             sample(row, params.temperature, params.top_p, &mut rng)
         };
         g.ids.push(id);
-        g.logprobs.push(logprobs[id as usize]);
-        for (tid, lp) in top_k(&logprobs, k) {
-            g.top_ids.push(tid);
-            g.top_logprobs.push(lp);
-        }
+        let lp = keep_top(row, k, id, &mut g.top_ids, &mut g.top_logprobs);
+        g.logprobs.push(lp);
         if params.stop.contains(&id) {
             g.finish = FinishReason::Stop;
             break;

@@ -1,0 +1,490 @@
+//! The llama.cpp engine (feature `llama-cpp`): any GGUF llama.cpp runs (SmolLM2, k3mini's own
+//! `kimi-linear` / `kimi-k3` exports, dense or MoE), quantised as stored, on CPU threads or one
+//! CUDA device (feature `llama-cpp-cuda`). It is written on the C API (`llama-cpp-sys-2`, which
+//! builds its vendored llama.cpp with CMake, a C++ compiler and libclang) because what k3mini
+//! needs from it is below any safe wrapper: llama.cpp's log (its reason a file did not load) and
+//! the graph's evaluation callback (the MoE router's choices, [`Routing`]).
+
+use crate::TeacherError;
+use crate::engine::{Limits, Model, Session};
+use crate::routing::{LayerRouting, Routing};
+use llama_cpp_sys_2 as sys;
+use std::cell::RefCell;
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, Once};
+
+/// Ids per `llama_decode` (its batch and micro-batch): scoring throughput levels off here.
+pub const CHUNK: usize = 512;
+
+/// Where llama.cpp computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// This many CPU threads.
+    Cpu { threads: usize },
+    /// Every layer on CUDA device N (a `llama-cpp-cuda` build).
+    Cuda(usize),
+}
+
+thread_local! {
+    /// What llama.cpp logged on this thread at warning level or above since the last
+    /// [`take_log`]: its own account of a failure, which its API reports only as a null pointer.
+    static LOG: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+unsafe extern "C" fn log_line(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: llama.cpp passes a NUL-terminated string that lives for the call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    LOG.with_borrow_mut(|log| match level {
+        sys::GGML_LOG_LEVEL_CONT => {
+            if let Some(last) = log.last_mut() {
+                last.push_str(&text);
+            }
+        }
+        sys::GGML_LOG_LEVEL_WARN | sys::GGML_LOG_LEVEL_ERROR => {
+            if log.len() < 64 {
+                log.push(text.into_owned());
+            }
+        }
+        _ => {}
+    });
+}
+
+/// This thread's llama.cpp warnings and errors since the last call, one line each.
+fn take_log() -> String {
+    let lines = LOG.with_borrow_mut(std::mem::take);
+    let lines: Vec<&str> = lines
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        "no reason logged".into()
+    } else {
+        lines.join("; ")
+    }
+}
+
+/// Starts llama.cpp's backends once per process, its log captured by [`log_line`].
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| unsafe {
+        sys::llama_log_set(Some(log_line), std::ptr::null_mut());
+        sys::llama_backend_init();
+    });
+}
+
+/// A GGUF loaded into llama.cpp.
+pub struct LlamaCppModel {
+    path: PathBuf,
+    model: *mut sys::llama_model,
+    vocab: *const sys::llama_vocab,
+    n_vocab: usize,
+    context: usize,
+    threads: i32,
+    /// One context computes at a time: each already uses every thread it is given.
+    compute: Mutex<()>,
+}
+
+// SAFETY: a llama_model is read-only once loaded and llama.cpp allows contexts on several
+// threads over one model; contexts are created and used under `compute`, one at a time.
+unsafe impl Send for LlamaCppModel {}
+unsafe impl Sync for LlamaCppModel {}
+
+impl Drop for LlamaCppModel {
+    fn drop(&mut self) {
+        unsafe { sys::llama_model_free(self.model) }
+    }
+}
+
+impl LlamaCppModel {
+    /// Loads `path` into llama.cpp. A file it cannot load is a [`TeacherError::Load`] with
+    /// llama.cpp's own reason.
+    pub fn load(path: &Path, placement: Placement) -> Result<Self, TeacherError> {
+        let err = |message: String| TeacherError::Load {
+            path: path.to_path_buf(),
+            message,
+        };
+        init();
+        let c_path = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| err("the path holds a NUL byte".into()))?;
+        let mut params = unsafe { sys::llama_model_default_params() };
+        let threads = match placement {
+            Placement::Cpu { threads } => {
+                params.n_gpu_layers = 0;
+                threads.max(1) as i32
+            }
+            Placement::Cuda(gpu) => {
+                if !unsafe { sys::llama_supports_gpu_offload() } {
+                    return Err(err(
+                        "this k3mini's llama.cpp has no CUDA backend: build with --features \
+                         llama-cpp-cuda"
+                            .into(),
+                    ));
+                }
+                params.n_gpu_layers = i32::MAX;
+                params.split_mode = sys::LLAMA_SPLIT_MODE_NONE;
+                params.main_gpu = gpu as i32;
+                1
+            }
+        };
+        take_log();
+        let model = unsafe { sys::llama_model_load_from_file(c_path.as_ptr(), params) };
+        if model.is_null() {
+            return Err(err(format!("llama.cpp could not load it: {}", take_log())));
+        }
+        let vocab = unsafe { sys::llama_model_get_vocab(model) };
+        let n_vocab = unsafe { sys::llama_vocab_n_tokens(vocab) };
+        let context = unsafe { sys::llama_model_n_ctx_train(model) };
+        let loaded = Self {
+            path: path.to_path_buf(),
+            model,
+            vocab,
+            n_vocab: n_vocab.max(0) as usize,
+            context: context.max(0) as usize,
+            threads,
+            compute: Mutex::new(()),
+        };
+        if n_vocab <= 0 || context <= 1 {
+            return Err(err(format!(
+                "llama.cpp reads {n_vocab} tokens and a context of {context}"
+            )));
+        }
+        Ok(loaded)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// `text` as llama.cpp's tokenizer splits it (special tokens parsed, none added).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, TeacherError> {
+        let len = i32::try_from(text.len())
+            .map_err(|_| TeacherError::Request("text too long to tokenize".into()))?;
+        // Returns the count, or minus the room it needs.
+        let run = |out: &mut Vec<i32>| unsafe {
+            sys::llama_tokenize(
+                self.vocab,
+                text.as_ptr().cast(),
+                len,
+                out.as_mut_ptr(),
+                out.len() as i32,
+                false,
+                true,
+            )
+        };
+        let mut out = vec![0i32; text.len() + 8];
+        let mut n = run(&mut out);
+        if n < 0 {
+            out.resize(n.unsigned_abs() as usize, 0);
+            n = run(&mut out);
+        }
+        if n < 0 {
+            return Err(TeacherError::Request("llama.cpp could not tokenize".into()));
+        }
+        Ok(out[..n as usize].iter().map(|&t| t as u32).collect())
+    }
+
+    /// A context for one sequence of up to `len` ids, recording the MoE routing when `routing`.
+    fn context(&self, len: usize, routing: bool) -> Result<Context<'_>, TeacherError> {
+        let guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
+        let mut capture = Box::new(Capture::default());
+        let mut params = unsafe { sys::llama_context_default_params() };
+        params.n_ctx = len.clamp(1, self.context) as u32;
+        params.n_batch = CHUNK as u32;
+        params.n_ubatch = CHUNK as u32;
+        params.n_seq_max = 1;
+        params.n_threads = self.threads;
+        params.n_threads_batch = self.threads;
+        params.no_perf = true;
+        if routing {
+            params.cb_eval = Some(observe);
+            params.cb_eval_user_data = (&raw mut *capture).cast();
+        }
+        take_log();
+        let ctx = unsafe { sys::llama_init_from_model(self.model, params) };
+        if ctx.is_null() {
+            return Err(TeacherError::Load {
+                path: self.path.clone(),
+                message: format!("llama.cpp could not make a context: {}", take_log()),
+            });
+        }
+        Ok(Context {
+            model: self,
+            ctx,
+            batch: unsafe { sys::llama_batch_init(CHUNK as i32, 0, 1) },
+            pos: 0,
+            capture,
+            _compute: guard,
+        })
+    }
+
+    /// Logits `[ids.len(), vocab]` of every position of `ids`, and the MoE router's choices for
+    /// every token when `routing` (None for a model without routed experts).
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        routing: bool,
+    ) -> Result<(Vec<f32>, Option<Routing>), TeacherError> {
+        let mut ctx = self.context(ids.len(), routing)?;
+        let mut logits = Vec::with_capacity(ids.len() * self.n_vocab);
+        for piece in ids.chunks(CHUNK) {
+            logits.extend(ctx.feed(piece)?);
+        }
+        let routes = match routing {
+            true => ctx.capture.finish(ids.len()).map_err(|e| {
+                TeacherError::Request(format!("{}: llama.cpp's routing: {e}", self.path.display()))
+            })?,
+            false => None,
+        };
+        Ok((logits, routes))
+    }
+}
+
+impl Model for LlamaCppModel {
+    fn limits(&self) -> Limits {
+        Limits {
+            vocab: self.n_vocab,
+            context: self.context,
+            chunk: CHUNK,
+        }
+    }
+
+    fn session(&self, len: usize) -> Result<Box<dyn Session + '_>, TeacherError> {
+        Ok(Box::new(self.context(len, false)?))
+    }
+}
+
+/// One sequence in a llama.cpp context, holding the model's compute lock.
+struct Context<'a> {
+    model: &'a LlamaCppModel,
+    ctx: *mut sys::llama_context,
+    batch: sys::llama_batch,
+    pos: i32,
+    /// Boxed: llama.cpp holds its address while the context lives.
+    capture: Box<Capture>,
+    _compute: MutexGuard<'a, ()>,
+}
+
+impl Drop for Context<'_> {
+    fn drop(&mut self) {
+        unsafe {
+            sys::llama_batch_free(self.batch);
+            sys::llama_free(self.ctx);
+        }
+    }
+}
+
+impl Session for Context<'_> {
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError> {
+        assert!(ids.len() <= CHUNK, "fed in chunks of at most {CHUNK}");
+        let n = ids.len();
+        // SAFETY: the batch was made for CHUNK tokens of one sequence each.
+        unsafe {
+            let b = &mut self.batch;
+            for (i, &id) in ids.iter().enumerate() {
+                *b.token.add(i) = id as i32;
+                *b.pos.add(i) = self.pos + i as i32;
+                *b.n_seq_id.add(i) = 1;
+                **b.seq_id.add(i) = 0;
+                *b.logits.add(i) = 1;
+            }
+            b.n_tokens = n as i32;
+        }
+        take_log();
+        let status = unsafe { sys::llama_decode(self.ctx, self.batch) };
+        if status != 0 {
+            return Err(TeacherError::Request(format!(
+                "llama.cpp could not decode {n} tokens at position {} (status {status}): {}",
+                self.pos,
+                take_log()
+            )));
+        }
+        self.pos += n as i32;
+        let vocab = self.model.n_vocab;
+        let mut logits = Vec::with_capacity(n * vocab);
+        for i in 0..n {
+            let row = unsafe { sys::llama_get_logits_ith(self.ctx, i as i32) };
+            if row.is_null() {
+                return Err(TeacherError::Request(format!(
+                    "llama.cpp returned no logits for position {}",
+                    self.pos as usize - n + i
+                )));
+            }
+            logits.extend_from_slice(unsafe { std::slice::from_raw_parts(row, vocab) });
+        }
+        Ok(logits)
+    }
+}
+
+/// The routing tensors of the graph llama.cpp evaluates, per layer, in evaluation order.
+#[derive(Default)]
+struct Capture {
+    /// Per layer: the chosen experts `[tokens, k]` and their weights `[tokens, k]`.
+    layers: std::collections::BTreeMap<usize, (Vec<i32>, Vec<f32>, usize)>,
+    /// Within one micro-batch: each layer's latest weights (llama.cpp renormalises and scales
+    /// them in steps, each its own tensor; the last is what multiplies the experts).
+    pending: std::collections::BTreeMap<usize, Vec<f32>>,
+    /// A tensor of an unexpected type or shape: reported instead of guessed at.
+    error: Option<String>,
+}
+
+/// llama.cpp's names for the router's outputs (src/llama-graph.cpp, `build_moe_ffn`): the
+/// experts chosen, then the weights as each step leaves them.
+const TOPK: &str = "ffn_moe_topk";
+const WEIGHTS: [&str; 4] = [
+    "ffn_moe_weights",
+    "ffn_moe_weights_softmax",
+    "ffn_moe_weights_norm",
+    "ffn_moe_weights_scaled",
+];
+
+/// `name-N` → (name, N).
+fn layer_tensor(name: &str) -> Option<(&str, usize)> {
+    let (base, layer) = name.rsplit_once('-')?;
+    Some((base, layer.parse().ok()?))
+}
+
+impl Capture {
+    fn wants(name: &str) -> bool {
+        layer_tensor(name).is_some_and(|(base, _)| base == TOPK || WEIGHTS.contains(&base))
+    }
+
+    fn record(&mut self, name: &str, t: &sys::ggml_tensor) {
+        let Some((base, layer)) = layer_tensor(name) else {
+            return;
+        };
+        // [k, tokens] for the experts; [1, k, tokens] or [k, tokens] for the weights.
+        let ne = t.ne;
+        let (k, tokens, rest) = if base != TOPK && ne[0] == 1 {
+            (ne[1], ne[2], ne[3])
+        } else {
+            (ne[0], ne[1], ne[2] * ne[3])
+        };
+        let expected = if base == TOPK {
+            sys::GGML_TYPE_I32
+        } else {
+            sys::GGML_TYPE_F32
+        };
+        if t.type_ != expected || rest != 1 || k < 1 || tokens < 1 {
+            self.error
+                .get_or_insert_with(|| format!("{name}: type {} shape {ne:?}", t.type_));
+            return;
+        }
+        let k = k as usize;
+        let values = read_4byte(t);
+        if base == TOPK {
+            // The micro-batch's last weights for this layer belong to its previous experts.
+            self.flush(layer);
+            let entry = self.layers.entry(layer).or_insert((vec![], vec![], k));
+            entry
+                .0
+                .extend(values.iter().map(|v| i32::from_ne_bytes(*v)));
+        } else {
+            let floats = values.iter().map(|v| f32::from_ne_bytes(*v)).collect();
+            self.pending.insert(layer, floats);
+        }
+    }
+
+    /// Moves `layer`'s pending weights into its record.
+    fn flush(&mut self, layer: usize) {
+        if let Some(w) = self.pending.remove(&layer)
+            && let Some(entry) = self.layers.get_mut(&layer)
+        {
+            entry.1.extend(w);
+        }
+    }
+
+    /// The record of `tokens` tokens (None when the model routes nothing), or what was wrong.
+    fn finish(&mut self, tokens: usize) -> Result<Option<Routing>, String> {
+        let layers: Vec<usize> = self.pending.keys().copied().collect();
+        for layer in layers {
+            self.flush(layer);
+        }
+        if let Some(e) = self.error.take() {
+            return Err(format!("an unexpected routing tensor: {e}"));
+        }
+        if self.layers.is_empty() {
+            return Ok(None);
+        }
+        let layers = std::mem::take(&mut self.layers);
+        let layers = layers
+            .into_iter()
+            .map(|(layer, (experts, weights, k))| {
+                if experts.len() != tokens * k || weights.len() != experts.len() {
+                    return Err(format!(
+                        "layer {layer}: {} experts and {} weights for {tokens} tokens at k = {k}",
+                        experts.len(),
+                        weights.len()
+                    ));
+                }
+                let experts = experts.into_iter().map(|e| e as u32).collect();
+                Ok(LayerRouting {
+                    layer,
+                    k,
+                    experts,
+                    weights,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Some(Routing { layers }))
+    }
+}
+
+/// A 4-byte-element tensor's values in row-major order, read through its strides (llama.cpp's
+/// top-k is a view into the full argsort) from whichever backend holds it.
+fn read_4byte(t: &sys::ggml_tensor) -> Vec<[u8; 4]> {
+    let [n0, n1, n2, n3] = t.ne.map(|n| n.max(0) as usize);
+    let mut out = Vec::with_capacity(n0 * n1 * n2 * n3);
+    let mut row = vec![[0u8; 4]; n0];
+    for i3 in 0..n3 {
+        for i2 in 0..n2 {
+            for i1 in 0..n1 {
+                let base = i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3];
+                if t.nb[0] == 4 {
+                    // SAFETY: the row lies inside the tensor (ggml_nbytes spans its strides).
+                    unsafe {
+                        sys::ggml_backend_tensor_get(
+                            std::ptr::from_ref(t).cast_mut(),
+                            row.as_mut_ptr().cast(),
+                            base,
+                            4 * n0,
+                        )
+                    };
+                } else {
+                    for (i0, v) in row.iter_mut().enumerate() {
+                        unsafe {
+                            sys::ggml_backend_tensor_get(
+                                std::ptr::from_ref(t).cast_mut(),
+                                v.as_mut_ptr().cast(),
+                                base + i0 * t.nb[0],
+                                4,
+                            )
+                        };
+                    }
+                }
+                out.extend_from_slice(&row);
+            }
+        }
+    }
+    out
+}
+
+/// llama.cpp's evaluation callback: asked first whether a node is wanted, then called with it
+/// computed.
+unsafe extern "C" fn observe(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
+    // SAFETY: `user` is the context's boxed Capture, alive while the context is; `t` is a
+    // graph node llama.cpp passes for the call.
+    let (t, capture) = unsafe { (&*t, &mut *user.cast::<Capture>()) };
+    let name = unsafe { CStr::from_ptr(t.name.as_ptr()) }.to_string_lossy();
+    if ask {
+        return Capture::wants(&name);
+    }
+    if Capture::wants(&name) {
+        capture.record(&name, t);
+    }
+    true
+}

@@ -1,0 +1,177 @@
+//! Every GGUF export, run in the llama.cpp k3mini embeds: F32, Q8_0 and Q4_K_M files of dense and
+//! MoE Kimi Linear students, of students with K3 features (llama.cpp's `kimi-k3`), and of one with
+//! its own tokenizer. llama.cpp must tokenise text as k3mini does, compute k3mini's logits (F32
+//! to float rounding; quantised files to the quantisation's error), and route every token of a
+//! MoE student to the experts k3mini's router picks, with its weights.
+//! (scripts/interop/check_gguf.py makes the same checks in llama-cpp-python, for the record.)
+use crate::export::checkpoint_with;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use k3mini::export::export_gguf;
+use k3mini::run_dir::open_checkpoint;
+use k3mini_gguf::mix::FileType;
+use k3mini_teacher::engine::llama_cpp::{LlamaCppModel, Placement};
+
+const TEXT: &str = "Who's there? Nay, answer me: stand, and unfold yourself. 1601, \
+                    twelve o'clock — 'tis bitter cold, and I am sick at heart.";
+
+/// Tiny Kimi Linear shapes (those of scripts/interop/run.sh).
+const DENSE: &str = "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64";
+const MOE: &str = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
+                   n_heads = 2\nffn_hidden = 128\nmax_seq_len = 512\n[model.kda]\nhead_dim = 32\n\
+                   gate_rank = 32\n[model.mla]\nkv_lora_rank = 32\nqk_nope_head_dim = 16\n\
+                   qk_rope_head_dim = 8\nv_head_dim = 16\n[model.moe]\nnum_experts = 4\n\
+                   top_k = 2\nexpert_hidden = 32";
+/// K3 features: block AttnRes, a full-rank safe KDA gate, q-LoRA, the MLA output gate.
+const K3: &str = "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64\n[model.kda]\n\
+                  head_dim = 64\ngate_lower_bound = -5.0\n[model.mla]\nq_lora_rank = 48\n\
+                  kv_lora_rank = 32\nqk_nope_head_dim = 16\nqk_rope_head_dim = 8\n\
+                  v_head_dim = 16\noutput_gate = true\n[model.attn_res]\nblock_size = 4";
+/// SiTU, LatentMoE and block AttnRes on the MoE shape.
+const K3_MOE: &str = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
+                      n_heads = 2\nffn_hidden = 128\nmax_seq_len = 512\nactivation = \"situ\"\n\
+                      [model.kda]\nhead_dim = 32\ngate_rank = 32\n[model.mla]\n\
+                      kv_lora_rank = 32\nqk_nope_head_dim = 16\nqk_rope_head_dim = 8\n\
+                      v_head_dim = 16\n[model.moe]\nnum_experts = 4\ntop_k = 2\n\
+                      expert_hidden = 32\nlatent_dim = 32\n[model.attn_res]\nblock_size = 2";
+
+/// log-softmax of one row, in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z = row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+    row.iter().map(|&x| x as f64 - m - z).collect()
+}
+
+/// How far llama.cpp's logits are from k3mini's: max |Δ|, mean KL(k3mini ‖ llama.cpp), top-1
+/// agreement.
+fn compare(want: &[f32], got: &[f32], vocab: usize) -> (f32, f64, f64) {
+    let max = want
+        .iter()
+        .zip(got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let (mut kl, mut top1, n) = (0.0, 0, want.len() / vocab);
+    let argmax = |r: &[f32]| (0..r.len()).max_by(|&i, &j| r[i].total_cmp(&r[j])).unwrap();
+    for (w, g) in want.chunks_exact(vocab).zip(got.chunks_exact(vocab)) {
+        let (p, q) = (log_softmax(w), log_softmax(g));
+        kl += p
+            .iter()
+            .zip(&q)
+            .map(|(a, b)| a.exp() * (a - b))
+            .sum::<f64>();
+        top1 += (argmax(w) == argmax(g)) as usize;
+    }
+    (max, kl / n as f64, top1 as f64 / n as f64)
+}
+
+/// Exports a freshly initialised student of `model_table` (tokenizer `tokenizer`: "teacher" for
+/// SmolLM2's, or a tokenizer.json) in each file type and checks each file in llama.cpp.
+fn check(tag: &str, model_table: &str, tokenizer: &str) {
+    let dir = std::env::temp_dir().join(format!("k3mini-llama-{tag}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let model = checkpoint_with(&dir.join("run"), model_table, tokenizer);
+    let ck = open_checkpoint(&dir.join("run")).unwrap();
+    let vocab = ck.plan.model.vocab_size;
+    let ids = k3mini::teachers::student_tokenizer(&ck.plan.data.tokenizer)
+        .unwrap()
+        .encode(TEXT)
+        .unwrap();
+    let tokens: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+    let tokens =
+        Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &Device::default());
+    let out = model.forward_with(tokens, None);
+    let want: Vec<f32> = out.logits.into_data().try_into_vec().unwrap();
+    // Measured on these students: F32 max |Δ| ≤ 3.1e-4 and KL ≤ 5.6e-10; Q8_0 KL ≤ 1.2e-5,
+    // Q4_K_M ≤ 4.8e-4 (random weights give flat logits, so top-1 is no gate for quantised files).
+    for (ftype, max_kl) in [
+        (FileType::F32, 1e-8),
+        (FileType::Q8_0, 1e-4),
+        (FileType::Q4KM, 5e-3),
+    ] {
+        let path = dir.join(format!("{ftype:?}.gguf"));
+        export_gguf(&ck, ftype, None, &path).unwrap();
+        let cpp = LlamaCppModel::load(&path, Placement::Cpu { threads: 2 }).unwrap();
+        assert_eq!(
+            cpp.tokenize(TEXT).unwrap(),
+            ids,
+            "{tag} {ftype:?}: tokenisation"
+        );
+        let (got, routing) = cpp.forward(&ids, true).unwrap();
+        let (max, kl, top1) = compare(&want, &got, vocab);
+        eprintln!("{tag} {ftype:?}: max |Δ logit| {max:.2e}, KL {kl:.2e}, top-1 {top1:.3}");
+        assert!(kl < max_kl, "{tag} {ftype:?}: KL {kl}");
+        if ftype == FileType::F32 {
+            // llama.cpp's F32 arithmetic (as scripts/interop/check_gguf.py's default --tol).
+            assert!(max < 5e-4, "{tag} F32: max |Δ logit| {max}");
+            assert_eq!(top1, 1.0, "{tag} F32: top-1");
+            check_routing(tag, &out.routing, routing);
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// llama.cpp's routing of every token (read through its graph hooks) against k3mini's router:
+/// the same experts, best first, and the same weights.
+fn check_routing(
+    tag: &str,
+    want: &[k3mini_student::moe::Route],
+    got: Option<k3mini_teacher::routing::Routing>,
+) {
+    let Some(got) = got else {
+        assert!(want.is_empty(), "{tag}: llama.cpp routed nothing");
+        return;
+    };
+    let layers: Vec<usize> = got.layers.iter().map(|l| l.layer).collect();
+    assert_eq!(
+        layers,
+        want.iter().map(|r| r.layer).collect::<Vec<_>>(),
+        "{tag}: routed layers"
+    );
+    let mut worst = 0f32;
+    for (g, w) in got.layers.iter().zip(want) {
+        assert_eq!(g.k, w.k, "{tag} layer {}: k", w.layer);
+        assert_eq!(g.experts, w.experts, "{tag} layer {}: experts", w.layer);
+        let weights: Vec<f32> = w.weights.clone().into_data().try_into_vec().unwrap();
+        for (a, b) in g.weights.iter().zip(&weights) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    eprintln!(
+        "{tag}: routing matches over {} layers, max |Δ weight| {worst:.2e}",
+        got.layers.len()
+    );
+    // The router's inputs carry llama.cpp's F32 rounding (above), scaled by γ = 2.446.
+    assert!(worst < 2e-4, "{tag}: routing weights differ by {worst}");
+}
+
+#[test]
+fn llama_cpp_runs_the_dense_kimi_linear_export() {
+    check("dense", DENSE, "teacher");
+}
+
+#[test]
+fn llama_cpp_runs_the_moe_kimi_linear_export_and_routes_as_k3mini() {
+    check("moe", MOE, "teacher");
+}
+
+#[test]
+fn llama_cpp_runs_the_kimi_k3_export() {
+    check("k3", K3, "teacher");
+}
+
+#[test]
+fn llama_cpp_runs_the_kimi_k3_latent_moe_export_and_routes_as_k3mini() {
+    check("k3moe", K3_MOE, "teacher");
+}
+
+#[test]
+fn llama_cpp_runs_an_export_with_its_own_tokenizer() {
+    let bpe = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/recipes/corpus/shakespeare-bpe4k.json"
+    );
+    check(
+        "own",
+        "preset = \"tiny\"\nvocab_size = 4096\nd_model = 64",
+        bpe,
+    );
+}
