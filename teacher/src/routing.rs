@@ -21,15 +21,3 @@ pub struct LayerRouting {
     /// `[tokens, k]`: the weight each chosen expert's output is multiplied by.
     pub weights: Vec<f32>,
 }
-
-impl LayerRouting {
-    pub fn tokens(&self) -> usize {
-        self.experts.len() / self.k.max(1)
-    }
-
-    /// Token `t`'s experts and weights.
-    pub fn token(&self, t: usize) -> (&[u32], &[f32]) {
-        let r = t * self.k..(t + 1) * self.k;
-        (&self.experts[r.clone()], &self.weights[r])
-    }
-}
