@@ -72,6 +72,9 @@ pub struct Route {
     pub experts: Vec<u32>,
     /// `[N, k]`: their weights `w_e`.
     pub weights: Tensor<2>,
+    /// `[N, k]`: the norms ‖Expert_e(x)‖₂ of the chosen experts' outputs (before `w_e`; in the
+    /// latent space for LatentMoE), REAP's saliency factor. Detached: statistics, not a loss.
+    pub norms: Tensor<2>,
 }
 
 impl Moe {
@@ -152,19 +155,14 @@ impl Moe {
             slots[ex as usize].push(flat as i64);
         }
         let load: ExpertLoad = tokens.iter().map(Vec::len).collect();
-        let route = Route {
-            layer: 0,
-            k,
-            experts: ids_host.iter().map(|&e| e as u32).collect(),
-            weights: weights.clone(),
-        };
+        let mut norms = Tensor::<1>::zeros([n * k], &device);
 
         let latent_in = match &self.latent_down_proj {
             Some(p) => self.precision.linear(p, h.clone()),
             None => h.clone(),
         };
         let d_in = latent_in.dims()[1];
-        let flat_weights = weights.reshape([n * k]);
+        let flat_weights = weights.clone().reshape([n * k]);
         let mut routed = Tensor::<2>::zeros([n, d_in], &device);
         let [_, two_i, _] = self.experts.gate_up_proj.dims();
         for ex in 0..e {
@@ -194,10 +192,24 @@ impl Moe {
                 .val()
                 .narrow(0, ex, 1)
                 .reshape([d_in, two_i / 2]);
-            let ys = self.precision.matmul(hidden, down.transpose())
-                * flat_weights.clone().select(0, slot).unsqueeze_dim::<2>(1);
+            let out = self.precision.matmul(hidden, down.transpose()); // [n_e, d_in]
+            let norm = out.clone().detach().powi_scalar(2).sum_dim(1).sqrt(); // [n_e, 1]
+            norms = norms.select_assign(
+                0,
+                slot.clone(),
+                norm.reshape([tokens[ex].len()]),
+                IndexingUpdateOp::Add,
+            );
+            let ys = out * flat_weights.clone().select(0, slot).unsqueeze_dim::<2>(1);
             routed = routed.select_assign(0, tok, ys, IndexingUpdateOp::Add);
         }
+        let route = Route {
+            layer: 0,
+            k,
+            experts: ids_host.iter().map(|&e| e as u32).collect(),
+            weights,
+            norms: norms.reshape([n, k]),
+        };
         let mut y = match (&self.latent_norm, &self.latent_up_proj) {
             (Some(norm), Some(up)) => self.precision.linear(up, norm.forward(routed)),
             _ => routed,

@@ -2,7 +2,7 @@
 //! MoE Kimi Linear students, of students with K3 features (llama.cpp's `kimi-k3`), and of one with
 //! its own tokenizer. llama.cpp must tokenise text as k3mini does, compute k3mini's logits (F32
 //! to float rounding; quantised files to the quantisation's error), and route every token of a
-//! MoE student to the experts k3mini's router picks, with its weights.
+//! MoE student to the experts k3mini's router picks, with its weights and output norms.
 //! (scripts/interop/check_gguf.py makes the same checks in llama-cpp-python, for the record.)
 use crate::export::checkpoint_with;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -110,7 +110,7 @@ fn check(tag: &str, model_table: &str, tokenizer: &str) {
 }
 
 /// llama.cpp's routing of every token (read through its graph hooks) against k3mini's router:
-/// the same experts, best first, and the same weights.
+/// the same experts, best first, the same weights, and the same norms of the experts' outputs.
 fn check_routing(
     tag: &str,
     want: &[k3mini_student::moe::Route],
@@ -126,7 +126,7 @@ fn check_routing(
         want.iter().map(|r| r.layer).collect::<Vec<_>>(),
         "{tag}: routed layers"
     );
-    let mut worst = 0f32;
+    let (mut worst, mut worst_norm) = (0f32, 0f32);
     for (g, w) in got.layers.iter().zip(want) {
         assert_eq!(g.k, w.k, "{tag} layer {}: k", w.layer);
         assert_eq!(g.experts, w.experts, "{tag} layer {}: experts", w.layer);
@@ -134,13 +134,27 @@ fn check_routing(
         for (a, b) in g.weights.iter().zip(&weights) {
             worst = worst.max((a - b).abs());
         }
+        let norms: Vec<f32> = w.norms.clone().into_data().try_into_vec().unwrap();
+        assert_eq!(g.norms.len(), norms.len(), "{tag} layer {}: norms", w.layer);
+        for (a, b) in g.norms.iter().zip(&norms) {
+            assert!(*b > 0.0, "{tag} layer {}: an expert's output is 0", w.layer);
+            worst_norm = worst_norm.max((a - b).abs() / b);
+        }
     }
     eprintln!(
-        "{tag}: routing matches over {} layers, max |Δ weight| {worst:.2e}",
+        "{tag}: routing matches over {} layers, max |Δ weight| {worst:.2e}, max relative |Δ \
+         output norm| {worst_norm:.2e}",
         got.layers.len()
     );
-    // The router's inputs carry llama.cpp's F32 rounding (above), scaled by γ = 2.446.
+    // The router's inputs carry llama.cpp's F32 rounding (above), scaled by γ = 2.446; the
+    // experts' inputs the same, so their outputs' norms differ by a few 1e-4 relative throughout
+    // (measured: at most 4.0e-4 and 6.3e-4), where reading the wrong tensor (the weighted
+    // outputs, another layer's) is off by tens of percent.
     assert!(worst < 2e-4, "{tag}: routing weights differ by {worst}");
+    assert!(
+        worst_norm < 2e-3,
+        "{tag}: experts' output norms differ by {worst_norm} (relative)"
+    );
 }
 
 #[test]

@@ -556,8 +556,9 @@ fn the_server_stays_available_under_load() {
 #[test]
 fn a_request_past_its_time_limit_is_stopped() {
     // ~4000 greedy tokens take minutes on these CPUs: stopped at the limit, with a 504, and the
-    // model is free for the next request (which gets the same 3 s, on a machine other tests load).
-    let server = start_with(&["--request-timeout", "3"]);
+    // model is free for the next request. That one gets the same limit, queueing included, on a
+    // 2-core machine other tests load: 3 s was once too little for its 2 tokens there.
+    let server = start_with(&["--request-timeout", "10"]);
     let long = r#"{"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0, "ignore_eos": true}"#;
     let t0 = std::time::Instant::now();
     let (status, v) = raw(&server.url, "POST", "/v1/completions", long);
@@ -570,7 +571,7 @@ fn a_request_past_its_time_limit_is_stopped() {
             .contains("time limit"),
         "{v}"
     );
-    assert!(took < Duration::from_secs(15), "stopped after {took:?}");
+    assert!(took < Duration::from_secs(30), "stopped after {took:?}");
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
     assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
 }

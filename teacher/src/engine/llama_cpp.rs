@@ -10,6 +10,7 @@ use crate::engine::{Limits, Model, Session};
 use crate::routing::{LayerRouting, Routing};
 use llama_cpp_sys_2 as sys;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, Once};
@@ -85,8 +86,22 @@ pub struct LlamaCppModel {
     n_vocab: usize,
     context: usize,
     threads: i32,
-    /// One context computes at a time: each already uses every thread it is given.
-    compute: Mutex<()>,
+    /// One context computes at a time (each already uses every thread it is given); between
+    /// sequences the last one waits here for the next of its length, since making a context (its
+    /// KV cache, its scheduler's buffers) costs as much as scoring a dozen tokens.
+    compute: Mutex<Option<Idle>>,
+}
+
+/// A context no sequence holds, its memory cleared before it is lent again.
+struct Idle {
+    ctx: *mut sys::llama_context,
+    n_ctx: u32,
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        unsafe { sys::llama_free(self.ctx) }
+    }
 }
 
 // SAFETY: a llama_model is read-only once loaded and llama.cpp allows contexts on several
@@ -96,6 +111,8 @@ unsafe impl Sync for LlamaCppModel {}
 
 impl Drop for LlamaCppModel {
     fn drop(&mut self) {
+        // Contexts before their model.
+        drop(self.compute.get_mut().map(Option::take));
         unsafe { sys::llama_model_free(self.model) }
     }
 }
@@ -146,7 +163,7 @@ impl LlamaCppModel {
             n_vocab: n_vocab.max(0) as usize,
             context: context.max(0) as usize,
             threads,
-            compute: Mutex::new(()),
+            compute: Mutex::new(None),
         };
         if n_vocab <= 0 || context <= 1 {
             return Err(err(format!(
@@ -188,21 +205,48 @@ impl LlamaCppModel {
         Ok(out[..n as usize].iter().map(|&t| t as u32).collect())
     }
 
-    /// A context for one sequence of up to `len` ids, recording the MoE routing when `routing`.
+    /// A context for one sequence of up to `len` ids, recording the MoE routing when `routing`
+    /// (a fresh one: llama.cpp holds the address of what it records into).
     fn context(&self, len: usize, routing: bool) -> Result<Context<'_>, TeacherError> {
-        let guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
-        let mut capture = Box::new(Capture::default());
+        let mut guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
+        let n_ctx = len.clamp(1, self.context) as u32;
+        let mut capture = routing.then(Box::<Capture>::default);
+        let ctx = match guard.take() {
+            Some(idle) if idle.n_ctx == n_ctx && !routing => {
+                let ctx = std::mem::ManuallyDrop::new(idle).ctx;
+                unsafe { sys::llama_memory_clear(sys::llama_get_memory(ctx), true) };
+                ctx
+            }
+            _ => self.new_context(n_ctx, capture.as_deref_mut())?,
+        };
+        Ok(Context {
+            model: self,
+            ctx,
+            n_ctx,
+            batch: unsafe { sys::llama_batch_init(CHUNK as i32, 0, 1) },
+            pos: 0,
+            capture,
+            failed: false,
+            compute: guard,
+        })
+    }
+
+    fn new_context(
+        &self,
+        n_ctx: u32,
+        capture: Option<&mut Capture>,
+    ) -> Result<*mut sys::llama_context, TeacherError> {
         let mut params = unsafe { sys::llama_context_default_params() };
-        params.n_ctx = len.clamp(1, self.context) as u32;
+        params.n_ctx = n_ctx;
         params.n_batch = CHUNK as u32;
         params.n_ubatch = CHUNK as u32;
         params.n_seq_max = 1;
         params.n_threads = self.threads;
         params.n_threads_batch = self.threads;
         params.no_perf = true;
-        if routing {
+        if let Some(capture) = capture {
             params.cb_eval = Some(observe);
-            params.cb_eval_user_data = (&raw mut *capture).cast();
+            params.cb_eval_user_data = std::ptr::from_mut(capture).cast();
         }
         take_log();
         let ctx = unsafe { sys::llama_init_from_model(self.model, params) };
@@ -212,14 +256,7 @@ impl LlamaCppModel {
                 message: format!("llama.cpp could not make a context: {}", take_log()),
             });
         }
-        Ok(Context {
-            model: self,
-            ctx,
-            batch: unsafe { sys::llama_batch_init(CHUNK as i32, 0, 1) },
-            pos: 0,
-            capture,
-            _compute: guard,
-        })
+        Ok(ctx)
     }
 
     /// Logits `[ids.len(), vocab]` of every position of `ids`, and the MoE router's choices for
@@ -235,9 +272,17 @@ impl LlamaCppModel {
             logits.extend(ctx.feed(piece)?);
         }
         let routes = match routing {
-            true => ctx.capture.finish(ids.len()).map_err(|e| {
-                TeacherError::Request(format!("{}: llama.cpp's routing: {e}", self.path.display()))
-            })?,
+            true => ctx
+                .capture
+                .as_mut()
+                .expect("asked for")
+                .finish(ids.len())
+                .map_err(|e| {
+                    TeacherError::Request(format!(
+                        "{}: llama.cpp's routing: {e}",
+                        self.path.display()
+                    ))
+                })?,
             false => None,
         };
         Ok((logits, routes))
@@ -262,18 +307,26 @@ impl Model for LlamaCppModel {
 struct Context<'a> {
     model: &'a LlamaCppModel,
     ctx: *mut sys::llama_context,
+    n_ctx: u32,
     batch: sys::llama_batch,
     pos: i32,
-    /// Boxed: llama.cpp holds its address while the context lives.
-    capture: Box<Capture>,
-    _compute: MutexGuard<'a, ()>,
+    /// The routing being recorded. Boxed: llama.cpp holds its address while the context lives.
+    capture: Option<Box<Capture>>,
+    /// A decode failed: the context is freed, not lent again.
+    failed: bool,
+    compute: MutexGuard<'a, Option<Idle>>,
 }
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
-        unsafe {
-            sys::llama_batch_free(self.batch);
-            sys::llama_free(self.ctx);
+        unsafe { sys::llama_batch_free(self.batch) };
+        let idle = Idle {
+            ctx: self.ctx,
+            n_ctx: self.n_ctx,
+        };
+        // A recording context keeps the callback's pointer to its capture: never lent again.
+        if self.capture.is_none() && !self.failed {
+            *self.compute = Some(idle);
         }
     }
 }
@@ -297,6 +350,7 @@ impl Session for Context<'_> {
         take_log();
         let status = unsafe { sys::llama_decode(self.ctx, self.batch) };
         if status != 0 {
+            self.failed = true;
             return Err(TeacherError::Request(format!(
                 "llama.cpp could not decode {n} tokens at position {} (status {status}): {}",
                 self.pos,
@@ -309,6 +363,7 @@ impl Session for Context<'_> {
         for i in 0..n {
             let row = unsafe { sys::llama_get_logits_ith(self.ctx, i as i32) };
             if row.is_null() {
+                self.failed = true;
                 return Err(TeacherError::Request(format!(
                     "llama.cpp returned no logits for position {}",
                     self.pos as usize - n + i
@@ -323,17 +378,18 @@ impl Session for Context<'_> {
 /// The routing tensors of the graph llama.cpp evaluates, per layer, in evaluation order.
 #[derive(Default)]
 struct Capture {
-    /// Per layer: the chosen experts `[tokens, k]` and their weights `[tokens, k]`.
-    layers: std::collections::BTreeMap<usize, (Vec<i32>, Vec<f32>, usize)>,
-    /// Within one micro-batch: each layer's latest weights (llama.cpp renormalises and scales
-    /// them in steps, each its own tensor; the last is what multiplies the experts).
-    pending: std::collections::BTreeMap<usize, Vec<f32>>,
+    /// Per layer: the record so far, micro-batch after micro-batch.
+    layers: BTreeMap<usize, LayerRouting>,
+    /// Within one micro-batch: each layer's latest weights and output norms (llama.cpp
+    /// renormalises and scales the weights, and scales and biases the outputs, in steps, each its
+    /// own tensor; the last of each is what the layer goes on with).
+    pending: BTreeMap<usize, (Option<Vec<f32>>, Option<Vec<f32>>)>,
     /// A tensor of an unexpected type or shape: reported instead of guessed at.
     error: Option<String>,
 }
 
 /// llama.cpp's names for the router's outputs (src/llama-graph.cpp, `build_moe_ffn`): the
-/// experts chosen, then the weights as each step leaves them.
+/// experts chosen, the weights as each step leaves them, and the experts' outputs likewise.
 const TOPK: &str = "ffn_moe_topk";
 const WEIGHTS: [&str; 4] = [
     "ffn_moe_weights",
@@ -341,6 +397,7 @@ const WEIGHTS: [&str; 4] = [
     "ffn_moe_weights_norm",
     "ffn_moe_weights_scaled",
 ];
+const OUTPUTS: [&str; 3] = ["ffn_moe_down", "ffn_moe_down_scaled", "ffn_moe_down_biased"];
 
 /// `name-N` → (name, N).
 fn layer_tensor(name: &str) -> Option<(&str, usize)> {
@@ -350,51 +407,76 @@ fn layer_tensor(name: &str) -> Option<(&str, usize)> {
 
 impl Capture {
     fn wants(name: &str) -> bool {
-        layer_tensor(name).is_some_and(|(base, _)| base == TOPK || WEIGHTS.contains(&base))
+        layer_tensor(name).is_some_and(|(base, _)| {
+            base == TOPK || WEIGHTS.contains(&base) || OUTPUTS.contains(&base)
+        })
     }
 
     fn record(&mut self, name: &str, t: &sys::ggml_tensor) {
         let Some((base, layer)) = layer_tensor(name) else {
             return;
         };
-        // [k, tokens] for the experts; [1, k, tokens] or [k, tokens] for the weights.
+        // Rows of `width` values, `[tokens, k]` of them: the experts `[k, tokens]`, the weights
+        // `[1, k, tokens]` or `[k, tokens]`, the outputs `[d, k, tokens]`.
         let ne = t.ne;
-        let (k, tokens, rest) = if base != TOPK && ne[0] == 1 {
-            (ne[1], ne[2], ne[3])
-        } else {
-            (ne[0], ne[1], ne[2] * ne[3])
+        let (width, k, tokens, rest) = match base {
+            TOPK => (1, ne[0], ne[1], ne[2] * ne[3]),
+            _ if OUTPUTS.contains(&base) || ne[0] == 1 => (ne[0], ne[1], ne[2], ne[3]),
+            _ => (1, ne[0], ne[1], ne[2] * ne[3]),
         };
-        let expected = if base == TOPK {
-            sys::GGML_TYPE_I32
-        } else {
-            sys::GGML_TYPE_F32
+        let expected = match base {
+            TOPK => sys::GGML_TYPE_I32,
+            _ => sys::GGML_TYPE_F32,
         };
-        if t.type_ != expected || rest != 1 || k < 1 || tokens < 1 {
+        if t.type_ != expected || rest != 1 || width < 1 || k < 1 || tokens < 1 {
             self.error
                 .get_or_insert_with(|| format!("{name}: type {} shape {ne:?}", t.type_));
             return;
         }
-        let k = k as usize;
-        let values = read_4byte(t);
+        let n = (k * tokens) as usize;
         if base == TOPK {
-            // The micro-batch's last weights for this layer belong to its previous experts.
+            // The micro-batch's last weights and norms for this layer belong to its previous
+            // experts.
             self.flush(layer);
-            let entry = self.layers.entry(layer).or_insert((vec![], vec![], k));
-            entry
-                .0
-                .extend(values.iter().map(|v| i32::from_ne_bytes(*v)));
+            let mut values = Vec::with_capacity(n);
+            read_rows(t, |row| {
+                values.extend(row.iter().map(|v| i32::from_ne_bytes(*v) as u32))
+            });
+            let entry = self.layers.entry(layer).or_insert(LayerRouting {
+                layer,
+                k: k as usize,
+                experts: vec![],
+                weights: vec![],
+                norms: vec![],
+            });
+            entry.experts.extend(values);
+        } else if OUTPUTS.contains(&base) {
+            let mut values = Vec::with_capacity(n);
+            read_rows(t, |row| {
+                let sq: f64 = row
+                    .iter()
+                    .map(|v| f32::from_ne_bytes(*v) as f64)
+                    .map(|x| x * x)
+                    .sum();
+                values.push(sq.sqrt() as f32)
+            });
+            self.pending.entry(layer).or_default().1 = Some(values);
         } else {
-            let floats = values.iter().map(|v| f32::from_ne_bytes(*v)).collect();
-            self.pending.insert(layer, floats);
+            let mut values = Vec::with_capacity(n);
+            read_rows(t, |row| {
+                values.extend(row.iter().map(|v| f32::from_ne_bytes(*v)))
+            });
+            self.pending.entry(layer).or_default().0 = Some(values);
         }
     }
 
-    /// Moves `layer`'s pending weights into its record.
+    /// Moves `layer`'s pending weights and norms into its record.
     fn flush(&mut self, layer: usize) {
-        if let Some(w) = self.pending.remove(&layer)
+        if let Some((weights, norms)) = self.pending.remove(&layer)
             && let Some(entry) = self.layers.get_mut(&layer)
         {
-            entry.1.extend(w);
+            entry.weights.extend(weights.unwrap_or_default());
+            entry.norms.extend(norms.unwrap_or_default());
         }
     }
 
@@ -410,35 +492,29 @@ impl Capture {
         if self.layers.is_empty() {
             return Ok(None);
         }
-        let layers = std::mem::take(&mut self.layers);
-        let layers = layers
-            .into_iter()
-            .map(|(layer, (experts, weights, k))| {
-                if experts.len() != tokens * k || weights.len() != experts.len() {
-                    return Err(format!(
-                        "layer {layer}: {} experts and {} weights for {tokens} tokens at k = {k}",
-                        experts.len(),
-                        weights.len()
-                    ));
-                }
-                let experts = experts.into_iter().map(|e| e as u32).collect();
-                Ok(LayerRouting {
-                    layer,
-                    k,
-                    experts,
-                    weights,
-                })
-            })
-            .collect::<Result<_, _>>()?;
+        let layers: Vec<LayerRouting> = std::mem::take(&mut self.layers).into_values().collect();
+        for l in &layers {
+            let n = tokens * l.k;
+            if l.experts.len() != n || l.weights.len() != n || l.norms.len() != n {
+                return Err(format!(
+                    "layer {}: {} experts, {} weights and {} output norms for {tokens} tokens at \
+                     k = {}",
+                    l.layer,
+                    l.experts.len(),
+                    l.weights.len(),
+                    l.norms.len(),
+                    l.k
+                ));
+            }
+        }
         Ok(Some(Routing { layers }))
     }
 }
 
-/// A 4-byte-element tensor's values in row-major order, read through its strides (llama.cpp's
-/// top-k is a view into the full argsort) from whichever backend holds it.
-fn read_4byte(t: &sys::ggml_tensor) -> Vec<[u8; 4]> {
+/// A 4-byte-element tensor's rows (`ne[0]` values each) in row-major order, read through its
+/// strides (llama.cpp's top-k is a view into the full argsort) from whichever backend holds it.
+fn read_rows(t: &sys::ggml_tensor, mut each: impl FnMut(&[[u8; 4]])) {
     let [n0, n1, n2, n3] = t.ne.map(|n| n.max(0) as usize);
-    let mut out = Vec::with_capacity(n0 * n1 * n2 * n3);
     let mut row = vec![[0u8; 4]; n0];
     for i3 in 0..n3 {
         for i2 in 0..n2 {
@@ -466,11 +542,10 @@ fn read_4byte(t: &sys::ggml_tensor) -> Vec<[u8; 4]> {
                         };
                     }
                 }
-                out.extend_from_slice(&row);
+                each(&row);
             }
         }
     }
-    out
 }
 
 /// llama.cpp's evaluation callback: asked first whether a node is wanted, then called with it

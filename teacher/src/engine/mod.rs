@@ -52,6 +52,45 @@ fn keep_top(
     logprob(row[id as usize])
 }
 
+/// [`keep_top`] of every row of `rows` (`[targets.len(), vocab]`), each with its target, into
+/// `out`: the rows split across the machine's threads, since the engine waits on them and on a
+/// small teacher they cost a real share of its forward (7% for SmolLM2-135M on llama.cpp).
+fn keep_top_rows(rows: &[f32], targets: &[u32], out: &mut Scored) {
+    let (n, k) = (targets.len(), out.k);
+    if n == 0 {
+        return;
+    }
+    let vocab = rows.len() / n;
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let per = n.div_ceil(threads.min(n));
+    let parts: Vec<(Vec<u32>, Vec<f32>, Vec<f32>)> = std::thread::scope(|s| {
+        let work = rows.chunks(per * vocab).zip(targets.chunks(per));
+        let handles: Vec<_> = work
+            .map(|(rows, targets)| {
+                s.spawn(move || {
+                    let mut ids = Vec::with_capacity(targets.len() * k);
+                    let mut lps = Vec::with_capacity(targets.len() * k);
+                    let target_lps = rows
+                        .chunks_exact(vocab)
+                        .zip(targets)
+                        .map(|(row, &id)| keep_top(row, k, id, &mut ids, &mut lps))
+                        .collect();
+                    (ids, lps, target_lps)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a scoring thread panicked"))
+            .collect()
+    });
+    for (ids, lps, target_lps) in parts {
+        out.top_ids.extend(ids);
+        out.top_logprobs.extend(lps);
+        out.target_logprobs.extend(target_lps);
+    }
+}
+
 /// Scores `ids` at top-`k` and/or generates after them, with one prefill for both (a vLLM
 /// request with `prompt_logprobs` and `max_tokens ≥ 1` needs both), until `interrupt` says stop
 /// (checked between prefill chunks and generated tokens).
@@ -110,19 +149,12 @@ pub fn run(
     for piece in fed.chunks(chunk) {
         check()?;
         last = session.feed(piece)?;
-        for row in last.chunks_exact(vocab) {
-            if let Some(out) = scored.as_mut().filter(|_| t + 1 < ids.len()) {
-                let lp = keep_top(
-                    row,
-                    out.k,
-                    ids[t + 1],
-                    &mut out.top_ids,
-                    &mut out.top_logprobs,
-                );
-                out.target_logprobs.push(lp);
-            }
-            t += 1;
+        if let Some(out) = scored.as_mut() {
+            // Each position's target is the next id; the prompt's last has none.
+            let targets = &ids[t + 1..(t + 1 + piece.len()).min(ids.len())];
+            keep_top_rows(&last[..targets.len() * vocab], targets, out);
         }
+        t += piece.len();
     }
     let Some(params) = params else {
         return Ok((scored, None));

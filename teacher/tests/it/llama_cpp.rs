@@ -55,6 +55,26 @@ fn llama_cpp_scores_as_transformers_and_the_burn_teacher_do() {
 }
 
 #[test]
+fn a_context_lent_again_scores_as_a_fresh_one() {
+    // Its own model: the first request makes the context the second is lent (memory cleared),
+    // and a parallel test on the shared teacher could otherwise take it in between.
+    let t = open(&smollm2_gguf()).unwrap();
+    let g = golden();
+    let cases = g["scored"].as_array().unwrap();
+    let (a, b) = (ids(&cases[0]["ids"]), ids(&cases[1]["ids"]));
+    assert_ne!(a.len(), b.len(), "two lengths: two contexts");
+    let fresh = t.score(&a, 8).unwrap();
+    assert_eq!(
+        t.score(&a, 8).unwrap(),
+        fresh,
+        "the same context, lent again"
+    );
+    let b_fresh = t.score(&b, 8).unwrap();
+    assert_eq!(t.score(&a, 8).unwrap(), fresh, "after another length");
+    assert_eq!(t.score(&b, 8).unwrap(), b_fresh);
+}
+
+#[test]
 fn llama_cpp_generates_what_its_own_scoring_predicts() {
     let t = cpp();
     let prompt = ids(&golden()["greedy"]["prompt_ids"]);

@@ -2,5 +2,6 @@
 mod http;
 #[cfg(feature = "llama-cpp")]
 mod llama_cpp;
+mod routing_wire;
 mod smollm2;
 mod top_k;

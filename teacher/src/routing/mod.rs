@@ -1,6 +1,9 @@
 //! A MoE model's routing decisions, token by token: per routed layer, the experts its router chose
-//! for each token and the weights their outputs were mixed with. What the llama.cpp engine reads
-//! from the graph ([`crate::engine::llama_cpp`]) and what routing statistics are built from.
+//! for each token, the weights their outputs were mixed with, and those outputs' norms. What the
+//! llama.cpp engine reads from the graph ([`crate::engine::llama_cpp`]) and what routing
+//! statistics are built from. [`wire`]: the expert ids served engines return.
+
+pub mod wire;
 
 /// One sequence's routing.
 #[derive(Clone, Debug, PartialEq)]
@@ -20,4 +23,8 @@ pub struct LayerRouting {
     pub experts: Vec<u32>,
     /// `[tokens, k]`: the weight each chosen expert's output is multiplied by.
     pub weights: Vec<f32>,
+    /// `[tokens, k]`: the L2 norm of each chosen expert's output before its weight (REAP's
+    /// ‖f_j(x)‖₂; where a graph weights the experts' inputs instead, as Llama 4's does, the
+    /// output of the weighted input).
+    pub norms: Vec<f32>,
 }
