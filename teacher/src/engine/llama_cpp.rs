@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, Once};
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
 /// Ids per `llama_decode` (its batch and micro-batch): scoring throughput levels off here.
 pub const CHUNK: usize = 512;
@@ -112,7 +112,11 @@ unsafe impl Sync for LlamaCppModel {}
 impl Drop for LlamaCppModel {
     fn drop(&mut self) {
         // Contexts before their model.
-        drop(self.compute.get_mut().map(Option::take));
+        let idle = self
+            .compute
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(idle.take());
         unsafe { sys::llama_model_free(self.model) }
     }
 }
