@@ -50,8 +50,13 @@ fn parted_doc(
         }
         (RawDoc::Chat(_), None) => unreachable!("only chat sources yield conversations"),
     };
-    // The key is the reader's to set.
-    Ok((ids.len() >= 2).then_some(CorpusDoc { key: 0, ids, parts }))
+    // The key and source are the reader's to set.
+    Ok((ids.len() >= 2).then_some(CorpusDoc {
+        key: 0,
+        source: 0,
+        ids,
+        parts,
+    }))
 }
 
 /// A document as training reads it: a chat trains on the parts `train_on` names.
@@ -79,7 +84,8 @@ fn tokenize<T: 'static>(
     let templates: Vec<Option<ChatFormat>> = data.sources.iter().map(|s| s.chat).collect();
     let (tokenizer, eos) = (tokenizer.clone(), end_of_text(tokenizer));
     Ok(Arc::new(move |i, raw, place| {
-        Ok(parted_doc(raw, templates[i], &tokenizer, eos, place)?.map(&finish))
+        let doc = parted_doc(raw, templates[i], &tokenizer, eos, place)?;
+        Ok(doc.map(|d| finish(CorpusDoc { source: i, ..d })))
     }))
 }
 
@@ -145,6 +151,20 @@ pub fn tokenized_documents(data: &DataPlan, tokenizer: &Tokenizer) -> Result<Vec
         );
     }
     Ok(docs)
+}
+
+/// The plan's sources by name, in order: each one's file or directory name (its path where that
+/// is empty). Reports group a corpus's documents by them.
+pub fn source_names(data: &DataPlan) -> Vec<String> {
+    data.sources
+        .iter()
+        .map(|s| {
+            s.path.file_name().map_or_else(
+                || s.path.display().to_string(),
+                |n| n.to_string_lossy().into(),
+            )
+        })
+        .collect()
 }
 
 /// SHA-256 of what the plan's corpus is, cheaply: each source's settings and its files' names and

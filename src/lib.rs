@@ -10,6 +10,7 @@ pub mod evaluate;
 pub mod export;
 pub mod quickstart;
 pub mod recipe;
+pub mod routing;
 pub mod run_dir;
 pub mod teachers;
 pub mod train;

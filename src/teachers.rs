@@ -5,8 +5,8 @@
 use crate::device::DeviceList;
 use crate::error::Result;
 use crate::recipe::{
-    DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RunPlan, TeacherSource,
-    TokenizerSpec,
+    DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RoutingPlan, RunPlan,
+    TeacherSource, TokenizerSpec,
 };
 use k3mini_data::Tokenizer;
 use k3mini_data::chat::{Message, Role, check_markers, render};
@@ -96,11 +96,13 @@ pub fn student_tokenizer(spec: &TokenizerSpec) -> Result<Tokenizer> {
 
 /// The plan's teacher, checked to agree with the student's tokenizer: a local teacher's GGUF
 /// vocabulary has the student's fingerprint, a served one tokenizes a probe text as the student
-/// does (and its ids are read through the student's vocabulary).
+/// does (and its ids are read through the student's vocabulary). With `routing`, it returns each
+/// scored sequence's routing as the plan's `teacher.routing` says.
 pub fn plan_teacher(
     distill: &DistillPlan,
     devices: &DeviceList,
     student: &Tokenizer,
+    routing: Option<&RoutingPlan>,
 ) -> Result<Arc<dyn Teacher + Send + Sync>> {
     let mismatch = |what: &str| {
         crate::refused!(
@@ -113,11 +115,14 @@ pub fn plan_teacher(
         TeacherSource::Local { model, engine } => {
             let file = local_model_path(model)?;
             // A local teacher runs on the stage's main device.
-            let local = open_local(&file, *engine, devices)?;
+            let mut local = open_local(&file, *engine, devices)?;
             if student.fingerprint() != local.tokenizer.fingerprint() {
                 return Err(mismatch(
                     "their id → token tables have different fingerprints",
                 ));
+            }
+            if routing.is_some() {
+                local = local.record_routing()?;
             }
             Arc::new(local)
         }
@@ -131,6 +136,10 @@ pub fn plan_teacher(
             let opts = ClientOptions {
                 api: *api,
                 pieces,
+                routing: match routing {
+                    Some(RoutingPlan::Given { shape }) => Some(shape.clone()),
+                    _ => None,
+                },
                 ..Default::default()
             };
             let remote = HttpTeacher::connect(endpoints, student.vocab_size(), opts)?;
@@ -203,8 +212,8 @@ pub fn score_plan(
     on_progress: &mut dyn FnMut(ScoreProgress),
 ) -> Result<(Manifest<ScoreManifestJob>, PathBuf)> {
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
-    let teacher = plan_teacher(distill, &plan.devices, &tokenizer)?;
     let t = &distill.teacher;
+    let teacher = plan_teacher(distill, &plan.devices, &tokenizer, t.routing.as_ref())?;
     let job = ScoreJob {
         out_dir: out.unwrap_or_else(|| t.shards_dir.clone()),
         meta: ShardMeta {
@@ -219,6 +228,7 @@ pub fn score_plan(
         segments_per_shard: t.segments_per_shard,
         concurrency: t.concurrency,
         sources_sha256: crate::corpus::sources_sha256(&plan.data)?,
+        sources: crate::corpus::source_names(&plan.data),
     };
     let open = || {
         crate::corpus::scoring_corpus(&plan.data, &tokenizer)
@@ -239,7 +249,7 @@ pub fn generate_plan(
     on_progress: &mut dyn FnMut(GenerateProgress),
 ) -> Result<(Manifest<GenerateManifestJob>, PathBuf)> {
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
-    let teacher = plan_teacher(distill, &plan.devices, &tokenizer)?;
+    let teacher = plan_teacher(distill, &plan.devices, &tokenizer, None)?;
     let prompts = plan_prompts(&generate.prompts, &tokenizer, limit)?;
     // The turn ends at the template's end-of-turn marker (one id: check_markers made sure).
     let end_of_turn = tokenizer.encode_with_specials(generate.prompts.template.end_of_turn())?;

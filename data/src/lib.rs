@@ -13,6 +13,7 @@ mod parquet_io;
 pub mod pool;
 pub mod prompts;
 pub mod rng;
+pub mod routing;
 pub mod shards;
 pub mod signals;
 pub mod stream;

@@ -6,5 +6,6 @@
 
 pub mod memory;
 pub mod metrics;
+pub mod plots;
 pub mod report;
 pub mod tasks;

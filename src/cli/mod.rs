@@ -6,6 +6,7 @@ mod eval;
 mod export;
 mod model;
 mod recipe;
+mod routing;
 mod teacher;
 mod train;
 
@@ -67,6 +68,11 @@ enum Command {
         #[command(subcommand)]
         command: recipe::RecipeCommand,
     },
+    /// A MoE teacher's routing, harvested by `teacher score`: statistics and their report.
+    Routing {
+        #[command(subcommand)]
+        command: routing::RoutingCommand,
+    },
     /// Teachers: fetch the built-in one, ask it a question.
     Teacher {
         #[command(subcommand)]
@@ -115,6 +121,7 @@ pub fn main() -> ExitCode {
             .map_err(Into::into),
         Command::Data { command } => data::run(command),
         Command::Recipe { command } => recipe::run(command),
+        Command::Routing { command } => routing::run(command),
         Command::Teacher { command } => teacher::run(command),
         Command::Bench { command } => bench::run(command),
     };

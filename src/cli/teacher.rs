@@ -72,6 +72,11 @@ pub enum TeacherCommand {
         /// The engine that runs it: llama-cpp (any GGUF llama.cpp runs) or burn.
         #[arg(long, default_value_t)]
         engine: Engine,
+        /// Return a MoE teacher's routed experts as vLLM and SGLang do (the flag both take):
+        /// `choices[0].routed_experts` on every /v1/completions, `meta_info.routed_experts` on
+        /// /generate requests that set `return_routed_experts` (llama-cpp engine only).
+        #[arg(long)]
+        enable_return_routed_experts: bool,
     },
     /// Write a local teacher's tokenizer as tokenizer.json (for recipes that use a served teacher).
     Tokenizer {
@@ -133,8 +138,12 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             request_timeout,
             device,
             engine,
+            enable_return_routed_experts,
         } => {
-            let t = open_local(&resolve(&teacher)?, engine, &device)?;
+            let mut t = open_local(&resolve(&teacher)?, engine, &device)?;
+            if enable_return_routed_experts {
+                t = t.record_routing()?;
+            }
             let stop = Arc::new(AtomicBool::new(false));
             let on_ctrl_c = stop.clone();
             ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
@@ -254,6 +263,19 @@ fn score(
         bytes as f64 / positions.max(1) as f64,
         dir.display()
     );
+    let routed: u64 = manifest
+        .shards
+        .iter()
+        .filter_map(|s| s.routing.as_ref().map(|r| r.bytes))
+        .sum();
+    if manifest.job.routing.is_some() {
+        println!(
+            "routing shards beside them: {:.1} MB, {:.1} bytes/token (k3mini routing report {})",
+            routed as f64 / 1e6,
+            routed as f64 / positions.max(1) as f64,
+            dir.display()
+        );
+    }
     Ok(())
 }
 

@@ -17,6 +17,7 @@ use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
 use k3mini_teacher::local::Engine;
+use k3mini_teacher::routing::RoutingShape;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -137,6 +138,9 @@ pub struct TeacherPlan {
     pub logprob_step: Storage,
     /// Where `teacher score` writes its shards (absolute).
     pub shards_dir: PathBuf,
+    /// Whether `teacher score` harvests routing, and where the teacher's routing comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingPlan>,
     /// Trajectories `teacher generate` samples (and eval's exact-match problems).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generate: Option<GeneratePlan>,
@@ -153,6 +157,16 @@ pub enum TeacherSource {
     },
     /// vLLM / SGLang / OpenAI-echo servers, round-robin.
     Served { endpoints: Vec<String>, api: Api },
+}
+
+/// Where a teacher's routing is known from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "from", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RoutingPlan {
+    /// A local teacher's GGUF.
+    Model,
+    /// The recipe's `teacher.routing_shape` (a served teacher).
+    Given { shape: RoutingShape },
 }
 
 /// Prompt sets and how they are rendered.
@@ -664,6 +678,53 @@ fn teacher_plan(
         Some(g) => Some(generate_plan(g, out_dir, at)?),
         None => None,
     };
+    let routing = match (t.routing, &t.routing_shape, &source) {
+        (false, None, _) => None,
+        (false, Some(_), _) => {
+            return refuse(
+                "teacher.routing_shape",
+                "is given but teacher.routing is false: set routing = true to harvest routing",
+            );
+        }
+        (true, None, TeacherSource::Local { engine, .. }) => {
+            if *engine != Engine::LlamaCpp {
+                return refuse(
+                    "teacher.routing",
+                    "a local teacher's routing is read through llama.cpp's graph hooks: set \
+                     engine = \"llama-cpp\"",
+                );
+            }
+            Some(RoutingPlan::Model)
+        }
+        (true, Some(_), TeacherSource::Local { .. }) => {
+            return refuse(
+                "teacher.routing_shape",
+                "a local teacher's routing comes from its GGUF: remove routing_shape",
+            );
+        }
+        (true, None, TeacherSource::Served { .. }) => {
+            return refuse(
+                "teacher.routing",
+                "a served teacher's routed experts are checked against its routing: give \
+                 routing_shape = { layers, k, experts, moe_layers } from its configuration",
+            );
+        }
+        (true, Some(shape), TeacherSource::Served { api, .. }) => {
+            if *api == Api::Openai {
+                return refuse(
+                    "teacher.routing",
+                    "OpenAI-echo servers return no routed experts: use api = \"vllm\" or \
+                     \"sglang\"",
+                );
+            }
+            if let Some(why) = shape.invalid() {
+                return refuse("teacher.routing_shape", why);
+            }
+            Some(RoutingPlan::Given {
+                shape: shape.clone(),
+            })
+        }
+    };
     Ok(TeacherPlan {
         source,
         concurrency: t.concurrency,
@@ -675,6 +736,7 @@ fn teacher_plan(
             .shards_dir
             .as_deref()
             .map_or_else(|| out_dir.join("shards"), absolute),
+        routing,
         generate,
     })
 }

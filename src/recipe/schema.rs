@@ -12,7 +12,7 @@
 //!             weights_shard_bytes
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
 //! [teacher]   model + engine | endpoints + api, concurrency, k, temperature, segments_per_shard,
-//!             logprob_step, shards_dir
+//!             logprob_step, shards_dir, routing, routing_shape = {layers, k, experts, moe_layers}
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
 //!             objectives = [{kind, weight, beta | alpha | samples}], temperature
 //! [distill.on_policy]  mix, max_tokens, temperature
@@ -25,6 +25,7 @@ use k3mini_data::{ChatFormat, LossParts, SourceFormat};
 use k3mini_student::distill::Objective;
 use k3mini_teacher::client::Api;
 use k3mini_teacher::local::Engine;
+use k3mini_teacher::routing::RoutingShape;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
@@ -198,6 +199,17 @@ pub struct TeacherConfig {
     /// Where shards go (default `<run out_dir>/shards`).
     #[serde(default)]
     pub shards_dir: Option<PathBuf>,
+    /// `teacher score` also harvests the MoE teacher's routing into routing shards beside the
+    /// signal shards: a local teacher's through llama.cpp's graph hooks (expert ids, router
+    /// weights, expert output norms), a served one's routed experts (ids; the server started with
+    /// `--enable-return-routed-experts`, `routing_shape` given).
+    #[serde(default)]
+    pub routing: bool,
+    /// A served teacher's routing, as its configuration says (a local one's comes from its GGUF):
+    /// `{ layers = hidden layers, k = experts per token, experts = routed experts per layer,
+    /// moe_layers = [the layers with routed experts] }`.
+    #[serde(default)]
+    pub routing_shape: Option<RoutingShape>,
     /// Reasoning trajectories `k3mini teacher generate` samples from the teacher.
     #[serde(default)]
     pub generate: Option<GenerateConfig>,

@@ -66,7 +66,7 @@ pub fn held_out(plan: &RunPlan, tokenizer: &Tokenizer, n: usize) -> Result<HeldO
         return HeldOut::documents(plan, tokenizer, rows, n);
     };
     if distill.mode == ModePlan::Online {
-        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
+        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer, None)?;
         return online::held_out(plan, distill, teacher.as_ref(), tokenizer, n);
     }
     let signals = signal_data(plan, distill, tokenizer)?;

@@ -168,7 +168,7 @@ impl OnPolicy {
             bail!("{}: not an on-policy plan", plan.recipe_name());
         };
         let offline = Shards::open(plan, distill, tokenizer, cursor)?;
-        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
+        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer, None)?;
         let seq_len = plan.data.seq_len;
         let sampled: Vec<_> = crate::teachers::plan_prompts(prompt_plan, tokenizer, None)?
             .into_iter()

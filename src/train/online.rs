@@ -245,7 +245,7 @@ impl Online {
         tokenizer: &Tokenizer,
         cursor: PackCursor<StreamCursor>,
     ) -> Result<Self> {
-        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer)?;
+        let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer, None)?;
         let held = held_out(
             plan,
             distill,

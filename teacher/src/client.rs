@@ -23,6 +23,8 @@
 //! missing position, an id outside the vocabulary, the actual token absent) is an error naming
 //! what is wrong, never a silently wrong shard.
 
+use crate::routing::Routing;
+use crate::routing::wire::{self, RoutedExperts, RoutingShape, WireError};
 use crate::{FinishReason, GenerateParams, Generation, Scored, Teacher, TeacherError};
 use k3mini_data::rng::splitmix64;
 use serde_json::{Value, json};
@@ -73,6 +75,9 @@ pub struct ClientOptions {
     pub window_overlap: usize,
     /// For [`Api::Openai`] servers that name tokens by text (see [`piece_map`]).
     pub pieces: Option<Arc<PieceMap>>,
+    /// Read every scored sequence's routed experts (the server started with
+    /// `--enable-return-routed-experts`), checked against the teacher's routing as given.
+    pub routing: Option<RoutingShape>,
 }
 
 impl Default for ClientOptions {
@@ -85,6 +90,7 @@ impl Default for ClientOptions {
             max_request_tokens: 4096,
             window_overlap: 1024,
             pieces: None,
+            routing: None,
         }
     }
 }
@@ -122,6 +128,12 @@ impl HttpTeacher {
     ) -> Result<Self, TeacherError> {
         if endpoints.is_empty() {
             return Err(server_err("no teacher endpoints given"));
+        }
+        if opts.routing.is_some() && opts.api == Api::Openai {
+            return Err(TeacherError::Request(
+                "OpenAI-echo servers return no routed experts: use api = \"vllm\" or \"sglang\""
+                    .into(),
+            ));
         }
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(opts.timeout))
@@ -346,6 +358,13 @@ impl Teacher for HttpTeacher {
             out.top_ids.extend_from_slice(&s.top_ids[skip * k..]);
             out.top_logprobs
                 .extend_from_slice(&s.top_logprobs[skip * k..]);
+            if let Some(r) = s.routing {
+                let r = r.from_token(skip);
+                match &mut out.routing {
+                    Some(all) => all.extend(r),
+                    None => out.routing = Some(r),
+                }
+            }
             if end == ids.len() {
                 return Ok(out);
             }
@@ -362,6 +381,40 @@ impl Teacher for HttpTeacher {
             Api::Vllm | Api::Openai => self.generate_openai(prompt, params),
             Api::Sglang => self.generate_sglang(prompt, params),
         }
+    }
+
+    fn routing(&self) -> Option<&RoutingShape> {
+        self.opts.routing.as_ref()
+    }
+}
+
+impl HttpTeacher {
+    /// The routing of a scored window's `n − 1` tokens from the `sent` tokens of a payload (vLLM:
+    /// the prompt and its one generated token but the last, `n`; SGLang: `n − 1`), checked
+    /// against the teacher's routing; None when it was not asked for.
+    fn routing_of(
+        &self,
+        payload: impl FnOnce(&RoutingShape) -> Result<Option<RoutedExperts>, WireError>,
+        sent: usize,
+        n: usize,
+    ) -> Result<Option<Routing>, TeacherError> {
+        let Some(shape) = &self.opts.routing else {
+            return Ok(None);
+        };
+        let r = payload(shape)
+            .and_then(|r| {
+                let r = r.ok_or_else(|| {
+                    WireError::Malformed(
+                        "the response has none (was the server started with \
+                         --enable-return-routed-experts?)"
+                            .into(),
+                    )
+                })?;
+                r.check(sent, shape)?;
+                Ok(r)
+            })
+            .map_err(|e| server_err(e.to_string()))?;
+        Ok(Some(r.routing(shape, n - 1)))
     }
 }
 
@@ -412,6 +465,22 @@ impl HttpTeacher {
             // The top k of the (k or k + 1) entries.
             push_top(row, k, &mut out.top_ids, &mut out.top_logprobs);
         }
+        // Current vLLM: a base64 `.npy` per choice; 0.21: the prompt's as nested lists at the
+        // top level (the one generated token's, in the choice, is not needed).
+        out.routing = self.routing_of(
+            |shape| match (
+                &v["choices"][0]["routed_experts"],
+                &v["prompt_routed_experts"],
+            ) {
+                (Value::String(b64), _) => wire::from_vllm(b64).map(Some),
+                (_, lists @ Value::Array(_)) => {
+                    wire::from_vllm_lists(lists, shape.layers, shape.k).map(Some)
+                }
+                _ => Ok(None),
+            },
+            ids.len(),
+            ids.len(),
+        )?;
         Ok(out)
     }
 
@@ -573,7 +642,8 @@ impl HttpTeacher {
 
     fn score_sglang(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
         let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 0},
-                          "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": k});
+                          "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": k,
+                          "return_routed_experts": self.opts.routing.is_some()});
         let v = self.request("POST", "/generate", Some(&body))?;
         let meta = &v["meta_info"];
         let (Some(input), Some(tops)) = (
@@ -614,6 +684,14 @@ impl HttpTeacher {
             let entries = self.sglang_row(row, "input_top_logprobs")?;
             push_top(entries, k, &mut out.top_ids, &mut out.top_logprobs);
         }
+        out.routing = self.routing_of(
+            |shape| match &meta["routed_experts"] {
+                Value::String(b64) => wire::from_sglang(b64, shape.layers, shape.k).map(Some),
+                _ => Ok(None),
+            },
+            ids.len() - 1,
+            ids.len(),
+        )?;
         Ok(out)
     }
 

@@ -193,6 +193,7 @@ pub fn generate_trajectories(
                 rows: rows.len(),
                 positions: rows.iter().map(|r| r.completion_ids.len()).sum(),
                 bytes: write_trajectories(path, &meta, &rows)?,
+                routing: false,
             })
         },
     )

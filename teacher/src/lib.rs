@@ -84,6 +84,9 @@ pub struct Scored {
     /// `(n − 1) × k`, each row by descending logprob (ties by id).
     pub top_ids: Vec<u32>,
     pub top_logprobs: Vec<f32>,
+    /// The MoE routing of the `n − 1` tokens scored (`ids[..n − 1]`, position `t`'s token
+    /// `ids[t]`), from a teacher asked to return it ([`Teacher::routing`]).
+    pub routing: Option<routing::Routing>,
 }
 
 impl Scored {
@@ -96,6 +99,7 @@ impl Scored {
             target_logprobs: Vec::with_capacity(n),
             top_ids: Vec::with_capacity(n * k),
             top_logprobs: Vec::with_capacity(n * k),
+            routing: None,
         }
     }
 
@@ -181,9 +185,16 @@ pub trait Teacher: Sync {
     /// Identifies the teacher in shard metadata (model name or file, and quantisation).
     fn name(&self) -> &str;
     fn vocab_size(&self) -> usize;
+    /// Top-k logprobs of every position of `ids`, and its routing where [`Teacher::routing`]
+    /// says the teacher returns it.
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError>;
     fn generate(&self, prompt: &[u32], params: &GenerateParams)
     -> Result<Generation, TeacherError>;
+    /// The routing [`Teacher::score`] returns with every sequence, as the teacher's layers and
+    /// experts are (None: it returns none).
+    fn routing(&self) -> Option<&routing::wire::RoutingShape> {
+        None
+    }
 }
 
 /// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id: one pass

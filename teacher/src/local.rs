@@ -4,6 +4,8 @@
 
 use crate::engine::{Model, Session};
 use crate::gguf::{TokenizerMeta, load_llama, load_tokenizer};
+use crate::routing::wire::RoutingShape;
+use crate::routing::{Routing, gguf_routing};
 use crate::{GenerateParams, Generation, Interrupt, Scored, Teacher, TeacherError};
 use burn::tensor::Device;
 use k3mini_data::Tokenizer;
@@ -72,12 +74,24 @@ pub enum EngineSpec {
     Burn(Device),
 }
 
+/// What [`LocalTeacher::run`] returns: what was asked for.
+pub struct Ran {
+    pub scored: Option<Scored>,
+    pub generated: Option<Generation>,
+    /// The routing of every id fed, while recording.
+    pub routing: Option<Routing>,
+}
+
 pub struct LocalTeacher {
     pub name: String,
     pub engine: Engine,
     pub tokenizer: Tokenizer,
     pub meta: TokenizerMeta,
     model: Box<dyn Model>,
+    /// The model's routing, from its GGUF (None for a dense model).
+    shape: Option<RoutingShape>,
+    /// Whether every sequence's routing is recorded ([`LocalTeacher::record_routing`]).
+    record: bool,
 }
 
 impl LocalTeacher {
@@ -86,6 +100,7 @@ impl LocalTeacher {
     pub fn open(path: &Path, spec: EngineSpec) -> Result<Self, TeacherError> {
         let file = GgufFile::open(path)?;
         let (tokenizer, meta) = load_tokenizer(&file)?;
+        let shape = gguf_routing(&file)?;
         let (engine, model): (Engine, Box<dyn Model>) = match spec {
             #[cfg(feature = "llama-cpp")]
             EngineSpec::LlamaCpp(placement) => {
@@ -121,7 +136,31 @@ impl LocalTeacher {
             tokenizer,
             meta,
             model,
+            shape,
+            record: false,
         })
+    }
+
+    /// The model's routing as its GGUF describes it (None for a dense model).
+    pub fn routing_shape(&self) -> Option<&RoutingShape> {
+        self.shape.as_ref()
+    }
+
+    /// From now on every sequence's routing is recorded through llama.cpp's graph hooks, with the
+    /// router weights and expert output norms; refused for a dense model or on burn (which runs
+    /// dense llama models only). Recording costs a fresh llama.cpp context per sequence.
+    pub fn record_routing(mut self) -> Result<Self, TeacherError> {
+        let refuse = |why: &str| TeacherError::Request(format!("{}: {why}", self.name));
+        if self.shape.is_none() {
+            return Err(refuse(
+                "a dense model (no layer has routed experts): there is no routing to record",
+            ));
+        }
+        if self.engine != Engine::LlamaCpp {
+            return Err(refuse("only the llama-cpp engine records routing"));
+        }
+        self.record = true;
+        Ok(self)
     }
 
     /// The burn engine on `device` (tests and benchmarks compare against it).
@@ -135,18 +174,44 @@ impl LocalTeacher {
     }
 
     /// Scores `ids` at top-`k` and/or generates after them (see [`crate::engine::run`]), until
-    /// `interrupt` says stop.
+    /// `interrupt` says stop; while recording, the routing of every id fed (the prompt's, then
+    /// each generated id's but the last: what vLLM returns), checked against the GGUF's.
     pub fn run(
         &self,
         ids: &[u32],
         k: Option<usize>,
         params: Option<&GenerateParams>,
         interrupt: Interrupt,
-    ) -> Result<(Option<Scored>, Option<Generation>), TeacherError> {
+    ) -> Result<Ran, TeacherError> {
         let limits = self.model.limits();
         let len = ids.len() + params.map_or(0, |p| p.max_tokens);
-        let mut session: Box<dyn Session + '_> = self.model.session(len)?;
-        crate::engine::run(session.as_mut(), limits, ids, k, params, interrupt)
+        let mut session: Box<dyn Session + '_> = self.model.session(len, self.record)?;
+        let (scored, generated) =
+            crate::engine::run(session.as_mut(), limits, ids, k, params, interrupt)?;
+        let routing = match (self.record, &self.shape) {
+            (true, Some(shape)) => {
+                let fed = match &generated {
+                    Some(g) => ids.len() + g.ids.len().saturating_sub(1),
+                    None => ids.len() - 1,
+                };
+                let routing = session.routing()?.ok_or_else(|| {
+                    TeacherError::Request(format!(
+                        "{}: llama.cpp's graph showed no routing for a MoE model",
+                        self.name
+                    ))
+                })?;
+                routing
+                    .check(fed, shape)
+                    .map_err(|e| TeacherError::Request(format!("{}: {e}", self.name)))?;
+                Some(routing)
+            }
+            _ => None,
+        };
+        Ok(Ran {
+            scored,
+            generated,
+            routing,
+        })
     }
 }
 
@@ -160,8 +225,12 @@ impl Teacher for LocalTeacher {
     }
 
     fn score(&self, ids: &[u32], k: usize) -> Result<Scored, TeacherError> {
-        let (scored, _) = self.run(ids, Some(k), None, Interrupt::default())?;
-        scored.ok_or_else(|| TeacherError::Request("nothing was scored".into()))
+        let ran = self.run(ids, Some(k), None, Interrupt::default())?;
+        let mut scored = ran
+            .scored
+            .ok_or_else(|| TeacherError::Request("nothing was scored".into()))?;
+        scored.routing = ran.routing;
+        Ok(scored)
     }
 
     fn generate(
@@ -169,7 +238,12 @@ impl Teacher for LocalTeacher {
         prompt: &[u32],
         params: &GenerateParams,
     ) -> Result<Generation, TeacherError> {
-        let (_, generated) = self.run(prompt, None, Some(params), Interrupt::default())?;
-        generated.ok_or_else(|| TeacherError::Request("nothing was generated".into()))
+        let ran = self.run(prompt, None, Some(params), Interrupt::default())?;
+        ran.generated
+            .ok_or_else(|| TeacherError::Request("nothing was generated".into()))
+    }
+
+    fn routing(&self) -> Option<&RoutingShape> {
+        self.shape.as_ref().filter(|_| self.record)
     }
 }

@@ -28,6 +28,22 @@ pub struct ShardEntry {
     /// Token positions it holds (scored positions, or generated tokens).
     pub positions: usize,
     pub bytes: u64,
+    /// Its routing shard ([`routing_file`]), where the job records routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<Companion>,
+}
+
+/// A file written beside a shard, holding more about the same rows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Companion {
+    pub file: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+/// The routing shard beside shard `index`.
+pub fn routing_file(index: usize) -> String {
+    format!("routing-{index:05}.parquet")
 }
 
 /// `job` describes what was asked (a rerun must ask the same); `shards` what is finished.
@@ -78,6 +94,8 @@ pub struct Written {
     pub rows: usize,
     pub positions: usize,
     pub bytes: u64,
+    /// Whether its routing shard was written too (at [`routing_file`], beside it).
+    pub routing: bool,
 }
 
 fn io(path: &Path, e: impl std::fmt::Display) -> TeacherError {
@@ -126,7 +144,7 @@ pub(crate) fn write_manifest<J: Serialize>(
 
 /// Runs `items` in shards of `per_shard` under `dir`. Finished shards of an earlier run of the same
 /// `job` are skipped (`skipped(range)` is told); for each other shard `write(index, range, path)`
-/// must write the file atomically.
+/// must write the file atomically (and its routing shard beside it, when it says so).
 pub fn run_shards<J>(
     dir: &Path,
     job: J,
@@ -172,16 +190,33 @@ where
         let range = index * per_shard..((index + 1) * per_shard).min(items);
         let file = format!("shard-{index:05}.parquet");
         let path = dir.join(&file);
-        let finished = manifest
-            .shards
-            .iter()
-            .any(|e| e.index == index && sha256_file(&path).is_ok_and(|sum| sum == e.sha256));
+        let intact =
+            |file: &str, sha256: &str| sha256_file(&dir.join(file)).is_ok_and(|sum| sum == sha256);
+        let finished = manifest.shards.iter().any(|e| {
+            e.index == index
+                && intact(&file, &e.sha256)
+                && e.routing
+                    .as_ref()
+                    .is_none_or(|r| intact(&r.file, &r.sha256))
+        });
         if finished {
             skipped(range);
             continue;
         }
         manifest.shards.retain(|e| e.index != index);
         let w = write(index, range.clone(), &path)?;
+        let routing = match w.routing {
+            true => {
+                let file = routing_file(index);
+                let path = dir.join(&file);
+                Some(Companion {
+                    sha256: sha256_file(&path).map_err(|e| io(&path, e))?,
+                    bytes: std::fs::metadata(&path).map_err(|e| io(&path, e))?.len(),
+                    file,
+                })
+            }
+            false => None,
+        };
         manifest.shards.push(ShardEntry {
             index,
             file,
@@ -190,6 +225,7 @@ where
             rows: w.rows,
             positions: w.positions,
             bytes: w.bytes,
+            routing,
         });
         manifest.shards.sort_by_key(|e| e.index);
         write_manifest(dir, &manifest)?;

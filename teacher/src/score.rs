@@ -11,12 +11,15 @@
 
 use crate::fetch::sha256_file;
 use crate::manifest::{
-    IdsDigest, MANIFEST, Manifest, Reporter, ShardEntry, Written, run_shards, write_manifest,
+    IdsDigest, MANIFEST, Manifest, Reporter, ShardEntry, Written, routing_file, run_shards,
+    write_manifest,
 };
+use crate::routing::RoutingShape;
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::DataError;
 use k3mini_data::chat::Part;
 use k3mini_data::pool::run_many;
+use k3mini_data::routing::{RoutingMeta, RoutingRow, read_routing_shard, write_routing_shard};
 use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard};
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
@@ -35,6 +38,8 @@ pub struct ScoreJob {
     /// What the corpus's files are (the caller's fingerprint of them): training checks it to tell
     /// whether the recipe still names the corpus that was scored.
     pub sources_sha256: String,
+    /// The corpus's sources by name, in order: routing shards say which each segment comes from.
+    pub sources: Vec<String>,
 }
 
 /// A scoring job as its manifest records it: a rerun must match it to reuse the shards.
@@ -58,6 +63,9 @@ pub struct ScoreManifestJob {
     /// keyed their documents, which training refuses).
     #[serde(default)]
     pub sources_sha256: String,
+    /// The teacher's routing, where routing shards are written beside the signal shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingShape>,
 }
 
 fn exact() -> Storage {
@@ -91,6 +99,8 @@ pub fn segments(doc: &[u32], seq_len: usize) -> impl Iterator<Item = &[u32]> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CorpusDoc {
     pub key: u64,
+    /// Which of the corpus's sources it comes from (an index into [`ScoreJob::sources`]).
+    pub source: usize,
     pub ids: Vec<u32>,
     pub parts: Option<Vec<Part>>,
 }
@@ -98,9 +108,11 @@ pub struct CorpusDoc {
 /// A corpus read from its start, one document at a time.
 pub type Corpus = Box<dyn Iterator<Item = Result<CorpusDoc, DataError>>>;
 
-/// One segment to score: its document's key, its index in the document, its ids and parts.
+/// One segment to score: its document's key and source, its index in the document, its ids and
+/// parts.
 struct Segment {
     doc: u64,
+    source: usize,
     index: u32,
     ids: Vec<u32>,
     parts: Option<Vec<Part>>,
@@ -137,6 +149,7 @@ impl Segments {
                 if end >= start + 2 {
                     let segment = Segment {
                         doc: doc.key,
+                        source: doc.source,
                         index: *i as u32,
                         ids: doc.ids[start..end].to_vec(),
                         parts: doc.parts.as_ref().map(|p| p[start..end].to_vec()),
@@ -238,6 +251,7 @@ pub fn score_corpus(
         segments: total,
         inputs_sha256: count.digest.finish(),
         sources_sha256: job.sources_sha256.clone(),
+        routing: teacher.routing().cloned(),
     };
     let inputs_sha256 = header.inputs_sha256.clone();
     report.update(|p| {
@@ -260,7 +274,7 @@ pub fn score_corpus(
                 p.skipped += 1;
             })
         },
-        &mut |_, range, path| {
+        &mut |index, range, path| {
             let mut stream = stream.borrow_mut();
             stream.skip_to(range.start)?;
             let chunk = range
@@ -273,15 +287,48 @@ pub fn score_corpus(
                     p.positions += n;
                 })
             })?;
-            let rows: Vec<ShardRow> = chunk
+            let (rows, routing): (Vec<ShardRow>, Vec<Option<RoutingRow>>) = chunk
                 .into_iter()
                 .zip(scored)
-                .map(|(seg, s)| s.into_row(seg.doc, seg.index, seg.parts))
-                .collect();
+                .map(|(seg, mut s)| {
+                    let routing = s.routing.take().map(|routing| RoutingRow {
+                        doc_id: seg.doc,
+                        segment: seg.index,
+                        source: seg.source as u32,
+                        routing,
+                    });
+                    (s.into_row(seg.doc, seg.index, seg.parts), routing)
+                })
+                .unzip();
+            let routed = match teacher.routing() {
+                Some(shape) => {
+                    let rows =
+                        routing
+                            .into_iter()
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(|| {
+                                TeacherError::Server(format!(
+                                    "{}: a scored segment came back without its routing",
+                                    teacher.name()
+                                ))
+                            })?;
+                    let meta = RoutingMeta {
+                        teacher: job.meta.teacher.clone(),
+                        sources: job.sources.clone(),
+                        shape: shape.clone(),
+                        white_box: rows.first().is_some_and(|r| r.routing.white_box()),
+                    };
+                    let at = path.with_file_name(routing_file(index));
+                    write_routing_shard(&at, &meta, &rows)?;
+                    true
+                }
+                None => false,
+            };
             let written = Written {
                 rows: rows.len(),
                 positions: rows.iter().map(ShardRow::positions).sum(),
                 bytes: write_shard(path, &job.meta, job.storage, &rows)?,
+                routing: routed,
             };
             report.update(|p| p.shards_done += 1);
             Ok(written)
@@ -294,6 +341,14 @@ pub fn score_corpus(
         return Err(corpus_changed());
     }
     Ok(manifest)
+}
+
+/// Copies `from` to `to` through a temporary file renamed into place.
+fn copy_atomic(from: &Path, to: &Path) -> std::io::Result<()> {
+    let tmp = to.with_extension("parquet.tmp");
+    std::fs::copy(from, &tmp)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, to)
 }
 
 /// Rewrites the teacher-signal shards of `src` (either schema; each verified against its
@@ -333,6 +388,12 @@ pub fn convert_shards(
         let shard = read_shard(&src.join(&entry.file), Some(&entry.sha256))?;
         let path = dst.join(&entry.file);
         let bytes = write_shard(&path, &shard.meta, storage, &shard.rows)?;
+        // A routing shard is the same whatever the logprobs' storage: copied once verified.
+        if let Some(r) = &entry.routing {
+            let (from, to) = (src.join(&r.file), dst.join(&r.file));
+            read_routing_shard(&from, Some(&r.sha256))?;
+            copy_atomic(&from, &to).map_err(|e| err(&to, e.to_string()))?;
+        }
         shards.push(ShardEntry {
             sha256: sha256_file(&path).map_err(|e| err(&path, e.to_string()))?,
             bytes,

@@ -14,6 +14,12 @@
 //!   (`max_new_tokens`, `temperature`, `top_p`, `stop_token_ids`), `return_logprob`,
 //!   `logprob_start_len`, `top_logprobs_num`; `meta_info.input_token_logprobs` /
 //!   `input_top_logprobs` / `output_token_logprobs` / `output_top_logprobs` as `[logprob, id, null]`.
+//! - Routed experts, from a MoE teacher recording its routing (`--enable-return-routed-experts`,
+//!   [`LocalTeacher::record_routing`]): the prompt's tokens and every generated one's but the last,
+//!   `[tokens, layers, k]` with a dense layer's rows zero. vLLM's `choices[0].routed_experts` (base64
+//!   `np.save`, int32) on every completion, from `routed_experts_prompt_start`; SGLang's
+//!   `meta_info.routed_experts` (base64 raw int32) when the request sets `return_routed_experts`,
+//!   from `routed_experts_start_len`.
 //!
 //! Bad requests get OpenAI-style errors (`{"error": {"message", "type", "param", "code"}}`) with
 //! status 400/404/405; a failure inside the model is a 500 with the reason. Each connection has its
@@ -25,8 +31,12 @@
 //! client disconnects, or when the server stops (503).
 
 use crate::http;
-use crate::local::LocalTeacher;
+use crate::local::{LocalTeacher, Ran};
+use crate::routing::Routing;
+use crate::routing::wire::{self, RoutedExperts};
 use crate::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, render};
 use serde_json::{Value, json};
@@ -42,6 +52,13 @@ struct ApiError {
     status: u16,
     message: String,
     param: Option<&'static str>,
+}
+
+/// The routed experts of tokens `start..` (the prompt's, then every generated one's but the last)
+/// in the servers' `[tokens, layers, k]`, where the teacher records routing.
+fn routed(state: &State, routing: Option<Routing>, start: usize) -> Option<RoutedExperts> {
+    let shape = state.teacher.routing()?;
+    Some(RoutedExperts::of(&routing?.from_token(start), shape))
 }
 
 fn bad(param: &'static str, message: impl Into<String>) -> ApiError {
@@ -431,7 +448,11 @@ fn completions(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value
     let want_prompt = prompt_logprobs.or(if echo { logprobs } else { None });
     let score_k = want_prompt.filter(|_| ids.len() >= 2).map(|k| k.max(1));
     // One prefill serves both the prompt's logprobs and the generation.
-    let (scored, generated) = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?;
+    let Ran {
+        scored,
+        generated,
+        routing,
+    } = t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?;
     drop(_guard);
     let tok = |id: u32| token_key(state, id, as_ids);
     let text = |ids: &[u32]| t.tokenizer.decode(ids).unwrap_or_default();
@@ -510,6 +531,11 @@ fn completions(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value
         choice["prompt_token_ids"] = json!(ids);
         choice["token_ids"] = json!(out_ids);
     }
+    // vLLM returns them on every request once the server is started to.
+    let start = uint(req, "routed_experts_prompt_start", 0)?;
+    if let Some(r) = routed(state, routing, start) {
+        choice["routed_experts"] = json!(STANDARD.encode(wire::to_npy(&r)));
+    }
     Ok(json!({
         "id": format!("cmpl-{}", state.created),
         "object": "text_completion",
@@ -548,7 +574,7 @@ fn chat(state: &State, req: &Value, interrupt: Interrupt) -> Result<Value, ApiEr
     let g = {
         let _guard = state.turn(interrupt)?;
         t.run(&ids, None, Some(&p), interrupt)?
-            .1
+            .generated
             .expect("generation was asked for")
     };
     let content_ids: Vec<u32> = g
@@ -634,10 +660,25 @@ fn sglang_generate(state: &State, req: &Value, interrupt: Interrupt) -> Result<V
     let top = count(req, "top_logprobs_num")?.unwrap_or(0);
     let start = uint(req, "logprob_start_len", 0)?;
     p.logprobs = top;
-    let (scored, generated) = {
+    let Ran {
+        scored,
+        generated,
+        routing,
+    } = {
         let _guard = state.turn(interrupt)?;
         let score_k = (want && ids.len() >= 2).then_some(top.max(1));
         t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?
+    };
+    let routed_start = uint(req, "routed_experts_start_len", 0)?;
+    let routed = match flag(req, "return_routed_experts")? {
+        true => Some(routed(state, routing, routed_start).ok_or_else(|| {
+            bad(
+                "return_routed_experts",
+                "this server does not return routed experts: start it with \
+                 --enable-return-routed-experts (the model must be a MoE)",
+            )
+        })?),
+        false => None,
     };
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
     let entry = |lp: Option<f32>, id: u32| json!([lp, id, Value::Null]);
@@ -657,6 +698,9 @@ fn sglang_generate(state: &State, req: &Value, interrupt: Interrupt) -> Result<V
             _ => "length",
         }},
     });
+    if let Some(r) = routed {
+        meta["routed_experts"] = json!(wire::to_sglang(&r));
+    }
     if want {
         // Position i's logprob is that of token i given the tokens before it: none for token 0.
         let (mut input, mut input_top) = (Vec::new(), Vec::new());

@@ -131,12 +131,19 @@ fn check_routing(
         assert_eq!(g.k, w.k, "{tag} layer {}: k", w.layer);
         assert_eq!(g.experts, w.experts, "{tag} layer {}: experts", w.layer);
         let weights: Vec<f32> = w.weights.clone().into_data().try_into_vec().unwrap();
-        for (a, b) in g.weights.iter().zip(&weights) {
+        let (g_weights, g_norms) = (g.weights.as_ref().unwrap(), g.norms.as_ref().unwrap());
+        assert_eq!(
+            g_weights.len(),
+            weights.len(),
+            "{tag} layer {}: weights",
+            w.layer
+        );
+        for (a, b) in g_weights.iter().zip(&weights) {
             worst = worst.max((a - b).abs());
         }
         let norms: Vec<f32> = w.norms.clone().into_data().try_into_vec().unwrap();
-        assert_eq!(g.norms.len(), norms.len(), "{tag} layer {}: norms", w.layer);
-        for (a, b) in g.norms.iter().zip(&norms) {
+        assert_eq!(g_norms.len(), norms.len(), "{tag} layer {}: norms", w.layer);
+        for (a, b) in g_norms.iter().zip(&norms) {
             assert!(*b > 0.0, "{tag} layer {}: an expert's output is 0", w.layer);
             worst_norm = worst_norm.max((a - b).abs() / b);
         }

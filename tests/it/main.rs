@@ -9,5 +9,8 @@ mod export_llama_cpp;
 mod fixture;
 mod quickstart;
 mod recipe;
+#[cfg(feature = "llama-cpp")]
+mod routing;
+mod routing_stats;
 mod teacher_server;
 mod train;

@@ -191,6 +191,7 @@ fn recipe_check_prints_the_resolved_recipe() {
 fn teacher_and_chat_settings_are_checked() {
     let teacher = "\n[teacher]\nmodel = \"smollm2\"\n";
     let distill = "\n[distill]\nmode = \"online\"\nobjectives = [{ kind = \"ce\" }]\n";
+    let served = "\n[teacher]\nendpoints = [\"http://127.0.0.1:8000\"]\n";
     for (text, key, says) in [
         // A teacher nothing learns from is refused when the recipe is checked, not at train time.
         (format!("{GOOD}{teacher}"), "teacher", "without [distill]"),
@@ -262,6 +263,52 @@ fn teacher_and_chat_settings_are_checked() {
             ),
             "teacher.generate.top_p",
             "(0, 1]",
+        ),
+        // Routing: from a local teacher's GGUF through llama.cpp, or as a served one's recipe says.
+        (
+            format!("{GOOD}{distill}{teacher}engine = \"burn\"\nrouting = true\n"),
+            "teacher.routing",
+            "llama.cpp's graph hooks",
+        ),
+        (
+            format!(
+                "{GOOD}{distill}{teacher}routing = true\nrouting_shape = {{layers = 4, k = 2, experts = 8, moe_layers = [1]}}\n"
+            ),
+            "teacher.routing_shape",
+            "comes from its GGUF",
+        ),
+        (
+            format!("{GOOD}{distill}{served}routing = true\n"),
+            "teacher.routing",
+            "give routing_shape",
+        ),
+        (
+            format!(
+                "{GOOD}{distill}{served}routing = true\nrouting_shape = {{layers = 4, k = 9, experts = 8, moe_layers = [1]}}\n"
+            ),
+            "teacher.routing_shape",
+            "k = 9 of 8 experts",
+        ),
+        (
+            format!(
+                "{GOOD}{distill}{served}routing = true\nrouting_shape = {{layers = 4, k = 2, experts = 8, moe_layers = [3, 1]}}\n"
+            ),
+            "teacher.routing_shape",
+            "not ascending",
+        ),
+        (
+            format!(
+                "{GOOD}{distill}{served}routing_shape = {{layers = 4, k = 2, experts = 8, moe_layers = [1]}}\n"
+            ),
+            "teacher.routing_shape",
+            "routing is false",
+        ),
+        (
+            format!(
+                "{GOOD}{distill}{served}api = \"openai\"\nrouting = true\nrouting_shape = {{layers = 4, k = 2, experts = 8, moe_layers = [1]}}\n"
+            ),
+            "teacher.routing",
+            "OpenAI-echo servers",
         ),
     ] {
         let e = error(&key.replace('.', "-"), &text);

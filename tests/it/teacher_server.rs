@@ -9,9 +9,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    url: String,
+    pub url: String,
 }
 
 impl Drop for Server {
@@ -27,8 +27,13 @@ fn start() -> Server {
 
 /// `k3mini teacher serve smollm2` on a free port, with `extra` arguments.
 fn start_with(extra: &[&str]) -> Server {
+    serve("smollm2", extra)
+}
+
+/// `k3mini teacher serve TEACHER` on a free port, with `extra` arguments.
+pub(crate) fn serve(teacher: &str, extra: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args(["teacher", "serve", "smollm2", "--port", "0"])
+        .args(["teacher", "serve", teacher, "--port", "0"])
         .args(extra)
         .stdout(Stdio::piped())
         .spawn()
@@ -100,7 +105,7 @@ fn text_proxy(upstream: &str, max: usize) -> String {
 }
 
 /// One raw HTTP/1.1 exchange: (status, JSON body).
-fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
+pub(crate) fn raw(url: &str, method: &str, path: &str, body: &str) -> (u16, Value) {
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(

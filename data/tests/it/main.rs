@@ -2,6 +2,7 @@
 mod chat;
 mod corpus;
 mod packing;
+mod routing;
 mod shards;
 mod signals;
 mod stream;

@@ -21,7 +21,8 @@ impl Model for Llama {
         }
     }
 
-    fn session(&self, _len: usize) -> Result<Box<dyn Session + '_>, TeacherError> {
+    fn session(&self, _len: usize, _routing: bool) -> Result<Box<dyn Session + '_>, TeacherError> {
+        // A llama-architecture model routes nothing.
         Ok(Box::new(BurnSession {
             model: self,
             cache: KvCache::default(),

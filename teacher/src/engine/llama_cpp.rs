@@ -275,21 +275,7 @@ impl LlamaCppModel {
         for piece in ids.chunks(CHUNK) {
             logits.extend(ctx.feed(piece)?);
         }
-        let routes = match routing {
-            true => ctx
-                .capture
-                .as_mut()
-                .expect("asked for")
-                .finish(ids.len())
-                .map_err(|e| {
-                    TeacherError::Request(format!(
-                        "{}: llama.cpp's routing: {e}",
-                        self.path.display()
-                    ))
-                })?,
-            false => None,
-        };
-        Ok((logits, routes))
+        Ok((logits, ctx.routing()?))
     }
 }
 
@@ -302,8 +288,8 @@ impl Model for LlamaCppModel {
         }
     }
 
-    fn session(&self, len: usize) -> Result<Box<dyn Session + '_>, TeacherError> {
-        Ok(Box::new(self.context(len, false)?))
+    fn session(&self, len: usize, routing: bool) -> Result<Box<dyn Session + '_>, TeacherError> {
+        Ok(Box::new(self.context(len, routing)?))
     }
 }
 
@@ -376,6 +362,19 @@ impl Session for Context<'_> {
             logits.extend_from_slice(unsafe { std::slice::from_raw_parts(row, vocab) });
         }
         Ok(logits)
+    }
+
+    fn routing(&mut self) -> Result<Option<Routing>, TeacherError> {
+        let tokens = self.pos as usize;
+        match self.capture.as_mut() {
+            None => Ok(None),
+            Some(capture) => capture.finish(tokens).map_err(|e| {
+                TeacherError::Request(format!(
+                    "{}: llama.cpp's routing: {e}",
+                    self.model.path.display()
+                ))
+            }),
+        }
     }
 }
 
@@ -450,8 +449,8 @@ impl Capture {
                 layer,
                 k: k as usize,
                 experts: vec![],
-                weights: vec![],
-                norms: vec![],
+                weights: Some(vec![]),
+                norms: Some(vec![]),
             });
             entry.experts.extend(values);
         } else if OUTPUTS.contains(&base) {
@@ -479,8 +478,11 @@ impl Capture {
         if let Some((weights, norms)) = self.pending.remove(&layer)
             && let Some(entry) = self.layers.get_mut(&layer)
         {
-            entry.weights.extend(weights.unwrap_or_default());
-            entry.norms.extend(norms.unwrap_or_default());
+            let extend = |v: &mut Option<Vec<f32>>, new: Option<Vec<f32>>| {
+                v.get_or_insert_default().extend(new.unwrap_or_default())
+            };
+            extend(&mut entry.weights, weights);
+            extend(&mut entry.norms, norms);
         }
     }
 
@@ -497,16 +499,17 @@ impl Capture {
             return Ok(None);
         }
         let layers: Vec<LayerRouting> = std::mem::take(&mut self.layers).into_values().collect();
+        let len = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, Vec::len);
         for l in &layers {
             let n = tokens * l.k;
-            if l.experts.len() != n || l.weights.len() != n || l.norms.len() != n {
+            if l.experts.len() != n || len(&l.weights) != n || len(&l.norms) != n {
                 return Err(format!(
                     "layer {}: {} experts, {} weights and {} output norms for {tokens} tokens at \
                      k = {}",
                     l.layer,
                     l.experts.len(),
-                    l.weights.len(),
-                    l.norms.len(),
+                    len(&l.weights),
+                    len(&l.norms),
                     l.k
                 ));
             }

@@ -6,6 +6,7 @@ pub mod burn;
 #[cfg(feature = "llama-cpp")]
 pub mod llama_cpp;
 
+use crate::routing::Routing;
 use crate::{
     FinishReason, GenerateParams, Generation, Interrupt, Scored, TeacherError, log_sum_exp, sample,
     top_k,
@@ -15,13 +16,20 @@ use crate::{
 pub trait Session {
     /// Appends `ids` and returns their logits, `[ids.len(), vocab]` row-major.
     fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError>;
+
+    /// The MoE routing of every id fed so far, where the session was opened to record it and the
+    /// model routes (None otherwise).
+    fn routing(&mut self) -> Result<Option<Routing>, TeacherError> {
+        Ok(None)
+    }
 }
 
 /// A loaded model: what it takes, and fresh sequences through it.
 pub trait Model: Send + Sync {
     fn limits(&self) -> Limits;
-    /// A new sequence with room for `len` ids (prompt and completion).
-    fn session(&self, len: usize) -> Result<Box<dyn Session + '_>, TeacherError>;
+    /// A new sequence with room for `len` ids (prompt and completion), recording the MoE routing
+    /// when `routing` (an engine that cannot records nothing).
+    fn session(&self, len: usize, routing: bool) -> Result<Box<dyn Session + '_>, TeacherError>;
 }
 
 /// What an engine can take.
@@ -185,7 +193,11 @@ pub fn run(
             g.finish = FinishReason::Stop;
             break;
         }
-        last = session.feed(&[id])?;
+        // The last id is never fed: nothing comes after it (so a session's routing covers the
+        // prompt and every generated id but the last, as vLLM's does).
+        if g.ids.len() < budget {
+            last = session.feed(&[id])?;
+        }
     }
     Ok((scored, Some(g)))
 }

@@ -1,30 +1,47 @@
 //! A MoE model's routing decisions, token by token: per routed layer, the experts its router chose
-//! for each token, the weights their outputs were mixed with, and those outputs' norms. What the
-//! llama.cpp engine reads from the graph ([`crate::engine::llama_cpp`]) and what routing
-//! statistics are built from. [`wire`]: the expert ids served engines return.
+//! for each token and, from a white-box teacher, the weights their outputs were mixed with and
+//! those outputs' norms. What the llama.cpp engine reads from the graph
+//! ([`crate::engine::llama_cpp`]), what served engines return ([`wire`], ids only), what routing
+//! shards store (`k3mini_data::routing`, where the types live) and routing statistics are built
+//! from.
 
 pub mod wire;
 
-/// One sequence's routing.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Routing {
-    /// The routed layers, by layer index.
-    pub layers: Vec<LayerRouting>,
-}
+pub use k3mini_data::routing::{LayerRouting, Routing, RoutingShape};
+use k3mini_gguf::{GgufError, GgufFile, Value};
 
-/// One layer's routing of one sequence.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LayerRouting {
-    /// The block's index in the model.
-    pub layer: usize,
-    /// Experts per token.
-    pub k: usize,
-    /// `[tokens, k]` row-major: the chosen experts, in the router's order (best first).
-    pub experts: Vec<u32>,
-    /// `[tokens, k]`: the weight each chosen expert's output is multiplied by.
-    pub weights: Vec<f32>,
-    /// `[tokens, k]`: the L2 norm of each chosen expert's output before its weight (REAP's
-    /// ‖f_j(x)‖₂; where a graph weights the experts' inputs instead, as Llama 4's does, the
-    /// output of the weighted input).
-    pub norms: Vec<f32>,
+/// The routing of a GGUF's model as its metadata and tensors say: `{arch}.block_count` layers,
+/// `{arch}.expert_count` experts, `{arch}.expert_used_count` per token, MoE layers those with a
+/// router (`blk.N.ffn_gate_inp.weight`). `None` for a dense model (or one without those keys).
+pub fn gguf_routing(file: &GgufFile) -> Result<Option<RoutingShape>, GgufError> {
+    let arch = file.require("general.architecture", Value::as_str)?;
+    let count = |key: &str| {
+        file.get(&format!("{arch}.{key}"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize
+    };
+    // A file without a layer count is the engine's to refuse (with its own reason).
+    let layers = count("block_count");
+    let moe_layers: Vec<usize> = (0..layers)
+        .filter(|l| {
+            file.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
+                .is_some()
+        })
+        .collect();
+    let (experts, k) = (count("expert_count"), count("expert_used_count"));
+    if moe_layers.is_empty() || experts == 0 {
+        return Ok(None);
+    }
+    if k == 0 || k > experts {
+        return Err(GgufError::File {
+            path: file.path.clone(),
+            message: format!("{arch}.expert_used_count {k} of {experts} experts"),
+        });
+    }
+    Ok(Some(RoutingShape {
+        layers,
+        k,
+        experts,
+        moe_layers,
+    }))
 }

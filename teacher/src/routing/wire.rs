@@ -11,6 +11,8 @@
 //! Everything here is read, checked, and refused with a [`WireError`] that says what was wrong:
 //! a payload that is not what it claims never becomes a routing record.
 
+pub use crate::routing::RoutingShape;
+use crate::routing::{LayerRouting, Routing};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::Value;
@@ -22,19 +24,6 @@ pub struct RoutedExperts {
     pub layers: usize,
     pub k: usize,
     pub ids: Vec<u32>,
-}
-
-/// What a teacher's configuration says its routing is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RoutingShape {
-    /// Hidden layers: the length of a payload's layer axis.
-    pub layers: usize,
-    /// Experts per token.
-    pub k: usize,
-    /// Routed experts per MoE layer.
-    pub experts: usize,
-    /// The MoE layers, ascending: the rows that mean something.
-    pub moe_layers: Vec<usize>,
 }
 
 #[derive(Debug, PartialEq, thiserror::Error)]
@@ -323,6 +312,42 @@ impl RoutedExperts {
             }
         }
         Ok(())
+    }
+
+    /// Its MoE layers' first `tokens` tokens (it was [`RoutedExperts::check`]ed against `shape`).
+    pub fn routing(&self, shape: &RoutingShape, tokens: usize) -> Routing {
+        let layers = shape
+            .moe_layers
+            .iter()
+            .map(|&layer| LayerRouting {
+                layer,
+                k: shape.k,
+                experts: (0..tokens.min(self.tokens))
+                    .flat_map(|t| self.layer(t, layer).iter().copied())
+                    .collect(),
+                weights: None,
+                norms: None,
+            })
+            .collect();
+        Routing { layers }
+    }
+
+    /// `routing` as a server returns it: `[tokens, shape.layers, k]`, a dense layer's rows zero.
+    pub fn of(routing: &Routing, shape: &RoutingShape) -> Self {
+        let (tokens, k) = (routing.tokens(), shape.k);
+        let mut ids = vec![0; tokens * shape.layers * k];
+        for l in &routing.layers {
+            for (t, row) in l.experts.chunks_exact(k).enumerate() {
+                let at = (t * shape.layers + l.layer) * k;
+                ids[at..at + k].copy_from_slice(row);
+            }
+        }
+        Self {
+            tokens,
+            layers: shape.layers,
+            k,
+            ids,
+        }
     }
 
     /// Token `t`'s `k` experts at `layer`.

@@ -2,6 +2,7 @@
 mod http;
 #[cfg(feature = "llama-cpp")]
 mod llama_cpp;
+mod routing_client;
 mod routing_wire;
 mod smollm2;
 mod top_k;

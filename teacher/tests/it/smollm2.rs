@@ -209,6 +209,7 @@ mod scoring {
                         });
                         Ok(CorpusDoc {
                             key: 100 + d as u64,
+                            source: d % 2,
                             ids,
                             parts,
                         })
@@ -234,6 +235,7 @@ mod scoring {
             segments_per_shard: 4,
             concurrency: 1,
             sources_sha256: "test corpus".into(),
+            sources: vec!["even".into(), "odd".into()],
         };
         let segs: usize = docs
             .iter()

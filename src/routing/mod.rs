@@ -1,0 +1,6 @@
+//! What k3mini does with a MoE teacher's routing once `teacher score` has harvested it into
+//! routing shards: [`stats`] sums it per layer and expert, overall and per corpus source;
+//! [`report`] writes `k3mini routing report`'s table, markdown and heatmaps.
+
+pub mod report;
+pub mod stats;
