@@ -102,7 +102,8 @@ pub enum TokenizerSpec {
     Builtin { name: String },
     /// A tokenizer.json.
     File { path: PathBuf },
-    /// The local GGUF teacher's own (`data.tokenizer = "teacher"`).
+    /// A GGUF teacher's own: the local teacher's (`data.tokenizer = "teacher"`) or a built-in
+    /// one's by name (`"smollm2"`).
     Teacher { model: LocalModel },
 }
 
@@ -562,6 +563,14 @@ fn data_plan(
                 );
             }
         }
+    } else if fetch::known(&d.tokenizer, Kind::Teacher).is_some() {
+        // A built-in teacher's vocabulary, for runs that have no teacher of their own (one that
+        // becomes a teacher, whose students must share it).
+        TokenizerSpec::Teacher {
+            model: LocalModel::Builtin {
+                name: d.tokenizer.clone(),
+            },
+        }
     } else if Tokenizer::builtin(&d.tokenizer).is_some() {
         TokenizerSpec::Builtin {
             name: d.tokenizer.clone(),
@@ -571,7 +580,11 @@ fn data_plan(
         if !path.is_file() {
             return refuse(
                 "data.tokenizer",
-                format!("not `kimi` and no file at {}", path.display()),
+                format!(
+                    "not `kimi`, `teacher` or a built-in teacher's name (smollm2), and no file \
+                     at {}",
+                    path.display()
+                ),
             );
         }
         TokenizerSpec::File { path }

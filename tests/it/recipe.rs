@@ -75,6 +75,31 @@ fn a_good_recipe_resolves_with_explicit_defaults() {
 }
 
 #[test]
+fn a_built_in_teachers_vocabulary_needs_no_teacher_table() {
+    // A model trained to become a teacher shares SmolLM2's vocabulary without distilling from it.
+    let s = scratch("smollm2-vocab");
+    let text = GOOD.replace("tokenizer = \"kimi\"", "tokenizer = \"smollm2\"");
+    let r = recipe::load(&s.write("recipe.toml", &text)).unwrap();
+    assert_eq!(
+        r.data.tokenizer,
+        recipe::TokenizerSpec::Teacher {
+            model: recipe::LocalModel::Builtin {
+                name: "smollm2".into()
+            }
+        }
+    );
+    assert!(r.distill.is_none());
+    let e = error(
+        "no-vocab",
+        &GOOD.replace("tokenizer = \"kimi\"", "tokenizer = \"smollm3\""),
+    );
+    assert!(
+        e.message.contains("built-in teacher's name (smollm2)"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_keys_are_rejected_with_their_line() {
     let text = GOOD.replace("lr = 3e-3", "lr = 3e-3\nlearning_rate = 1");
     let e = error("unknown", &text);
