@@ -691,7 +691,26 @@ fn teacher_plan(
         Some(g) => Some(generate_plan(g, out_dir, at)?),
         None => None,
     };
-    let routing = match (t.routing, &t.routing_shape, &source) {
+    let routing = routing_plan(t, &source)?;
+    Ok(TeacherPlan {
+        source,
+        concurrency: t.concurrency,
+        k: t.k,
+        logprob_temperature: t.temperature,
+        segments_per_shard: t.segments_per_shard,
+        logprob_step,
+        shards_dir: t
+            .shards_dir
+            .as_deref()
+            .map_or_else(|| out_dir.join("shards"), absolute),
+        routing,
+        generate,
+    })
+}
+
+/// Whether `teacher score` harvests routing, and where the teacher's routing comes from.
+fn routing_plan(t: &TeacherConfig, source: &TeacherSource) -> Result<Option<RoutingPlan>, Refusal> {
+    Ok(match (t.routing, &t.routing_shape, source) {
         (false, None, _) => None,
         (false, Some(_), _) => {
             return refuse(
@@ -737,20 +756,6 @@ fn teacher_plan(
                 shape: shape.clone(),
             })
         }
-    };
-    Ok(TeacherPlan {
-        source,
-        concurrency: t.concurrency,
-        k: t.k,
-        logprob_temperature: t.temperature,
-        segments_per_shard: t.segments_per_shard,
-        logprob_step,
-        shards_dir: t
-            .shards_dir
-            .as_deref()
-            .map_or_else(|| out_dir.join("shards"), absolute),
-        routing,
-        generate,
     })
 }
 

@@ -124,11 +124,40 @@ pub fn write_report(
         &meta.teacher,
         &table(stats, meta, by_source),
     )?;
-    let plot_err =
-        |what: &str, e: Box<dyn std::error::Error>| crate::refused!("plotting {what}: {e}");
+    let mut md = String::new();
+    summary(stats, meta, &mut md);
+    usage(stats, out, &mut md)?;
+    if stats.white_box {
+        saliency(stats, &mut md);
+    }
+    co_selection(stats, out, &mut md)?;
+    if by_source && !meta.sources.is_empty() {
+        sources(stats, meta, out, &mut md)?;
+    }
+    let path = out.join("report.md");
+    let tmp = out.join("report.md.tmp");
+    std::fs::write(&tmp, md).with_context(|| tmp.display().to_string())?;
+    std::fs::rename(&tmp, &path).with_context(|| path.display().to_string())?;
+    Ok(path)
+}
+
+fn plot_err(what: &str, e: Box<dyn std::error::Error>) -> crate::error::Error {
+    crate::refused!("plotting {what}: {e}")
+}
+
+/// `layer N` for each MoE layer: the heatmaps' and tables' row names.
+fn layer_names(stats: &RoutingStats) -> Vec<String> {
+    stats
+        .layers
+        .iter()
+        .map(|l| format!("layer {}", l.layer))
+        .collect()
+}
+
+/// The header and the per-layer table.
+fn summary(stats: &RoutingStats, meta: &RoutingMeta, md: &mut String) {
     let (shape, e) = (&stats.shape, stats.shape.experts);
     let tokens = stats.layers.first().map_or(0, |l| l.tokens);
-    let mut md = String::new();
     let _ = writeln!(
         md,
         "# Routing report\n\nTeacher `{}`: {} MoE layers of {} hidden layers, {e} experts, k = {} \
@@ -178,44 +207,53 @@ pub fn write_report(
             top.join(", ")
         );
     }
-    let layer_names: Vec<String> = stats
-        .layers
-        .iter()
-        .map(|l| format!("layer {}", l.layer))
-        .collect();
+}
+
+/// Expert frequency per layer (usage.svg).
+fn usage(stats: &RoutingStats, out: &Path, md: &mut String) -> Result<()> {
+    let e = stats.shape.experts;
     let usage: Vec<f64> = stats.layers.iter().flat_map(|l| l.frequency()).collect();
     heatmap(
         &out.join("usage.svg"),
         "Expert frequency per layer",
         "expert",
-        &layer_names,
+        &layer_names(stats),
         e,
         &usage,
     )
     .map_err(|err| plot_err("usage", err))?;
     md.push_str("\n## Usage\n\n![expert frequency per layer](usage.svg)\n");
-    if stats.white_box {
-        md.push_str(
-            "\n## REAP saliency\n\nMean over the tokens routed to each expert of ḡ · ‖f(x)‖₂ \
-             (`saliency` in routing.parquet): what REAP pruning ranks experts by. \
-             Lowest per layer:\n\n| layer | lowest saliency (expert: value) |\n|---|---|\n",
-        );
-        for l in &stats.layers {
-            let sal = l.saliency().expect("white-box");
-            let mut order: Vec<(usize, f64)> = sal
-                .iter()
-                .enumerate()
-                .map(|(j, s)| (j, s.unwrap_or(0.0)))
-                .collect();
-            order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-            let low: Vec<String> = order
-                .iter()
-                .take(3)
-                .map(|(j, s)| format!("{j}: {s:.4}"))
-                .collect();
-            let _ = writeln!(md, "| {} | {} |", l.layer, low.join(", "));
-        }
+    Ok(())
+}
+
+/// The lowest-saliency experts per layer (white-box teachers).
+fn saliency(stats: &RoutingStats, md: &mut String) {
+    md.push_str(
+        "\n## REAP saliency\n\nMean over the tokens routed to each expert of ḡ · ‖f(x)‖₂ \
+         (`saliency` in routing.parquet): what REAP pruning ranks experts by. \
+         Lowest per layer:\n\n| layer | lowest saliency (expert: value) |\n|---|---|\n",
+    );
+    for l in &stats.layers {
+        let sal = l.saliency().expect("white-box");
+        let mut order: Vec<(usize, f64)> = sal
+            .iter()
+            .enumerate()
+            .map(|(j, s)| (j, s.unwrap_or(0.0)))
+            .collect();
+        order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let low: Vec<String> = order
+            .iter()
+            .take(3)
+            .map(|(j, s)| format!("{j}: {s:.4}"))
+            .collect();
+        let _ = writeln!(md, "| {} | {} |", l.layer, low.join(", "));
     }
+}
+
+/// Co-selection heatmaps and the pairs chosen together most often, for up to
+/// [`PLOTTED_LAYERS`] layers.
+fn co_selection(stats: &RoutingStats, out: &Path, md: &mut String) -> Result<()> {
+    let e = stats.shape.experts;
     md.push_str("\n## Co-selection\n\nTokens that chose both experts, over the tokens routed.\n");
     for i in spaced(stats.layers.len()) {
         let l = &stats.layers[i];
@@ -263,56 +301,57 @@ pub fn write_report(
             }
         );
     }
-    if by_source && !meta.sources.is_empty() {
-        md.push_str(
-            "\n## Sources\n\nSpecialisation: KL(the source's expert usage ‖ the corpus's), in nats, \
-             per layer (0: the source routes like the corpus).\n\n",
-        );
+    Ok(())
+}
+
+/// Per-source specialisation and domain profiles.
+fn sources(stats: &RoutingStats, meta: &RoutingMeta, out: &Path, md: &mut String) -> Result<()> {
+    let e = stats.shape.experts;
+    let names = layer_names(stats);
+    md.push_str(
+        "\n## Sources\n\nSpecialisation: KL(the source's expert usage ‖ the corpus's), in nats, \
+         per layer (0: the source routes like the corpus).\n\n",
+    );
+    let _ = writeln!(
+        md,
+        "| source | tokens | {} |\n|---|---|{}",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    );
+    for ((name, layers), kl) in meta
+        .sources
+        .iter()
+        .zip(&stats.sources)
+        .zip(stats.specialisation())
+    {
+        let cells: Vec<String> = kl.iter().map(|k| format!("{k:.3}")).collect();
         let _ = writeln!(
             md,
-            "| source | tokens | {} |\n|---|---|{}",
-            layer_names.join(" | "),
-            "---|".repeat(layer_names.len())
+            "| {name} | {} | {} |",
+            layers.first().map_or(0, |l| l.tokens),
+            cells.join(" | ")
         );
-        for ((name, layers), kl) in meta
-            .sources
-            .iter()
-            .zip(&stats.sources)
-            .zip(stats.specialisation())
-        {
-            let cells: Vec<String> = kl.iter().map(|k| format!("{k:.3}")).collect();
-            let _ = writeln!(
-                md,
-                "| {name} | {} | {} |",
-                layers.first().map_or(0, |l| l.tokens),
-                cells.join(" | ")
-            );
-        }
-        if e <= PLOTTED_EXPERTS {
-            for i in spaced(stats.layers.len()) {
-                let layer = stats.layers[i].layer;
-                let values: Vec<f64> = stats
-                    .sources
-                    .iter()
-                    .flat_map(|s| s[i].frequency())
-                    .collect();
-                let file = format!("profiles-{layer}.svg");
-                heatmap(
-                    &out.join(&file),
-                    &format!("Expert frequency per source, layer {layer}"),
-                    "expert",
-                    &meta.sources,
-                    e,
-                    &values,
-                )
-                .map_err(|err| plot_err("profiles", err))?;
-                let _ = writeln!(md, "\n![domain profiles, layer {layer}]({file})");
-            }
+    }
+    if e <= PLOTTED_EXPERTS {
+        for i in spaced(stats.layers.len()) {
+            let layer = stats.layers[i].layer;
+            let values: Vec<f64> = stats
+                .sources
+                .iter()
+                .flat_map(|s| s[i].frequency())
+                .collect();
+            let file = format!("profiles-{layer}.svg");
+            heatmap(
+                &out.join(&file),
+                &format!("Expert frequency per source, layer {layer}"),
+                "expert",
+                &meta.sources,
+                e,
+                &values,
+            )
+            .map_err(|err| plot_err("profiles", err))?;
+            let _ = writeln!(md, "\n![domain profiles, layer {layer}]({file})");
         }
     }
-    let path = out.join("report.md");
-    let tmp = out.join("report.md.tmp");
-    std::fs::write(&tmp, md).with_context(|| tmp.display().to_string())?;
-    std::fs::rename(&tmp, &path).with_context(|| path.display().to_string())?;
-    Ok(path)
+    Ok(())
 }

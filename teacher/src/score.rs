@@ -302,24 +302,8 @@ pub fn score_corpus(
                 .unzip();
             let routed = match teacher.routing() {
                 Some(shape) => {
-                    let rows =
-                        routing
-                            .into_iter()
-                            .collect::<Option<Vec<_>>>()
-                            .ok_or_else(|| {
-                                TeacherError::Server(format!(
-                                    "{}: a scored segment came back without its routing",
-                                    teacher.name()
-                                ))
-                            })?;
-                    let meta = RoutingMeta {
-                        teacher: job.meta.teacher.clone(),
-                        sources: job.sources.clone(),
-                        shape: shape.clone(),
-                        white_box: rows.first().is_some_and(|r| r.routing.white_box()),
-                    };
                     let at = path.with_file_name(routing_file(index));
-                    write_routing_shard(&at, &meta, &rows)?;
+                    write_routing(&at, teacher, job, shape, routing)?;
                     true
                 }
                 None => false,
@@ -341,6 +325,34 @@ pub fn score_corpus(
         return Err(corpus_changed());
     }
     Ok(manifest)
+}
+
+/// Writes a shard's routing shard at `path`: every segment's routing (each must have come back
+/// with it), stored as `teacher` routed it.
+fn write_routing(
+    path: &Path,
+    teacher: &dyn Teacher,
+    job: &ScoreJob,
+    shape: &RoutingShape,
+    routing: Vec<Option<RoutingRow>>,
+) -> Result<(), TeacherError> {
+    let rows = routing
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            TeacherError::Server(format!(
+                "{}: a scored segment came back without its routing",
+                teacher.name()
+            ))
+        })?;
+    let meta = RoutingMeta {
+        teacher: job.meta.teacher.clone(),
+        sources: job.sources.clone(),
+        shape: shape.clone(),
+        white_box: rows.first().is_some_and(|r| r.routing.white_box()),
+    };
+    write_routing_shard(path, &meta, &rows)?;
+    Ok(())
 }
 
 /// Copies `from` to `to` through a temporary file renamed into place.
