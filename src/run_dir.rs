@@ -65,6 +65,9 @@ pub struct StepMetrics {
     /// On-policy steps: mean `log q(x) − log p(x)` over the tokens the student sampled.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub on_policy_kl: Option<f64>,
+    /// MoE students with `balance_loss_weight`: the step's weighted balance loss (not in `loss`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub balance_loss: Option<f64>,
     /// MoE students: per MoE layer, the most and the fewest tokens one expert took this step.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub expert_load_max: Vec<usize>,

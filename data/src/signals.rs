@@ -18,6 +18,7 @@
 use crate::chat::LossParts;
 use crate::error::DataError;
 use crate::pack::epoch_order;
+use crate::routing::{Routing, RoutingRow, RoutingShape, read_routing_shard};
 use crate::shards::{Shard, ShardMeta, ShardRow, read_shard};
 use crate::trajectories::{TrajectoryRow, read_trajectories};
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,9 @@ pub struct SignalBatch {
     pub loss_mask: Vec<f32>,
     pub top_ids: Vec<i64>,
     pub top_logprobs: Vec<f32>,
+    /// Per row, the teacher's routing of its `n − 1` scored positions, when the stream reads the
+    /// routing shards (router distillation).
+    pub routing: Vec<Option<Routing>>,
 }
 
 /// One training row: `n` ids and, at each of the `n − 1` positions, whether it is a target and the
@@ -78,6 +82,8 @@ pub struct SignalRow {
     pub targets: Vec<bool>,
     pub top_ids: Vec<u32>,
     pub top_logprobs: Vec<f32>,
+    /// The teacher's routing of the `n − 1` positions (scored segments, when read).
+    pub routing: Option<Routing>,
 }
 
 impl SignalRow {
@@ -94,6 +100,7 @@ impl SignalRow {
             top_ids: top_prefix(&row.top_ids, from, to),
             top_logprobs: top_prefix(&row.top_logprobs, from, to),
             ids: row.input_ids,
+            routing: None,
         }
     }
 
@@ -141,6 +148,7 @@ impl SignalRow {
             targets,
             top_ids,
             top_logprobs,
+            routing: None,
         })
     }
 }
@@ -156,6 +164,7 @@ pub fn assemble(rows: &[&SignalRow], seq_len: usize, k: usize, vocab: usize) -> 
         loss_mask: vec![0.0; rows.len() * t],
         top_ids: vec![0; rows.len() * t * k],
         top_logprobs: vec![-(k as f32).ln(); rows.len() * t * k],
+        routing: rows.iter().map(|r| r.routing.clone()).collect(),
     };
     for (r, row) in rows.iter().enumerate() {
         for (i, &id) in row.ids.iter().enumerate() {
@@ -198,6 +207,8 @@ pub struct ShardFile {
     pub path: PathBuf,
     pub first: u64,
     pub sha256: String,
+    /// Its routing shard and that one's SHA-256 (`teacher score` with routing).
+    pub routing: Option<(PathBuf, String)>,
 }
 
 /// What a stream expects of every shard it reads.
@@ -210,6 +221,8 @@ pub struct SignalSpec {
     pub vocab: usize,
     /// The student tokenizer's fingerprint: shards made with another tokenizer are refused.
     pub tokenizer_sha256: String,
+    /// Read each scored shard's routing shard too, refusing one whose teacher routing is not this.
+    pub routing: Option<RoutingShape>,
 }
 
 impl SignalSpec {
@@ -224,8 +237,13 @@ impl SignalSpec {
             SignalSource::Scores { train_on } => {
                 let Shard { meta, rows, .. } = read_shard(path, Some(&file.sha256))?;
                 self.check(path, &meta)?;
+                let mut routing = self.read_routing(file, rows.len())?.map(Vec::into_iter);
                 let mut kept = Vec::new();
                 for row in rows {
+                    let row_routing = match &mut routing {
+                        Some(it) => Some(aligned(path, &row, it.next())?),
+                        None => None,
+                    };
                     if row.input_ids.len() > self.seq_len {
                         return Err(DataError::io(
                             path,
@@ -239,7 +257,10 @@ impl SignalSpec {
                         ));
                     }
                     if keep(row.doc_id) {
-                        kept.push(SignalRow::from_scores(row, meta.k, self.k, train_on));
+                        kept.push(SignalRow {
+                            routing: row_routing,
+                            ..SignalRow::from_scores(row, meta.k, self.k, train_on)
+                        });
                     }
                 }
                 Ok(kept)
@@ -271,6 +292,41 @@ impl SignalSpec {
         }
     }
 
+    /// The routing shard's rows, when this spec reads routing: verified by checksum, against the
+    /// expected teacher routing, and to hold one row per signal row.
+    fn read_routing(
+        &self,
+        file: &ShardFile,
+        rows: usize,
+    ) -> Result<Option<Vec<RoutingRow>>, DataError> {
+        let Some(shape) = &self.routing else {
+            return Ok(None);
+        };
+        let Some((path, sha)) = &file.routing else {
+            return Err(DataError::io(
+                &file.path,
+                "has no routing shard beside it: score with teacher.routing = true",
+            ));
+        };
+        let shard = read_routing_shard(path, Some(sha))?;
+        if shard.meta.shape != *shape {
+            return Err(DataError::io(
+                path,
+                format!(
+                    "holds the routing of a teacher shaped {:?}; the run expects {:?}",
+                    shard.meta.shape, shape
+                ),
+            ));
+        }
+        if shard.rows.len() != rows {
+            return Err(DataError::io(
+                path,
+                format!("has {} rows; its signal shard has {rows}", shard.rows.len()),
+            ));
+        }
+        Ok(Some(shard.rows))
+    }
+
     fn check(&self, path: &std::path::Path, meta: &ShardMeta) -> Result<(), DataError> {
         if meta.tokenizer_sha256 != self.tokenizer_sha256 {
             return Err(DataError::io(
@@ -290,6 +346,31 @@ impl SignalSpec {
         }
         Ok(())
     }
+}
+
+/// A signal row's routing row: the same segment, covering its `n − 1` scored positions.
+fn aligned(
+    path: &std::path::Path,
+    row: &ShardRow,
+    routing: Option<RoutingRow>,
+) -> Result<Routing, DataError> {
+    let r = routing.expect("row counts were matched");
+    if (r.doc_id, r.segment) != (row.doc_id, row.segment) || r.routing.tokens() != row.positions() {
+        return Err(DataError::io(
+            path,
+            format!(
+                "routing row for document {} segment {} ({} tokens) does not match signal row \
+                 document {} segment {} ({} positions)",
+                r.doc_id,
+                r.segment,
+                r.routing.tokens(),
+                row.doc_id,
+                row.segment,
+                row.positions()
+            ),
+        ));
+    }
+    Ok(r.routing)
 }
 
 type Keep = Arc<dyn Fn(u64) -> bool + Send + Sync>;

@@ -2,7 +2,7 @@
 
 numpy in float64, written from the formulas (not from k3mini's code): SPEC section 7, DistillKit's
 temperature-from-logprobs rule, GKD's JSD, DistiLLM's skew KLs, random-sampling KD with given
-frequencies, and the on-policy reverse-KL advantage loss. Gradients with respect to the student's
+frequencies, the on-policy reverse-KL advantage loss, and router distillation's KL(r ‖ s / Σ s). Gradients with respect to the student's
 logits are central finite differences of these float64 functions.
 
     python scripts/golden/distill_losses.py      # needs numpy only
@@ -109,10 +109,30 @@ def main():
     f = lambda z: masked(-adv * log_softmax(z)[np.arange(N), sampled])
     on_policy = {"sampled": sampled.tolist(), "teacher_logprobs": teacher_at.tolist(),
                  "loss": f(logits), "grad": grad(f, logits).ravel().tolist()}
+    # Router distillation: the student router's logits z [N, E], scores s = sigmoid(z), π = s / Σ s;
+    # the teacher's mass r on the student's experts (rows sum to 1; row 2 has none and is masked).
+    E = 4
+    router_logits = rng.normal(0, 1.0, (N, E))
+    r = rng.dirichlet(np.ones(E), N)
+    r[1, 3] = 0.0
+    r[1] /= r[1].sum()
+    r[2] = 0.0
+    rmask = (r.sum(1) > 0).astype(np.float64)
+
+    def router_kl(z):
+        s = 1.0 / (1.0 + np.exp(-z))
+        log_pi = np.log(s) - np.log(s.sum(1, keepdims=True))
+        per = (r * (np.log(np.maximum(r, FLOOR)) - log_pi)).sum(1)
+        return (per * rmask).sum() / rmask.sum()
+
+    router = {"e": E, "logits": router_logits.ravel().tolist(), "target": r.ravel().tolist(),
+              "mask": rmask.tolist(), "loss": router_kl(router_logits),
+              "grad": grad(router_kl, router_logits).ravel().tolist()}
     OUT.write_text(json.dumps({
         "n": N, "v": V, "k": K, "logits": logits.ravel().tolist(), "ids": ids.ravel().tolist(),
         "top_logprobs": top_lp.ravel().tolist(), "targets": targets.tolist(), "mask": mask.tolist(),
         "sampled_freq": sampled_freq.ravel().tolist(), "cases": cases, "on_policy": on_policy,
+        "router_kl": router,
     }, indent=1) + "\n")
     print(OUT, len(cases), "cases")
 

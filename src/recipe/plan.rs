@@ -219,7 +219,24 @@ pub struct DistillPlan {
     pub mode: ModePlan,
     /// `Σ weight · objective`; only objectives with a positive weight are kept.
     pub objectives: Vec<WeightedObjective>,
+    /// `router_kl`, when weighted: added to the token objectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_kl: Option<RouterKlPlan>,
     pub teacher: TeacherPlan,
+}
+
+/// Router distillation: at each student MoE layer the design maps, `weight · KL(r ‖ π)` between the
+/// teacher's routing mass gathered onto the student's experts and the student router's normalised
+/// scores, averaged over positions and layers (`student/src/distill.rs`'s `router_kl`). The design
+/// matches the student's experts and layers and, for a served teacher, its routing shape; the
+/// routing shards are checked against its teacher shape as they are read.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouterKlPlan {
+    pub weight: f64,
+    /// Where the design was read from.
+    pub path: PathBuf,
+    pub design: crate::routing::design::Design,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
@@ -399,7 +416,7 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
                 "needs a [teacher] table: the signals it trains from are the teacher's",
             );
         }
-        (Some(d), Some(teacher)) => Some(distill_plan(d, teacher)?),
+        (Some(d), Some(teacher)) => Some(distill_plan(d, teacher, &model, &at)?),
     };
     let data = data_plan(&r.data, distill.as_ref(), &at)?;
     let per_micro = r.train.micro_batch * r.data.seq_len;
@@ -842,7 +859,12 @@ fn generate_plan(
     })
 }
 
-fn distill_plan(d: &DistillConfig, teacher: TeacherPlan) -> Result<DistillPlan, Refusal> {
+fn distill_plan(
+    d: &DistillConfig,
+    teacher: TeacherPlan,
+    model: &ModelConfig,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<DistillPlan, Refusal> {
     if d.objectives.is_empty() {
         return refuse("distill.objectives", "names no objective");
     }
@@ -856,16 +878,21 @@ fn distill_plan(d: &DistillConfig, teacher: TeacherPlan) -> Result<DistillPlan, 
         );
     }
     let mut objectives = Vec::new();
+    let mut router_kl = None;
     for (i, o) in d.objectives.iter().enumerate() {
         check_objective(i, o)?;
-        if o.weight > 0.0 {
-            objectives.push(WeightedObjective {
+        if o.weight == 0.0 {
+            continue;
+        }
+        match o.objective() {
+            Some(objective) => objectives.push(WeightedObjective {
                 weight: o.weight,
-                objective: o.objective(),
-            });
+                objective,
+            }),
+            None => router_kl = Some(router_kl_plan(i, o, d.mode, &teacher, model, at)?),
         }
     }
-    if objectives.is_empty() {
+    if objectives.is_empty() && router_kl.is_none() {
         return refuse("distill.objectives", "every weight is 0");
     }
     let needs_prompts = || {
@@ -910,7 +937,87 @@ fn distill_plan(d: &DistillConfig, teacher: TeacherPlan) -> Result<DistillPlan, 
         tau: d.temperature,
         mode,
         objectives,
+        router_kl,
         teacher,
+    })
+}
+
+/// `router_kl`'s design, read and matched against the student and the teacher.
+fn router_kl_plan(
+    i: usize,
+    o: &ObjectiveConfig,
+    mode: DistillMode,
+    teacher: &TeacherPlan,
+    model: &ModelConfig,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<RouterKlPlan, Refusal> {
+    let key = format!("distill.objectives.{i}");
+    if mode != DistillMode::Offline {
+        return refuse(
+            &key,
+            "router_kl reads the routing shards `teacher score` writes beside the signal shards: \
+             mode = \"offline\" only",
+        );
+    }
+    if teacher.routing.is_none() {
+        return refuse(
+            &key,
+            "router_kl needs the teacher's routing: set teacher.routing = true and score",
+        );
+    }
+    let Some(rel) = &o.design else {
+        return refuse(
+            &format!("{key}.design"),
+            "router_kl needs the design.json `k3mini routing design` wrote",
+        );
+    };
+    let path = at(rel);
+    let design = crate::routing::design::Design::read(&path)
+        .map_err(|e| (format!("{key}.design"), e.to_string()))?;
+    let Some(moe) = &model.moe else {
+        return refuse(
+            &key,
+            "router_kl distils routers: the student has no [model.moe]",
+        );
+    };
+    let want = (
+        design.num_experts,
+        design.n_layers,
+        design.first_dense_layers,
+    );
+    let have = (moe.num_experts, model.n_layers, moe.first_dense_layers);
+    if want != have {
+        return refuse(
+            &key,
+            format!(
+                "{} designs {} experts over {} layers ({} dense); the student has {} over {} ({} dense)",
+                path.display(),
+                want.0,
+                want.1,
+                want.2,
+                have.0,
+                have.1,
+                have.2
+            ),
+        );
+    }
+    if let Some(RoutingPlan::Given { shape }) = &teacher.routing
+        && *shape != design.teacher_shape
+    {
+        return refuse(
+            &key,
+            format!(
+                "{} was designed from routing {:?}; teacher.routing_shape is {:?}",
+                path.display(),
+                design.teacher_shape,
+                shape
+            ),
+        );
+    }
+    Ok(RouterKlPlan {
+        weight: o.weight,
+        path,
+        design,
     })
 }
 
@@ -937,6 +1044,9 @@ fn check_objective(i: usize, o: &ObjectiveConfig) -> Result<(), Refusal> {
             }
             _ => {}
         }
+    }
+    if o.design.is_some() && o.kind != ObjectiveKind::RouterKl {
+        return refuse(&key("design"), "applies to `router_kl` only");
     }
     match o.samples {
         Some(_) if o.kind != ObjectiveKind::Sampled => {

@@ -122,6 +122,9 @@ pub struct ObjectiveConfig {
     /// `sampled`: draws per position (default 12).
     #[serde(default)]
     pub samples: Option<usize>,
+    /// `router_kl`: the `routing design` map (`design.json`), relative to the recipe.
+    #[serde(default)]
+    pub design: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -136,11 +139,15 @@ pub enum ObjectiveKind {
     SkewKl,
     SkewReverseKl,
     Sampled,
+    /// Router distillation (MoE students; not a token objective: see `RouterKlPlan`).
+    RouterKl,
 }
 
 impl ObjectiveConfig {
-    pub fn objective(&self) -> Objective {
-        match self.kind {
+    /// The token objective, `None` for `router_kl`.
+    pub fn objective(&self) -> Option<Objective> {
+        Some(match self.kind {
+            ObjectiveKind::RouterKl => return None,
             ObjectiveKind::Ce => Objective::CrossEntropy,
             ObjectiveKind::ForwardKl => Objective::ForwardKl,
             ObjectiveKind::TopkKl => Objective::TopkKl,
@@ -158,7 +165,7 @@ impl ObjectiveConfig {
             ObjectiveKind::Sampled => Objective::Sampled {
                 samples: self.samples.unwrap_or(12),
             },
-        }
+        })
     }
 }
 

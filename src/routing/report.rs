@@ -4,20 +4,24 @@
 
 use super::stats::{LayerStats, RoutingStats};
 use crate::error::{Context, Result};
-use k3mini_data::routing::{ExpertRow, RoutingMeta, read_routing_shard, write_report_table};
+use k3mini_data::routing::{
+    ExpertRow, RoutingMeta, RoutingRow, read_routing_shard, write_report_table,
+};
 use k3mini_eval::plots::heatmap;
+use k3mini_eval::report::write_atomic;
 use k3mini_teacher::manifest::{MANIFEST, Manifest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// The statistics of every routing shard `teacher score` recorded in `dir` (each verified against
-/// the manifest's SHA-256 and against the first one's metadata), and that metadata;
-/// `on_shard(done, total)` after each.
-pub fn read_stats(
+/// Calls `on_row` on every row of every routing shard `teacher score` recorded in `dir` (each
+/// verified against the manifest's SHA-256 and against the first one's metadata) and returns that
+/// metadata; `on_shard(done, total)` after each shard.
+pub fn for_each_row(
     dir: &Path,
+    on_row: &mut dyn FnMut(&RoutingMeta, &RoutingRow),
     on_shard: &mut dyn FnMut(usize, usize),
-) -> Result<(RoutingStats, RoutingMeta)> {
+) -> Result<RoutingMeta> {
     let path = dir.join(MANIFEST);
     let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
     let manifest: Manifest<ScoreManifestJob> = serde_json::from_slice(&text)
@@ -29,7 +33,7 @@ pub fn read_stats(
         ));
     }
     let total = manifest.shards.len();
-    let mut stats: Option<(RoutingStats, RoutingMeta)> = None;
+    let mut first: Option<RoutingMeta> = None;
     for (i, entry) in manifest.shards.iter().enumerate() {
         let companion = entry.routing.as_ref().ok_or_else(|| {
             crate::refused!(
@@ -39,13 +43,7 @@ pub fn read_stats(
             )
         })?;
         let shard = read_routing_shard(&dir.join(&companion.file), Some(&companion.sha256))?;
-        let (s, meta) = stats.get_or_insert_with(|| {
-            let m = &shard.meta;
-            (
-                RoutingStats::new(&m.shape, m.white_box, m.sources.len()),
-                m.clone(),
-            )
-        });
+        let meta = first.get_or_insert_with(|| shard.meta.clone());
         if shard.meta != *meta {
             return Err(crate::refused!(
                 "{}: its routing ({:?}) is not the first routing shard's ({:?})",
@@ -54,10 +52,30 @@ pub fn read_stats(
                 meta
             ));
         }
-        shard.rows.iter().for_each(|row| s.add(row));
+        shard.rows.iter().for_each(|row| on_row(meta, row));
         on_shard(i + 1, total);
     }
-    stats.ok_or_else(|| crate::refused!("{}: the manifest lists no shards", dir.display()))
+    first.ok_or_else(|| crate::refused!("{}: the manifest lists no shards", dir.display()))
+}
+
+/// The statistics of every routing shard in `dir` ([`for_each_row`]) and their metadata.
+pub fn read_stats(
+    dir: &Path,
+    on_shard: &mut dyn FnMut(usize, usize),
+) -> Result<(RoutingStats, RoutingMeta)> {
+    let mut stats: Option<RoutingStats> = None;
+    let meta = for_each_row(
+        dir,
+        &mut |m, row| {
+            stats
+                .get_or_insert_with(|| RoutingStats::new(&m.shape, m.white_box, m.sources.len()))
+                .add(row)
+        },
+        on_shard,
+    )?;
+    let stats =
+        stats.unwrap_or_else(|| RoutingStats::new(&meta.shape, meta.white_box, meta.sources.len()));
+    Ok((stats, meta))
 }
 
 /// The table's rows: every layer × expert overall, then per source when `by_source`.
@@ -135,9 +153,7 @@ pub fn write_report(
         sources(stats, meta, out, &mut md)?;
     }
     let path = out.join("report.md");
-    let tmp = out.join("report.md.tmp");
-    std::fs::write(&tmp, md).with_context(|| tmp.display().to_string())?;
-    std::fs::rename(&tmp, &path).with_context(|| path.display().to_string())?;
+    write_atomic(&path, md.as_bytes()).with_context(|| path.display().to_string())?;
     Ok(path)
 }
 

@@ -1,12 +1,12 @@
 //! Batches as the model takes them: packed rows as `[rows, T]` tensors, teacher-signal batches
 //! flattened to one row per predicting position.
 
+use crate::train::objective::RouterTerms;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::PackedBatch;
 use k3mini_data::signals::SignalBatch;
 use k3mini_student::K3Mini;
 use k3mini_student::distill::TeacherTopK;
-use k3mini_student::moe::ExpertLoad;
 
 /// A packed batch as `[rows, T]` tensors: tokens, document starts, loss mask.
 pub fn packed_tensors(b: &PackedBatch, device: &Device) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
@@ -57,10 +57,12 @@ pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
 }
 
 /// The student's logits at every predicting position, `[rows, T] → [rows·(T−1), V]`, and the
-/// forward's expert loads.
-pub fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> (Tensor<2>, Vec<ExpertLoad>) {
-    let out = model.forward_with(tokens, None); // logits [rows, T, V]
-    let [rows, t, v] = out.logits.dims();
-    let logits = out.logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v]);
-    (logits, out.expert_load)
+/// forward's router terms.
+pub fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> (Tensor<2>, RouterTerms) {
+    let (logits, routers) = RouterTerms::split(model.forward_with(tokens, None)); // [rows, T, V]
+    let [rows, t, v] = logits.dims();
+    (
+        logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v]),
+        routers,
+    )
 }

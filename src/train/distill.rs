@@ -12,7 +12,7 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
-use crate::recipe::{DistillPlan, ModePlan, RunPlan};
+use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::batch::{flatten, position_logits};
 use crate::train::held_out::HeldOut;
@@ -27,8 +27,9 @@ use k3mini_data::signals::{
 use k3mini_data::stream::is_held_out;
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
-    Objective, masked_mean, objective_per_position, sample_targets, teacher_buckets,
+    Objective, masked_mean, objective_per_position, router_kl, sample_targets, teacher_buckets,
 };
+use k3mini_student::moe::Route;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
 use k3mini_teacher::manifest::{MANIFEST, Manifest};
@@ -161,6 +162,24 @@ pub fn signal_data(
                     m.job.temperature
                 );
             }
+            if let Some(rk) = &distill.router_kl {
+                match &m.job.routing {
+                    None => bail!(
+                        "{}: these shards hold no routing, which router_kl distils: rescore with \
+                         teacher.routing = true",
+                        dir.display()
+                    ),
+                    Some(shape) if *shape != rk.design.teacher_shape => bail!(
+                        "{}: the shards hold the routing of a teacher shaped {:?}; {} was \
+                         designed from {:?}",
+                        dir.display(),
+                        shape,
+                        rk.path.display(),
+                        rk.design.teacher_shape
+                    ),
+                    Some(_) => {}
+                }
+            }
             let files = shard_files(dir, &m);
             let (seed, fraction) = (plan.seed, data.held_out_fraction);
             let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
@@ -198,6 +217,10 @@ pub fn signal_data(
             k: teacher.k,
             vocab: plan.model.vocab_size,
             tokenizer_sha256: fingerprint,
+            routing: distill
+                .router_kl
+                .as_ref()
+                .map(|rk| rk.design.teacher_shape.clone()),
         },
         held_out,
         held_out_fraction: data.held_out_fraction,
@@ -212,6 +235,10 @@ fn shard_files<J>(dir: &Path, m: &Manifest<J>) -> Vec<ShardFile> {
             path: dir.join(&s.file),
             first: s.items[0] as u64,
             sha256: s.sha256.clone(),
+            routing: s
+                .routing
+                .as_ref()
+                .map(|c| (dir.join(&c.file), c.sha256.clone())),
         })
         .collect()
 }
@@ -259,6 +286,46 @@ impl SignalData {
     }
 }
 
+/// `router_kl`'s term for one batch: over the design's layers, the mean of the masked mean
+/// `KL(r ‖ π)` per position (positions the teacher routed; `Route::scores` are `[rows·T, E]`).
+fn router_kl_loss(
+    routes: &[Route],
+    batch: &SignalBatch,
+    rk: &RouterKlPlan,
+    device: &burn::tensor::Device,
+) -> Tensor<1> {
+    let (rows, t, e) = (batch.rows, batch.seq_len, rk.design.num_experts);
+    let mut total = Tensor::zeros([1], device);
+    for map in &rk.design.layers {
+        let route = routes
+            .iter()
+            .find(|r| r.layer == map.student_layer)
+            .expect("the plan matched the design's layers to the student's MoE layers");
+        let expert_of = map.expert_of(rk.design.teacher_shape.experts);
+        let (mut target, mut mask) = (vec![0f32; rows * t * e], vec![0f32; rows * t]);
+        for (r, routing) in batch.routing.iter().enumerate() {
+            let routing = routing
+                .as_ref()
+                .expect("the stream reads every row's routing");
+            let teacher = routing
+                .layers
+                .iter()
+                .find(|l| l.layer == map.teacher_layer)
+                .expect("routing shards were checked against the design's teacher");
+            map.target(
+                teacher,
+                &expert_of,
+                &mut target[r * t * e..(r + 1) * t * e],
+                &mut mask[r * t..(r + 1) * t],
+            );
+        }
+        let target = Tensor::from_data(TensorData::new(target, [rows * t, e]), device);
+        let mask = Tensor::from_data(TensorData::new(mask, [rows * t]), device);
+        total = total + masked_mean(router_kl(route.scores.clone(), target), mask);
+    }
+    total / rk.design.layers.len() as f64
+}
+
 /// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`. `seed`
 /// draws the sampled-KD targets.
 pub fn distill_loss(
@@ -270,7 +337,7 @@ pub fn distill_loss(
 ) -> MicroBatch {
     let device = model.lm_head.weight.device();
     let mut flat = flatten(batch, &device);
-    let (logits, expert_load) = position_logits(model, flat.tokens.clone());
+    let (logits, routers) = position_logits(model, flat.tokens.clone());
     let sampled = distill.objectives.iter().find_map(|o| match o.objective {
         Objective::Sampled { samples } => Some(samples),
         _ => None,
@@ -302,9 +369,13 @@ pub fn distill_loss(
             masked_mean(per, flat.mask.clone()) * o.weight
         })
         .fold(Tensor::zeros([1], &device), |a, b| a + b);
+    let loss = match &distill.router_kl {
+        Some(rk) => loss + router_kl_loss(&routers.routing, batch, rk, &device) * rk.weight,
+        None => loss,
+    };
     MicroBatch {
         loss,
-        expert_load,
+        routers,
         on_policy: None,
     }
 }

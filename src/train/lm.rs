@@ -6,7 +6,7 @@ use crate::recipe::RunPlan;
 use crate::run_dir::DataCursor;
 use crate::train::batch::packed_tensors;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, TrainingObjective};
+use crate::train::objective::{MicroBatch, RouterTerms, TrainingObjective};
 use k3mini_data::signals::SignalCursor;
 use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{PackCursor, Packer, Tokenizer};
@@ -41,10 +41,10 @@ impl TrainingObjective for Lm {
     fn micro_batch(&mut self, model: &K3Mini, _seed: u64) -> Result<MicroBatch> {
         let batch = self.packer.next_batch(self.rows)?;
         let (tokens, starts, mask) = packed_tensors(&batch, &model.lm_head.weight.device());
-        let out = model.forward_packed(tokens.clone(), starts);
+        let (logits, routers) = RouterTerms::split(model.forward_packed(tokens.clone(), starts));
         Ok(MicroBatch {
-            loss: next_token_cross_entropy(out.logits, tokens, Some(mask)),
-            expert_load: out.expert_load,
+            loss: next_token_cross_entropy(logits, tokens, Some(mask)),
+            routers,
             on_policy: None,
         })
     }

@@ -15,17 +15,38 @@ use crate::run_dir::DataCursor;
 use crate::train::held_out::HeldOut;
 use burn::tensor::Tensor;
 use k3mini_data::signals::SignalCursor;
-use k3mini_student::K3Mini;
-use k3mini_student::moe::ExpertLoad;
+use k3mini_student::moe::{ExpertLoad, Route};
+use k3mini_student::{K3Mini, ModelOutput};
 
 /// What one micro-batch gave.
 pub struct MicroBatch {
     /// The mean loss over the micro-batch's trained positions.
     pub loss: Tensor<1>,
-    /// Tokens per expert, for each MoE layer (empty for dense students).
-    pub expert_load: Vec<ExpertLoad>,
+    pub routers: RouterTerms,
     /// On-policy micro-batches: what the student's samples measured.
     pub on_policy: Option<OnPolicyStats>,
+}
+
+/// What a forward's routers hand the step, whatever the mode's loss.
+pub struct RouterTerms {
+    /// Tokens per expert, for each MoE layer (empty for dense students), for the bias update.
+    pub expert_load: Vec<ExpertLoad>,
+    /// The MoE layers' weighted balance loss, which the step adds to the mode's loss.
+    pub balance_loss: Option<Tensor<1>>,
+    /// Each MoE layer's routing (its scores for router distillation).
+    pub routing: Vec<Route>,
+}
+
+impl RouterTerms {
+    /// Splits a forward into its logits `[B, T, V]` and its routers' terms.
+    pub fn split(out: ModelOutput) -> (Tensor<3>, Self) {
+        let terms = Self {
+            expert_load: out.expert_load,
+            balance_loss: out.balance_loss,
+            routing: out.routing,
+        };
+        (out.logits, terms)
+    }
 }
 
 /// What one on-policy micro-batch measured.

@@ -12,7 +12,7 @@ use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::distill::Shards;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, OnPolicyStats, TrainingObjective};
+use crate::train::objective::{MicroBatch, OnPolicyStats, RouterTerms, TrainingObjective};
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
 use k3mini_data::rng::uniform;
@@ -115,9 +115,9 @@ impl Sampler {
                 .reshape([n])
         };
         let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
-        let out = model.forward_with(tokens.clone(), None); // logits [rows, T, V]
-        let v = out.logits.dims()[2];
-        let logits = out.logits.narrow(1, 0, t - 1).reshape([n, v]);
+        let (logits, routers) = RouterTerms::split(model.forward_with(tokens.clone(), None)); // [rows, T, V]
+        let v = logits.dims()[2];
+        let logits = logits.narrow(1, 0, t - 1).reshape([n, v]);
         let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
         let loss = on_policy_loss(
             logits.clone(),
@@ -133,7 +133,7 @@ impl Sampler {
         let gap = ((log_q - teacher_lp) * mask).sum().into_scalar::<f32>() as f64;
         Ok(MicroBatch {
             loss,
-            expert_load: out.expert_load,
+            routers,
             on_policy: Some(OnPolicyStats {
                 tokens: count as usize,
                 reverse_kl: gap / count.max(1.0),

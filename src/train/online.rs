@@ -58,6 +58,7 @@ pub fn score_batch(
             ids: s.ids,
             top_ids: s.top_ids,
             top_logprobs: s.top_logprobs,
+            routing: None,
         })
         .collect();
     let refs: Vec<&SignalRow> = rows.iter().collect();

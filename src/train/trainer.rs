@@ -285,6 +285,8 @@ impl RunLog {
 struct Step {
     /// The step's loss (the micro-batches' mean).
     loss: f64,
+    /// The MoE balance term `Σ α · L_bal` (micro-batches' mean), when the config sets α.
+    balance_loss: Option<f64>,
     grad_norm: f64,
     /// Non-finite loss or gradient: nothing was updated.
     skipped: bool,
@@ -322,6 +324,7 @@ fn train_step(
         .collect();
     let mut accumulator = GradientsAccumulator::new();
     let (mut loss_sum, mut expert_load, mut on_policy) = (0.0f64, Vec::new(), (0.0, 0));
+    let mut balance_sum = 0.0f64;
     // QAT: the forward pass sees fake-quantised linear weights; gradients reach `model`'s.
     let mut qat = match &plan.train.qat {
         Some(q) if state.step >= q.start_step => Some(FakeQuantizer::new(q.format)),
@@ -344,8 +347,17 @@ fn train_step(
             on_policy.0 += s.reverse_kl * s.tokens as f64;
             on_policy.1 += s.tokens;
         }
-        add_loads(&mut expert_load, &out.expert_load);
+        add_loads(&mut expert_load, &out.routers.expert_load);
         loss_sum += loss.clone().into_scalar::<f32>() as f64;
+        // The reported loss stays the mode's; the balance term only adds its gradient.
+        let loss = match out.routers.balance_loss {
+            Some(b) => {
+                let b = b / accumulation as f64;
+                balance_sum += b.clone().into_scalar::<f32>() as f64;
+                loss + b
+            }
+            None => loss,
+        };
         let grads = GradientsParams::from_grads(loss.backward(), replica).to_device(&main, &model);
         accumulator.accumulate(&model, grads);
     }
@@ -359,8 +371,14 @@ fn train_step(
         model = optim.step(lr, model, grads);
         model.update_router_biases(&expert_load);
     }
+    let has_balance_loss = model
+        .config
+        .moe
+        .as_ref()
+        .is_some_and(|m| m.balance_loss_weight > 0.0);
     let step = Step {
         loss: loss_sum,
+        balance_loss: has_balance_loss.then_some(balance_sum),
         grad_norm,
         skipped,
         expert_load,
@@ -406,6 +424,7 @@ impl Step {
             eval_kl: eval.and_then(|e| finite(e.kl)),
             on_policy_kl: (self.on_policy.1 > 0)
                 .then(|| self.on_policy.0 / self.on_policy.1 as f64),
+            balance_loss: self.balance_loss,
             expert_load_max: per_layer(|l| l.iter().copied().max().unwrap_or(0)),
             expert_load_min: per_layer(|l| l.iter().copied().min().unwrap_or(0)),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),

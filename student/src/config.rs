@@ -93,6 +93,11 @@ pub struct MoeConfig {
     /// Aux-loss-free balancing step: b_i += rate * sign(mean_load - load_i).
     #[serde(default = "default_bias_rate")]
     pub bias_update_rate: f64,
+    /// α of DeepSeek-V3's complementary sequence-wise balance loss, added to the training loss
+    /// (0 = off). The bias update only decides which expert wins; this gradient keeps a router
+    /// from sending every token the same way (see `moe::sequence_balance_loss`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub balance_loss_weight: f64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -152,6 +157,9 @@ fn default_dense_layers() -> usize {
 }
 fn default_bias_rate() -> f64 {
     1e-3
+}
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 fn default_pattern() -> String {
     "KKKM".into()

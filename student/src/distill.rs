@@ -48,6 +48,18 @@ pub enum Objective {
     Sampled { samples: usize },
 }
 
+/// Router distillation at one MoE layer, per position: `KL(r ‖ π) = Σ_e r_e (log r_e − log π_e)`
+/// with `π = s / Σ_e s_e` the student router's normalised scores `s [N, E]` and `r [N, E]` the
+/// teacher's routing mass gathered onto the student's experts (rows sum to 1, or are all zero
+/// where the teacher routed nothing the map keeps; mask those). `[N, E] → [N]`
+pub fn router_kl(scores: Tensor<2>, target: Tensor<2>) -> Tensor<1> {
+    let log_pi = scores.clone().log() - scores.sum_dim(1).log();
+    let n = target.dims()[0];
+    (target.clone() * (target.clamp_min(FLOOR).log() - log_pi))
+        .sum_dim(1)
+        .reshape([n])
+}
+
 /// Teacher signals for `N` positions, as constants (no gradient flows to the teacher).
 #[derive(Clone, Debug)]
 pub struct TeacherTopK {

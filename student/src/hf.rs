@@ -103,6 +103,7 @@ pub fn config_from_kimi_linear(v: &Value) -> Result<ModelConfig, HfError> {
                 latent_dim: None,
                 first_dense_layers: first_dense,
                 bias_update_rate: 1e-3,
+                balance_loss_weight: 0.0,
             })
         })
         .transpose()?;
@@ -212,6 +213,7 @@ pub fn config_to_kimi_linear(
         latent_dim: None,
         first_dense_layers: cfg.n_layers,
         bias_update_rate: 0.0,
+        balance_loss_weight: 0.0,
     });
     let [bos, eos, pad] = special;
     Ok(serde_json::json!({

@@ -106,6 +106,8 @@ pub struct ModelOutput {
     pub expert_load: Vec<ExpertLoad>,
     /// Each MoE layer's routing, in order.
     pub routing: Vec<Route>,
+    /// `Σ_layers α · L_bal`, for a training loss to add, when the MoE config sets α.
+    pub balance_loss: Option<Tensor<1>>,
 }
 
 impl K3Mini {
@@ -233,6 +235,7 @@ impl K3Mini {
         let embedded = self.model.embed_tokens.forward(tokens);
         let block = self.config.attn_res.as_ref().map(|a| a.block_size);
         let (mut expert_load, mut routing) = (Vec::new(), Vec::new());
+        let mut balance_loss: Option<Tensor<1>> = None;
         let mut h = embedded.clone();
         let mut depth = DepthSources {
             done: vec![embedded],
@@ -268,10 +271,19 @@ impl K3Mini {
             let out = match &layer.mlp {
                 Ffn::Dense(mlp) => mlp.forward(x),
                 Ffn::Moe(moe) => {
-                    let (y, load, route) = moe.forward(x);
-                    expert_load.push(load);
-                    routing.push(Route { layer: i, ..route });
-                    y
+                    let out = moe.forward(x);
+                    expert_load.push(out.load);
+                    routing.push(Route {
+                        layer: i,
+                        ..out.route
+                    });
+                    if let Some(l) = out.balance_loss {
+                        balance_loss = Some(match balance_loss {
+                            Some(sum) => sum + l,
+                            None => l,
+                        });
+                    }
+                    out.y
                 }
             };
             if block.is_some() {
@@ -294,6 +306,7 @@ impl K3Mini {
                 .linear(&self.lm_head, self.model.norm.forward(h)),
             expert_load,
             routing,
+            balance_loss,
         }
     }
 

@@ -9,7 +9,8 @@
 //! y        = W_up RMSNorm_l( Σ_{e∈K} w_e Expert_e(W_down h) ) + Shared(h)      routing stays in full d
 //! ```
 //!
-//! Aux-loss-free balancing (DeepSeek-V3): after each step `b_e += rate · sign(mean_load − load_e)`.
+//! Aux-loss-free balancing (DeepSeek-V3): after each step `b_e += rate · sign(mean_load − load_e)`;
+//! optionally with the complementary sequence-wise balance loss ([`sequence_balance_loss`]).
 //! Tensor names follow transformers' Kimi Linear (`experts.gate_up_proj [E, 2I, d]`, `experts.down_proj
 //! [E, d, I]`, `gate.weight [E, d]`, `gate.e_score_correction_bias [E]`).
 
@@ -52,6 +53,9 @@ pub struct Moe {
     pub top_k: usize,
     #[module(skip)]
     pub scaling: f64,
+    /// α of the sequence-wise balance loss (0 = none).
+    #[module(skip)]
+    pub balance_weight: f64,
     #[module(skip)]
     pub activation: Activation,
     /// Of the experts and the latent projections (the router stays f32: it decides the routing).
@@ -61,6 +65,17 @@ pub struct Moe {
 
 /// How many tokens each expert received in one forward.
 pub type ExpertLoad = Vec<usize>;
+
+/// One MoE layer's forward.
+pub struct MoeOutput {
+    /// `[B, T, d]`.
+    pub y: Tensor<3>,
+    pub load: ExpertLoad,
+    /// The routing, with `layer` unset.
+    pub route: Route,
+    /// `α · L_bal` when the config's `balance_loss_weight` α is set.
+    pub balance_loss: Option<Tensor<1>>,
+}
 
 /// One MoE layer's routing in a forward (what llama.cpp's graph hooks read from a GGUF export).
 #[derive(Clone, Debug)]
@@ -75,6 +90,8 @@ pub struct Route {
     /// `[N, k]`: the norms ‖Expert_e(x)‖₂ of the chosen experts' outputs (before `w_e`; in the
     /// latent space for LatentMoE), REAP's saliency factor. Detached: statistics, not a loss.
     pub norms: Tensor<2>,
+    /// `[N, E]`: every expert's router score `s` (with its gradient), for router distillation.
+    pub scores: Tensor<2>,
 }
 
 impl Moe {
@@ -116,28 +133,30 @@ impl Moe {
             latent_up_proj: cfg.latent_dim.map(|l| linear(l, d_model, device)),
             top_k: cfg.top_k,
             scaling: cfg.routed_scaling_factor,
+            balance_weight: cfg.balance_loss_weight,
             activation: act,
             precision: Precision::F32,
         }
     }
 
-    /// Router decision for `h [N, d]`: expert ids `[N, k]` and their weights `[N, k]`.
-    pub fn route(&self, h: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>) {
+    /// Router decision for `h [N, d]`: expert ids `[N, k]`, their weights `[N, k]` and every
+    /// expert's score `s [N, E]`.
+    pub fn route(&self, h: Tensor<2>) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
         let scores = activation::sigmoid(h.matmul(self.gate.weight.val().transpose())); // [N, E]
         let biased =
             scores.clone().detach() + self.gate.e_score_correction_bias.val().unsqueeze::<2>();
         let (_, ids) = biased.topk_with_indices(self.top_k, 1);
-        let chosen = scores.gather(1, ids.clone());
+        let chosen = scores.clone().gather(1, ids.clone());
         let weights = chosen.clone() / (chosen.sum_dim(1) + 1e-20) * self.scaling;
-        (ids, weights)
+        (ids, weights, scores)
     }
 
-    /// `x [B, T, d]` → (`[B, T, d]`, tokens per expert, the routing with `layer` unset).
-    pub fn forward(&self, x: Tensor<3>) -> (Tensor<3>, ExpertLoad, Route) {
+    /// `x [B, T, d]` → the layer's output, tokens per expert, the routing and the balance loss.
+    pub fn forward(&self, x: Tensor<3>) -> MoeOutput {
         let [b, t, d] = x.dims();
         let n = b * t;
         let h = x.clone().reshape([n, d]);
-        let (ids, weights) = self.route(h.clone());
+        let (ids, weights, scores) = self.route(h.clone());
         let e = self.gate.weight.dims()[0];
         let k = self.top_k;
         let device = x.device();
@@ -155,6 +174,10 @@ impl Moe {
             slots[ex as usize].push(flat as i64);
         }
         let load: ExpertLoad = tokens.iter().map(Vec::len).collect();
+        let balance_loss = (self.balance_weight > 0.0).then(|| {
+            sequence_balance_loss(scores.clone().reshape([b, t, e]), &ids_host, k)
+                * self.balance_weight
+        });
         let mut norms = Tensor::<1>::zeros([n * k], &device);
 
         let latent_in = match &self.latent_down_proj {
@@ -209,6 +232,7 @@ impl Moe {
             experts: ids_host.iter().map(|&e| e as u32).collect(),
             weights,
             norms: norms.reshape([n, k]),
+            scores,
         };
         let mut y = match (&self.latent_norm, &self.latent_up_proj) {
             (Some(norm), Some(up)) => self.precision.linear(up, norm.forward(routed)),
@@ -217,7 +241,12 @@ impl Moe {
         if let Some(shared) = &self.shared_experts {
             y = y + shared.forward(h);
         }
-        (y.reshape([b, t, d]), load, route)
+        MoeOutput {
+            y: y.reshape([b, t, d]),
+            load,
+            route,
+            balance_loss,
+        }
     }
 
     /// Applies one aux-loss-free balancing step with the loads of the last forward(s).
@@ -230,6 +259,29 @@ impl Moe {
         let next = Tensor::from_data(TensorData::new(next, [load.len()]), &device);
         self.gate.e_score_correction_bias = Param::initialized(id, next).set_require_grad(false);
     }
+}
+
+/// DeepSeek-V3's complementary sequence-wise balance loss, averaged over the `B` sequences:
+///
+/// ```text
+/// f_i = E / (k T) · Σ_t 1[i ∈ K_t]          the share of the sequence's picks, 1 when even (no gradient)
+/// P_i = 1 / T · Σ_t s_{i,t} / Σ_j s_{j,t}    the mean normalised score
+/// L   = Σ_i f_i P_i                          1 at perfect balance, up to E when one expert takes all
+/// ```
+///
+/// `scores [B, T, E]`; `ids` the chosen experts `[B·T, k]` row-major.
+pub fn sequence_balance_loss(scores: Tensor<3>, ids: &[i64], k: usize) -> Tensor<1> {
+    let [b, t, e] = scores.dims();
+    let mut f = vec![0f32; b * e];
+    let scale = e as f32 / (k * t) as f32;
+    for (flat, &ex) in ids.iter().enumerate() {
+        f[(flat / k / t) * e + ex as usize] += scale;
+    }
+    let f = Tensor::<2>::from_data(TensorData::new(f, [b, e]), &scores.device());
+    let p = (scores.clone() / scores.sum_dim(2))
+        .mean_dim(1)
+        .reshape([b, e]); // [B, E]
+    (f * p).sum_dim(1).mean().reshape([1])
 }
 
 /// DeepSeek-V3's aux-loss-free update: `b_e + rate · sign(mean_load − load_e)`.

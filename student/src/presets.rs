@@ -153,6 +153,7 @@ pub fn k3_mini_moe() -> ModelConfig {
             latent_dim: None,
             first_dense_layers: 1,
             bias_update_rate: 1e-3,
+            balance_loss_weight: 0.0,
         }),
         attn_res: None,
         rms_eps: 1e-5,

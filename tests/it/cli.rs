@@ -73,6 +73,19 @@ fn bad_recipe_names_file_and_field() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Recipes that read what another recipe's commands make (README, "Routing statistics"): each
+/// with the files it may be missing until those have been run.
+const MADE_BY_OTHER_RECIPES: &[(&str, &[&str])] = &[
+    ("moe-routing.toml", &["runs/moe-teacher/moe-teacher.gguf"]),
+    (
+        "moe-routing-router-kl.toml",
+        &[
+            "runs/moe-teacher/moe-teacher.gguf",
+            "runs/moe-routing/shards/routing-design/design.json",
+        ],
+    ),
+];
+
 #[test]
 fn every_recipe_resolves() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("recipes");
@@ -85,11 +98,16 @@ fn every_recipe_resolves() {
                 .arg(&path)
                 .output()
                 .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            // Until then the only complaint may be one of those files' absence.
+            let awaiting = MADE_BY_OTHER_RECIPES.iter().any(|(recipe, files)| {
+                let absent = stderr.contains("no file at") || stderr.contains("No such file");
+                path.ends_with(recipe) && absent && files.iter().any(|f| stderr.contains(f))
+            });
             assert!(
-                out.status.success(),
-                "{}: {}",
+                out.status.success() || awaiting,
+                "{}: {stderr}",
                 path.display(),
-                String::from_utf8_lossy(&out.stderr)
             );
             n += 1;
         }

@@ -11,6 +11,7 @@ mod quickstart;
 mod recipe;
 #[cfg(feature = "llama-cpp")]
 mod routing;
+mod routing_design;
 mod routing_stats;
 mod teacher_server;
 mod train;

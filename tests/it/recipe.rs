@@ -335,6 +335,42 @@ fn teacher_and_chat_settings_are_checked() {
             "teacher.routing",
             "OpenAI-echo servers",
         ),
+        // Router distillation: offline, from routing shards, with a design.
+        (
+            format!(
+                "{GOOD}\n[distill]\nobjectives = [{{ kind = \"router_kl\", design = \"d.json\" }}]\n{teacher}"
+            ),
+            "distill.objectives.0",
+            "teacher.routing = true",
+        ),
+        (
+            format!(
+                "{GOOD}\n[distill]\nmode = \"online\"\nobjectives = [{{ kind = \"router_kl\", design = \"d.json\" }}]\n{teacher}routing = true\n"
+            ),
+            "distill.objectives.0",
+            "mode = \"offline\" only",
+        ),
+        (
+            format!(
+                "{GOOD}\n[distill]\nobjectives = [{{ kind = \"router_kl\" }}]\n{teacher}routing = true\n"
+            ),
+            "distill.objectives.0.design",
+            "design.json",
+        ),
+        (
+            format!(
+                "{GOOD}\n[distill]\nobjectives = [{{ kind = \"router_kl\", design = \"missing.json\" }}]\n{teacher}routing = true\n"
+            ),
+            "distill.objectives.0.design",
+            "missing.json",
+        ),
+        (
+            format!(
+                "{GOOD}\n[distill]\nobjectives = [{{ kind = \"ce\", design = \"d.json\" }}]\n{teacher}"
+            ),
+            "distill.objectives.0.design",
+            "applies to `router_kl` only",
+        ),
     ] {
         let e = error(&key.replace('.', "-"), &text);
         assert_eq!(e.key, key, "{e}");

@@ -303,3 +303,87 @@ fn teacher_score_writes_routing_shards_that_resume_and_redo_a_damaged_one() {
         .unwrap();
     assert_eq!(before, after, "an intact shard is not rewritten");
 }
+
+/// From the harvested routing to a trained student: `routing design` over a scored corpus, then
+/// a MoE student of that design trained offline with and without `router_kl`. Both start from the
+/// same weights and batch, so their first steps' losses differ by exactly the router term, which
+/// is a KL and so positive; a design that does not fit the student is refused before training.
+#[test]
+fn a_designed_student_trains_with_router_distillation() {
+    let dir = Scratch::new("routing-design-train");
+    let (_, gguf, _) = moe_teacher(&dir.0);
+    dir.write("a.txt", &TEXT.repeat(6));
+    dir.write(
+        "b.txt",
+        &"What, has this thing appear'd again to-night? ".repeat(8),
+    );
+    let shards = dir.path("shards");
+    let recipe = |name: &str, experts: usize, objectives: &str| {
+        dir.write(
+            &format!("{name}.toml"),
+            &format!(
+                "[run]\nname = \"{name}\"\nseed = 5\nout_dir = {:?}\n[model]\n{}\n\
+                 [data]\ntokenizer = \"teacher\"\nseq_len = 16\nheld_out_fraction = 0.0\n\
+                 [[data.sources]]\npath = \"a.txt\"\n[[data.sources]]\npath = \"b.txt\"\n\
+                 [teacher]\nmodel = {:?}\nk = 4\nsegments_per_shard = 4\nrouting = true\n\
+                 shards_dir = {:?}\n[distill]\nobjectives = [{objectives}]\n\
+                 [optim]\nlr = 1e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n\
+                 [train]\nsteps = 2\nbatch_tokens = 32\nmicro_batch = 2\n",
+                dir.path(name).display().to_string(),
+                MOE.replace("num_experts = 4", &format!("num_experts = {experts}")),
+                gguf.display().to_string(),
+                shards.display().to_string(),
+            ),
+        )
+    };
+    let kd = recipe("kd", 2, "{ kind = \"forward_kl\" }");
+    k3mini_ok(["teacher", "score", kd.to_str().unwrap(), "--quiet"]);
+    let out = k3mini_ok([
+        "routing",
+        "design",
+        shards.to_str().unwrap(),
+        "--experts",
+        "2",
+        "--quiet",
+    ]);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("of 2 experts, 4 layers (1 dense)"),
+        "{printed}"
+    );
+    let design = shards.join("routing-design/design.json");
+    let d = k3mini::routing::design::Design::read(&design).unwrap();
+    assert_eq!(d.layers.len(), 3);
+    let fragment = std::fs::read_to_string(shards.join("routing-design/moe.toml")).unwrap();
+    assert!(fragment.contains("num_experts = 2"), "{fragment}");
+
+    let with_router = |name: &str, experts: usize| {
+        recipe(
+            name,
+            experts,
+            &format!(
+                "{{ kind = \"forward_kl\" }}, {{ kind = \"router_kl\", weight = 0.5, design = {:?} }}",
+                design.display().to_string()
+            ),
+        )
+    };
+    let both = with_router("kd-router", 2);
+    for r in [&kd, &both] {
+        k3mini_ok(["train", r.to_str().unwrap(), "--quiet"]);
+    }
+    let first_loss = |name: &str| k3mini::run_dir::read_metrics(&dir.path(name)).unwrap()[0].loss;
+    let gap = first_loss("kd-router") - first_loss("kd");
+    assert!(gap > 1e-4, "router_kl adds a positive term: {gap}");
+
+    // A design for 2 experts does not fit a 4-expert student.
+    let misfit = with_router("misfit", 4);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(["recipe", "check", misfit.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("designs 2 experts"),
+        "{err}"
+    );
+}

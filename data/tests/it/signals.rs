@@ -52,6 +52,7 @@ fn shards(dir: &std::path::Path) -> Vec<ShardFile> {
                 sha256: sha256_hex(&std::fs::read(&path).unwrap()),
                 path,
                 first: i as u64 * 3,
+                routing: None,
             }
         })
         .collect()
@@ -66,6 +67,7 @@ fn spec(vocab: usize) -> SignalSpec {
         k: K,
         vocab,
         tokenizer_sha256: "ab".repeat(32),
+        routing: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn small_variants() -> Vec<ModelConfig> {
         latent_dim: Some(48),
         first_dense_layers: 2,
         bias_update_rate: 1e-3,
+        balance_loss_weight: 0.0,
     };
     let mut k3 = tiny.clone();
     k3.kda.gate_rank = None;
@@ -146,6 +147,7 @@ fn bad_configs_name_the_field() {
         latent_dim: None,
         first_dense_layers: 0,
         bias_update_rate: 0.0,
+        balance_loss_weight: 0.0,
     };
     assert_eq!(rejected_field(|c| c.moe = Some(moe.clone())), "moe.top_k");
     let wide_latent = MoeConfig {

@@ -96,6 +96,7 @@ fn moe_and_latent_moe() {
             latent_dim,
             first_dense_layers: 1,
             bias_update_rate: 1e-3,
+            balance_loss_weight: 0.0,
         };
         check(
             &ModelConfig {

@@ -3,7 +3,8 @@
 //! student's logits against the reference's central finite differences.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_student::distill::{
-    Objective, TeacherTopK, masked_mean, objective_per_position, on_policy_loss, sample_targets,
+    Objective, TeacherTopK, masked_mean, objective_per_position, on_policy_loss, router_kl,
+    sample_targets,
 };
 use serde_json::Value;
 
@@ -129,6 +130,33 @@ fn objectives_match_the_numpy_reference_in_value_and_gradient() {
         .try_into_vec()
         .unwrap();
     assert!(worst(&grad, &floats(&op["grad"])) < 1e-4);
+}
+
+#[test]
+fn router_kl_matches_the_numpy_reference_in_value_and_gradient() {
+    let g = &golden()["router_kl"];
+    let (n, e) = (
+        g["mask"].as_array().unwrap().len(),
+        g["e"].as_u64().unwrap() as usize,
+    );
+    let device = Device::default().autodiff();
+    let z = Tensor::<2>::from_data(TensorData::new(floats(&g["logits"]), [n, e]), &device)
+        .require_grad();
+    let target = Tensor::from_data(TensorData::new(floats(&g["target"]), [n, e]), &device);
+    let mask = Tensor::from_data(TensorData::new(floats(&g["mask"]), [n]), &device);
+    let scores = burn::tensor::activation::sigmoid(z.clone());
+    let loss = masked_mean(router_kl(scores, target), mask);
+    let value = loss.clone().into_scalar::<f32>() as f64;
+    let want = g["loss"].as_f64().unwrap();
+    assert!((value - want).abs() < 1e-5, "loss {value} vs {want}");
+    let grad: Vec<f32> = z
+        .grad(&loss.backward())
+        .unwrap()
+        .into_data()
+        .try_into_vec()
+        .unwrap();
+    let err = worst(&grad, &floats(&g["grad"]));
+    assert!(err < 1e-4, "gradient error {err:e}");
 }
 
 #[test]

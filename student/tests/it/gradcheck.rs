@@ -153,11 +153,15 @@ fn moe_with_latent_and_shared_experts() {
         latent_dim: Some(8),
         first_dense_layers: 0,
         bias_update_rate: 0.0,
+        balance_loss_weight: 0.5,
     };
     device().seed(4);
     let moe = Moe::new(16, &cfg, Activation::Swiglu, 1e-5, &device());
     // Routing is piecewise constant in x: small perturbations do not flip the top-k.
-    check_input_grad("moe", input([1, 6, 16]) * 10.0, |x| moe.forward(x).0);
+    check_input_grad("moe", input([1, 6, 16]) * 10.0, |x| moe.forward(x).y);
+    check_input_grad("moe balance loss", input([2, 6, 16]) * 10.0, |x| {
+        moe.forward(x).balance_loss.expect("α is set")
+    });
 }
 
 #[test]

@@ -70,6 +70,7 @@ fn with_attn_res_and_moe() {
         latent_dim: None,
         first_dense_layers: 1,
         bias_update_rate: 1e-3,
+        balance_loss_weight: 0.0,
     };
     check(&ModelConfig {
         attn_res: Some(AttnResConfig { block_size: 2 }),
