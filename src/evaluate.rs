@@ -6,8 +6,9 @@
 use crate::device::DeviceList;
 use crate::error::Result;
 use crate::recipe;
+use crate::recipe::RunPlan;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
-use crate::teachers::{plan_prompts, student_tokenizer};
+use crate::teachers::{plan_prompts, same_tokenizer, student_tokenizer};
 use crate::train::modes::held_out;
 use k3mini_data::chat::END_OF_TURN;
 use k3mini_eval::memory::memory_vs_context;
@@ -47,11 +48,14 @@ pub fn locate(path: &Path) -> Result<(Checkpoint, PathBuf)> {
 }
 
 /// Evaluates the newest checkpoint of a run (or the checkpoint `path` names) on the plan it was
-/// trained with, on `devices`' main device (default: the plan's).
+/// trained with, on `devices`' main device (default: the plan's); held-out figures on
+/// `held_out_from`'s held-out set when given (another recipe's, in the same vocabulary: so that
+/// models trained on different plans, a pruned one and its recovery, are measured alike).
 pub fn evaluate(
     path: &Path,
     suite: Suite,
     devices: Option<&DeviceList>,
+    held_out_from: Option<&RunPlan>,
 ) -> Result<(EvalReport, Curves)> {
     let (mut ck, run) = locate(path)?;
     if let Some(d) = devices {
@@ -60,16 +64,23 @@ pub fn evaluate(
     let device = ck.plan.devices.open_main()?;
     let model = ck.model(&device)?;
     let plan = &ck.plan;
+    let held_plan = held_out_from.unwrap_or(plan);
     let batches = match suite {
-        Suite::Quick => plan.train.eval_batches,
-        Suite::Full => 4 * plan.train.eval_batches,
+        Suite::Quick => held_plan.train.eval_batches,
+        Suite::Full => 4 * held_plan.train.eval_batches,
     };
     let progress = |what: &str| eprintln!("eval {}: {what}", run.display());
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
     progress("held-out data");
-    let held = held_out(plan, &tokenizer, batches)?;
+    if held_out_from.is_some() {
+        same_tokenizer(held_plan, &tokenizer)?;
+    }
+    let held = held_out(held_plan, &tokenizer, batches)?;
     let Some(h) = held.evaluate(&model) else {
-        crate::bail!("{}: nothing is held out to evaluate on", plan.recipe_name());
+        crate::bail!(
+            "{}: nothing is held out to evaluate on",
+            held_plan.recipe_name()
+        );
     };
     let (tokens, bytes) = held.tokens_and_bytes(&tokenizer)?;
     let (contexts, depths): (&[usize], &[f64]) = match suite {

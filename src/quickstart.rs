@@ -221,7 +221,7 @@ pub fn quickstart(out: &Path, fast: bool, engine: Engine) -> Result<Outcome> {
     stages.run(6, "evaluate both", || {
         let (reports, curves): (Vec<_>, Vec<_>) = [&distill_path, &baseline_path]
             .iter()
-            .map(|p| evaluate(p, Suite::Quick, None))
+            .map(|p| evaluate(p, Suite::Quick, None, None))
             .collect::<Result<Vec<_>>>()?
             .into_iter()
             .unzip();

@@ -94,6 +94,18 @@ pub fn student_tokenizer(spec: &TokenizerSpec) -> Result<Tokenizer> {
     })
 }
 
+/// `plan`'s tokenizer, refused unless it is `model`'s (by fingerprint): reading `plan`'s corpus
+/// for a model trained in another vocabulary would feed it other tokens.
+pub fn same_tokenizer(plan: &RunPlan, model: &Tokenizer) -> Result<Tokenizer> {
+    let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
+    crate::ensure!(
+        tokenizer.fingerprint() == model.fingerprint(),
+        "{}: its data.tokenizer is not the model's (the id → token tables differ)",
+        plan.recipe.display()
+    );
+    Ok(tokenizer)
+}
+
 /// The plan's teacher, checked to agree with the student's tokenizer: a local teacher's GGUF
 /// vocabulary has the student's fingerprint, a served one tokenizes a probe text as the student
 /// does (and its ids are read through the student's vocabulary). With `routing`, it returns each

@@ -1,9 +1,10 @@
-//! `k3mini eval RUN_OR_RECIPE... [--suite quick|full] [--json] [--out DIR]`.
+//! `k3mini eval RUN_OR_RECIPE... [--suite quick|full] [--held-out RECIPE] [--json] [--out DIR]`.
 
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3mini::device::DeviceList;
 use k3mini::evaluate::{Suite, evaluate};
+use k3mini::recipe;
 use k3mini_eval::report::{summary_table, write_report};
 use std::path::PathBuf;
 
@@ -30,6 +31,10 @@ pub struct EvalArgs {
     /// Evaluate on this device instead of the run's own (run.device).
     #[arg(long)]
     device: Option<DeviceList>,
+    /// Held-out figures on this recipe's held-out set instead of each run's own (the same
+    /// vocabulary): runs trained on different plans measured on the same tokens.
+    #[arg(long)]
+    held_out: Option<PathBuf>,
 }
 
 pub fn run(args: EvalArgs) -> Result<()> {
@@ -37,10 +42,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
         SuiteArg::Quick => Suite::Quick,
         SuiteArg::Full => Suite::Full,
     };
+    let held_out = args.held_out.as_deref().map(recipe::load).transpose()?;
     let (reports, curves): (Vec<_>, Vec<_>) = args
         .runs
         .iter()
-        .map(|r| evaluate(r, suite, args.device.as_ref()))
+        .map(|r| evaluate(r, suite, args.device.as_ref(), held_out.as_ref()))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter()
         .unzip();

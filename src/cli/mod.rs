@@ -5,6 +5,7 @@ mod data;
 mod eval;
 mod export;
 mod model;
+mod prune;
 mod recipe;
 mod routing;
 mod teacher;
@@ -63,6 +64,9 @@ enum Command {
         #[command(subcommand)]
         command: data::DataCommand,
     },
+    /// Remove a MoE model's least salient experts (REAP, or by frequency), from a checkpoint or
+    /// a GGUF, scored on a recipe's corpus.
+    Prune(prune::PruneArgs),
     /// Validate recipes.
     Recipe {
         #[command(subcommand)]
@@ -120,6 +124,7 @@ pub fn main() -> ExitCode {
             .map(|s| print!("{}", k3mini::compare::table(&s)))
             .map_err(Into::into),
         Command::Data { command } => data::run(command),
+        Command::Prune(args) => prune::run(args),
         Command::Recipe { command } => recipe::run(command),
         Command::Routing { command } => routing::run(command),
         Command::Teacher { command } => teacher::run(command),

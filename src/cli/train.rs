@@ -1,4 +1,4 @@
-//! `k3mini train RECIPE [--out DIR] [--resume]`.
+//! `k3mini train RECIPE [--out DIR] [--init CHECKPOINT] [--resume]`.
 
 use anyhow::Result;
 use clap::Args;
@@ -14,6 +14,10 @@ pub struct TrainArgs {
     /// Output directory (default: the recipe's run.out_dir, else runs/<run.name>).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Start from this checkpoint's (or run's newest checkpoint's) weights and model, with a
+    /// fresh optimizer at step 0: the recipe's `[model]` becomes `init = CHECKPOINT`.
+    #[arg(long)]
+    init: Option<PathBuf>,
     /// Continue from the newest checkpoint in the output directory.
     #[arg(long)]
     resume: bool,
@@ -33,7 +37,10 @@ pub struct TrainArgs {
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let mut loaded = recipe::load(&args.recipe)?;
+    let mut loaded = match &args.init {
+        Some(init) => recipe::load_from(&args.recipe, init)?,
+        None => recipe::load(&args.recipe)?,
+    };
     if let Some(devices) = args.device {
         loaded = loaded.with_devices(devices)?;
     }

@@ -43,6 +43,22 @@ const MAX_RECIPE_BYTES: u64 = 1 << 20;
 
 /// Reads, parses, validates and resolves a recipe file.
 pub fn load(path: &Path) -> Result<RunPlan, RecipeError> {
+    load_with(path, |_| {})
+}
+
+/// [`load`], with the recipe's `[model]` replaced by `init = checkpoint` (`k3mini train --init`):
+/// the run starts from that checkpoint's weights and model.
+pub fn load_from(path: &Path, checkpoint: &Path) -> Result<RunPlan, RecipeError> {
+    let init = std::path::absolute(checkpoint).unwrap_or_else(|_| checkpoint.to_path_buf());
+    load_with(path, |r| {
+        r.model = toml::Table::from_iter([(
+            "init".to_string(),
+            toml::Value::String(init.display().to_string()),
+        )])
+    })
+}
+
+fn load_with(path: &Path, edit: impl FnOnce(&mut Recipe)) -> Result<RunPlan, RecipeError> {
     let refuse = |message: String| RecipeError {
         file: path.to_path_buf(),
         line: None,
@@ -61,18 +77,27 @@ pub fn load(path: &Path) -> Result<RunPlan, RecipeError> {
         )));
     }
     let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read: {e}")))?;
-    parse(path, &text)
+    parse_with(path, &text, edit)
 }
 
 /// Parses, validates and resolves recipe `text` (errors are reported against `path`; relative
 /// paths in it are relative to `path`'s directory).
 pub fn parse(path: &Path, text: &str) -> Result<RunPlan, RecipeError> {
-    let recipe: Recipe = toml::from_str(text).map_err(|e| RecipeError {
+    parse_with(path, text, |_| {})
+}
+
+fn parse_with(
+    path: &Path,
+    text: &str,
+    edit: impl FnOnce(&mut Recipe),
+) -> Result<RunPlan, RecipeError> {
+    let mut recipe: Recipe = toml::from_str(text).map_err(|e| RecipeError {
         file: path.to_path_buf(),
         line: e.span().map(|s| line_of(text, s.start)),
         key: String::new(),
         message: e.message().trim().to_string(),
     })?;
+    edit(&mut recipe);
     resolve_plan(path, recipe).map_err(|(key, message)| RecipeError {
         file: path.to_path_buf(),
         line: key_line(text, &key),

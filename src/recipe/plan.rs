@@ -50,6 +50,10 @@ pub struct RunPlan {
     #[serde(default)]
     pub devices: DeviceList,
     pub model: ModelConfig,
+    /// `[model] init`: the checkpoint directory whose weights a fresh run starts from (its model
+    /// is `model`; the optimizer starts fresh at step 0). Verified when the recipe resolves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<PathBuf>,
     pub data: DataPlan,
     pub optim: OptimConfig,
     pub schedule: ScheduleConfig,
@@ -387,7 +391,10 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
     let recipe = absolute(path);
     let dir = recipe.parent().unwrap_or(Path::new("/")).to_path_buf();
     let at = |p: &Path| dir.join(p);
-    let model = model_config(&r.model)?;
+    let (model, init) = match r.model.get("init") {
+        Some(_) => init_model(&r.model, &at)?,
+        None => (model_config(&r.model)?, None),
+    };
     check_model_size(&model)?;
     check_loop(&r, &model)?;
     // Run and shard directories are relative to the working directory, sources to the recipe.
@@ -430,6 +437,7 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
         accumulation: r.train.batch_tokens / per_micro,
         devices,
         model,
+        init,
         data,
         optim: r.optim,
         schedule: r.schedule,
@@ -452,6 +460,29 @@ fn check_replicas(accumulation: usize, devices: &DeviceList) -> Result<(), Refus
         );
     }
     Ok(())
+}
+
+/// `[model] init = "checkpoint"` (a checkpoint or run directory, relative to the recipe): the
+/// model is the checkpoint's, so no other model key may say otherwise.
+fn init_model(
+    table: &toml::Table,
+    at: &dyn Fn(&Path) -> PathBuf,
+) -> Result<(ModelConfig, Option<PathBuf>), Refusal> {
+    if let Some(other) = table.keys().find(|k| *k != "init") {
+        return refuse(
+            &format!("model.{other}"),
+            "with model.init the model is the checkpoint's: drop the other [model] keys",
+        );
+    }
+    let Some(toml::Value::String(path)) = table.get("init") else {
+        return refuse("model.init", "must be a checkpoint or run directory");
+    };
+    let ck = crate::run_dir::open_checkpoint(&at(Path::new(path)))
+        .map_err(|e| ("model.init".to_string(), e.to_string()))?;
+    // Named in the plan as it is on disk (`../` resolved), so the plan does not change with the
+    // recipe's spelling of it.
+    let dir = std::fs::canonicalize(&ck.dir).unwrap_or(ck.dir);
+    Ok((ck.plan.model, Some(dir)))
 }
 
 fn model_config(table: &toml::Table) -> Result<ModelConfig, Refusal> {

@@ -178,7 +178,17 @@ fn begin(
     device.seed(plan.seed);
     let (model, optim, state) = match start {
         Start::Fresh => {
-            let model = K3Mini::new(&plan.model, &device)?;
+            let model = match &plan.init {
+                Some(init) => {
+                    let ck = run_dir::open_checkpoint(init)?;
+                    // Its embeddings are of its own vocabulary's ids.
+                    crate::teachers::same_tokenizer(&ck.plan, &tokenizer).with_context(|| {
+                        format!("{}: model.init {}", plan.recipe_name(), ck.dir.display())
+                    })?;
+                    ck.model(&device)?
+                }
+                None => K3Mini::new(&plan.model, &device)?,
+            };
             let optim = build_optimizer(&plan.optim, &model);
             (model, optim, TrainState::fresh(plan))
         }

@@ -310,6 +310,68 @@ impl K3Mini {
         }
     }
 
+    /// The model with, at MoE layer `i` (in order), only the routed experts `keep[i]` (ascending
+    /// ids, the same number at every layer): see [`Moe::retain_experts`].
+    pub fn retain_experts(&self, keep: &[Vec<usize>]) -> Result<Self, ConfigError> {
+        let bad = |message: String| ConfigError {
+            field: "moe.num_experts".into(),
+            message,
+        };
+        let moe = self
+            .config
+            .moe
+            .as_ref()
+            .ok_or_else(|| bad("a dense model has no experts to prune".into()))?;
+        let n = keep.first().map_or(0, Vec::len);
+        let moe_layers = self
+            .model
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mlp, Ffn::Moe(_)))
+            .count();
+        if keep.len() != moe_layers {
+            return Err(bad(format!(
+                "experts to keep for {} MoE layers of {moe_layers}",
+                keep.len()
+            )));
+        }
+        for (i, k) in keep.iter().enumerate() {
+            if k.len() != n || !k.windows(2).all(|w| w[0] < w[1]) {
+                return Err(bad(format!(
+                    "MoE layer {i}: keep {n} distinct ascending experts at every layer, not {k:?}"
+                )));
+            }
+            if let Some(&e) = k.last().filter(|&&e| e >= moe.num_experts) {
+                return Err(bad(format!(
+                    "MoE layer {i}: expert {e} of {} experts",
+                    moe.num_experts
+                )));
+            }
+        }
+        if n < moe.top_k {
+            return Err(bad(format!(
+                "{n} experts cannot serve top_k = {}: keep at least {}",
+                moe.top_k, moe.top_k
+            )));
+        }
+        let mut out = self.clone();
+        if let Some(m) = out.config.moe.as_mut() {
+            m.num_experts = n;
+        }
+        let moes = out
+            .model
+            .layers
+            .iter_mut()
+            .filter_map(|l| match &mut l.mlp {
+                Ffn::Moe(m) => Some(m),
+                Ffn::Dense(_) => None,
+            });
+        for (m, k) in moes.zip(keep) {
+            *m = m.retain_experts(k);
+        }
+        Ok(out)
+    }
+
     /// Applies the aux-loss-free bias update to every MoE layer.
     pub fn update_router_biases(&mut self, loads: &[ExpertLoad]) {
         let rate = self.config.moe.as_ref().map_or(0.0, |m| m.bias_update_rate);

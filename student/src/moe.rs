@@ -249,6 +249,36 @@ impl Moe {
         }
     }
 
+    /// The layer with only the routed experts `keep` (ascending ids; they become experts
+    /// `0..keep.len()` in that order): their weights, router rows and correction biases, copied
+    /// exactly. Shared experts and latent projections stay. What expert pruning (REAP) leaves.
+    pub fn retain_experts(&self, keep: &[usize]) -> Moe {
+        let device = self.gate.weight.device();
+        let ids = Tensor::<1, Int>::from_data(
+            TensorData::new(keep.iter().map(|&e| e as i64).collect(), [keep.len()]),
+            &device,
+        );
+        let pick2 = |p: &Param<Tensor<2>>| Param::from_tensor(p.val().select(0, ids.clone()));
+        let pick3 = |p: &Param<Tensor<3>>| Param::from_tensor(p.val().select(0, ids.clone()));
+        Moe {
+            gate: Router {
+                weight: pick2(&self.gate.weight),
+                e_score_correction_bias: Param::from_tensor(
+                    self.gate
+                        .e_score_correction_bias
+                        .val()
+                        .select(0, ids.clone()),
+                )
+                .set_require_grad(false),
+            },
+            experts: Experts {
+                gate_up_proj: pick3(&self.experts.gate_up_proj),
+                down_proj: pick3(&self.experts.down_proj),
+            },
+            ..self.clone()
+        }
+    }
+
     /// Applies one aux-loss-free balancing step with the loads of the last forward(s).
     pub fn update_bias(&mut self, load: &[usize], rate: f64) {
         let bias = self.gate.e_score_correction_bias.val();

@@ -53,7 +53,7 @@ fn eval_measures_a_run_and_writes_its_report() {
     };
     train(&recipe::load(&path).unwrap(), &opts).unwrap();
 
-    let (report, curves) = evaluate(&run, Suite::Quick, None).unwrap();
+    let (report, curves) = evaluate(&run, Suite::Quick, None, None).unwrap();
     // The quick suite evaluates the batches training evaluated: the same loss.
     let logged = k3mini::run_dir::read_metrics(&run)
         .unwrap()
@@ -112,7 +112,7 @@ fn eval_measures_a_run_and_writes_its_report() {
     // presets changed), eval and export rebuild exactly the run that trained, from any working
     // directory, with the tokenizer the recipe named relative to itself.
     std::fs::remove_file(&path).unwrap();
-    let (again, _) = evaluate(&run, Suite::Quick, None).unwrap();
+    let (again, _) = evaluate(&run, Suite::Quick, None, None).unwrap();
     assert_eq!(
         again.loss.to_bits(),
         logged_bits(&run),
@@ -124,7 +124,7 @@ fn eval_measures_a_run_and_writes_its_report() {
     let file = k3mini_gguf::GgufFile::open(&gguf).unwrap();
     assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
     // A directory without checkpoints is named.
-    let e = evaluate(&dir, Suite::Quick, None)
+    let e = evaluate(&dir, Suite::Quick, None, None)
         .err()
         .unwrap()
         .to_string();

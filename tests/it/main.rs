@@ -7,6 +7,8 @@ mod export;
 #[cfg(feature = "llama-cpp")]
 mod export_llama_cpp;
 mod fixture;
+#[cfg(feature = "llama-cpp")]
+mod prune;
 mod quickstart;
 mod recipe;
 #[cfg(feature = "llama-cpp")]

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
 /// A 4-layer MoE student (layers 1–3 routed, 4 experts, 2 per token) on SmolLM2's vocabulary.
-const MOE: &str = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
+pub(crate) const MOE: &str = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn_layers = 4\n\
                    n_heads = 2\nffn_hidden = 128\nmax_seq_len = 512\n[model.kda]\nhead_dim = 32\n\
                    gate_rank = 32\n[model.mla]\nkv_lora_rank = 32\nqk_nope_head_dim = 16\n\
                    qk_rope_head_dim = 8\nv_head_dim = 16\n[model.moe]\nnum_experts = 4\n\
@@ -33,7 +33,7 @@ const MOE: &str = "preset = \"k3-mini-moe\"\nvocab_size = 49152\nd_model = 64\nn
 const TEXT: &str = "Who's there? Nay, answer me: stand, and unfold yourself. Long live the king!";
 
 /// The student, its F32 GGUF, and that file's routing.
-fn moe_teacher(dir: &Path) -> (K3Mini, PathBuf, RoutingShape) {
+pub(crate) fn moe_teacher(dir: &Path) -> (K3Mini, PathBuf, RoutingShape) {
     let model = checkpoint_with(&dir.join("run"), MOE, "teacher");
     let ck = open_checkpoint(&dir.join("run")).unwrap();
     let gguf = dir.join("moe.gguf");
@@ -45,7 +45,7 @@ fn moe_teacher(dir: &Path) -> (K3Mini, PathBuf, RoutingShape) {
 }
 
 /// k3mini's router's choices for `ids`: per routed layer, `[tokens, k]`.
-fn router_choices(model: &K3Mini, ids: &[u32]) -> Vec<(usize, Vec<u32>)> {
+pub(crate) fn router_choices(model: &K3Mini, ids: &[u32]) -> Vec<(usize, Vec<u32>)> {
     let tokens: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
     let tokens =
         Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &Device::default());
@@ -58,7 +58,7 @@ fn router_choices(model: &K3Mini, ids: &[u32]) -> Vec<(usize, Vec<u32>)> {
 }
 
 /// `routing`'s first `tokens` tokens' experts, as [`router_choices`] lists them.
-fn choices(routing: &Routing, tokens: usize) -> Vec<(usize, Vec<u32>)> {
+pub(crate) fn choices(routing: &Routing, tokens: usize) -> Vec<(usize, Vec<u32>)> {
     routing
         .layers
         .iter()
