@@ -269,9 +269,9 @@ fn write_report(report: &PruneReport, path: &Path) -> Result<()> {
 }
 
 /// Prunes a checkpoint (or a run's newest) into a new run directory `out` holding one checkpoint
-/// of the same step (weights and plan, its model's `moe.num_experts` changed: it evaluates,
-/// exports, and trains through `[model] init`) and `prune.json`. Held-out loss is measured on the
-/// calibration recipe's held-out set before and after.
+/// of the same step (weights and plan; the plan named for `out`, its `moe.num_experts` changed: it
+/// evaluates, exports, and trains through `[model] init`) and `prune.json`. Held-out loss is
+/// measured on the calibration recipe's held-out set before and after.
 pub fn prune_checkpoint(
     path: &Path,
     calibration: &RunPlan,
@@ -296,17 +296,21 @@ pub fn prune_checkpoint(
     let model = ck.model(&device)?;
     let tokenizer = same_tokenizer(calibration, &student_tokenizer(&ck.plan.data.tokenizer)?)?;
     let batches = calibration_batches(calibration, &tokenizer, opts.tokens)?;
+    // Read first: a held-out set that cannot be read (shards not scored yet) stops it early.
+    let held = held_out(calibration, &tokenizer, calibration.train.eval_batches)?;
     let stats = calibrate_model(&model, &batches, on_batch);
     let layers = verdicts(&stats, n, opts.method)?;
     let kept: Vec<Vec<usize>> = layers.iter().map(|l| l.kept.clone()).collect();
     let pruned = model
         .retain_experts(&kept)
         .map_err(|e| crate::refused!("{}: {e}", ck.dir.display()))?;
-    let held = held_out(calibration, &tokenizer, calibration.train.eval_batches)?;
     let loss = |m: &K3Mini| held.evaluate(m).map(|h: HeldOutEval| h.loss);
     let mut plan = ck.plan.clone();
     plan.model = pruned.config.clone();
     plan.out_dir = std::path::absolute(out).with_context(|| out.display().to_string())?;
+    if let Some(name) = plan.out_dir.file_name() {
+        plan.name = name.to_string_lossy().into_owned();
+    }
     let written = write_weights(&plan, &pruned, ck.step)?;
     let report = PruneReport {
         source: ck.dir.clone(),

@@ -358,15 +358,7 @@ impl K3Mini {
         if let Some(m) = out.config.moe.as_mut() {
             m.num_experts = n;
         }
-        let moes = out
-            .model
-            .layers
-            .iter_mut()
-            .filter_map(|l| match &mut l.mlp {
-                Ffn::Moe(m) => Some(m),
-                Ffn::Dense(_) => None,
-            });
-        for (m, k) in moes.zip(keep) {
+        for (m, k) in out.moe_layers_mut().zip(keep) {
             *m = m.retain_experts(k);
         }
         Ok(out)
@@ -375,16 +367,19 @@ impl K3Mini {
     /// Applies the aux-loss-free bias update to every MoE layer.
     pub fn update_router_biases(&mut self, loads: &[ExpertLoad]) {
         let rate = self.config.moe.as_ref().map_or(0.0, |m| m.bias_update_rate);
-        let moes = self
-            .model
+        for (moe, load) in self.moe_layers_mut().zip(loads) {
+            moe.update_bias(load, rate);
+        }
+    }
+
+    /// The MoE layers' FFNs, in order.
+    fn moe_layers_mut(&mut self) -> impl Iterator<Item = &mut Moe> {
+        self.model
             .layers
             .iter_mut()
             .filter_map(|l| match &mut l.mlp {
                 Ffn::Moe(m) => Some(m),
                 Ffn::Dense(_) => None,
-            });
-        for (moe, load) in moes.zip(loads) {
-            moe.update_bias(load, rate);
-        }
+            })
     }
 }
