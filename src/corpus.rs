@@ -99,6 +99,7 @@ fn stream_sources(data: &DataPlan) -> Vec<StreamSource> {
             field: s.field.clone(),
             chat: s.chat.is_some(),
             weight: s.weight,
+            held_out: s.held_out,
         })
         .collect()
 }

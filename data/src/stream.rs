@@ -8,7 +8,8 @@
 //! - **Held-out split.** A document is held out when a seeded hash of its key ([`doc_key`]: its
 //!   file's path inside the source and its line or row) falls under `held_out_fraction`. It
 //!   depends on nothing else, so it is stable as sources grow or reorder, a held-out document never
-//!   trains, and teacher shards, which keep the key, split the same way.
+//!   trains, and teacher shards, which keep the key, split the same way. A source marked
+//!   [`StreamSource::held_out`] is held out whole: an evaluation set beside the training sources.
 //! - **In order.** [`InOrder`] reads every document once, unshuffled and unsplit, with its key:
 //!   how teacher scoring walks a corpus.
 //! - **Background tokenization.** Each source has a thread that reads, filters and tokenizes
@@ -16,7 +17,8 @@
 //! - **Mixture.** Each document comes from the source furthest below its share of the tokens
 //!   emitted so far (`tokens_i / w_i` smallest, ties to the first), so the proportions follow the
 //!   weights to within one document at every point of a run, with no randomness to replay. A
-//!   source with no document of the split (a one-file source held out whole) leaves the mixture.
+//!   source with no document of the split (a one-file source held out whole, or a source marked
+//!   held out) leaves the mixture.
 //! - **Shuffle.** Documents are taken [`BLOCK`] at a time and emitted in a seeded permutation of
 //!   the block: a shuffle buffer whose state is where the block began.
 //! - **Cursor.** [`StreamCursor`]: each source's position and token count at the start of the
@@ -56,6 +58,8 @@ pub struct StreamSource {
     pub chat: bool,
     /// Its share of the tokens (relative to the other sources').
     pub weight: f64,
+    /// Every document is held out: an evaluation set that never trains.
+    pub held_out: bool,
 }
 
 /// What a source holds at one place, before tokenization.
@@ -387,6 +391,11 @@ impl FeedJob {
             files,
             keys,
         } = self.files.as_ref();
+        if source.held_out && self.split == Split::Train {
+            // An evaluation source: no training document, without reading it.
+            let _ = tx.send(Ok(None));
+            return Ok(());
+        }
         let n = files.len();
         let order_seed = self.seed ^ 0x5151_F00D;
         // This epoch's file order (recomputed when the epoch changes).
@@ -428,9 +437,9 @@ impl FeedJob {
                 continue;
             };
             at.item = item + 1;
-            if is_held_out(self.seed, doc_key(&keys[file], item), self.fraction)
-                != (self.split == Split::HeldOut)
-            {
+            let held = source.held_out
+                || is_held_out(self.seed, doc_key(&keys[file], item), self.fraction);
+            if held != (self.split == Split::HeldOut) {
                 continue;
             }
             let place = DocPlace {
@@ -755,8 +764,8 @@ impl DocStream {
                         match self.split {
                             Split::HeldOut =>
                                 ": the split hashes each document, so a corpus of \
-                                few documents may hold none out; raise data.held_out_fraction or \
-                                set it to 0",
+                                few documents may hold none out; raise data.held_out_fraction, \
+                                add a source with held_out = true, or set the fraction to 0",
                             Split::Train => ": every one is held out",
                         }
                     ),

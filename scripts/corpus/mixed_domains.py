@@ -6,6 +6,8 @@ JSONL of {"text": ...} documents so a recipe names each domain as one source.
 
 - code/python-stdlib.jsonl: ten pure-Python modules of the running interpreter's standard library
   (PSF License 2.0, recipes/corpus/code/LICENSE-PSF.txt), one document per module.
+- code/python-stdlib-heldout.jsonl: five other modules, the code domain's evaluation set (no
+  recipe trains on it; recipes/moe-heldout-code.toml holds it out whole).
 - maths/champ.jsonl: CHAMP's 270 competition-maths problems (champ-dataset 1.0.0, MIT,
   recipes/corpus/maths/LICENSE-CHAMP.txt), each as "Problem: … Solution: <its steps> Answer: …".
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 CORPUS = Path(__file__).resolve().parents[2] / "recipes" / "corpus"
 MODULES = ["bisect", "calendar", "colorsys", "difflib", "fractions", "functools", "graphlib",
            "heapq", "statistics", "textwrap"]
+HELD_OUT_MODULES = ["copy", "numbers", "pprint", "shlex", "string"]
 CHAMP_WHEEL = "champ_dataset-1.0.0-py3-none-any.whl"
 CHAMP_SHA256 = "aa59df5ae28e2ec76a401a46faf3d6395920be8009a01ce451f7d5c131d82201"
 
@@ -35,8 +38,9 @@ def write_jsonl(path: Path, docs: list) -> None:
 
 def code() -> None:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    docs = [(stdlib / f"{m}.py").read_text(encoding="utf-8") for m in MODULES]
-    write_jsonl(CORPUS / "code" / "python-stdlib.jsonl", docs)
+    for name, modules in [("python-stdlib", MODULES), ("python-stdlib-heldout", HELD_OUT_MODULES)]:
+        docs = [(stdlib / f"{m}.py").read_text(encoding="utf-8") for m in modules]
+        write_jsonl(CORPUS / "code" / f"{name}.jsonl", docs)
     (CORPUS / "code" / "LICENSE-PSF.txt").write_text((stdlib / "LICENSE.txt").read_text())
     print(f"  from Python {sys.version.split()[0]}'s {stdlib}")
 

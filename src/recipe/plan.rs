@@ -76,6 +76,13 @@ pub struct DataPlan {
     pub sources: Vec<SourcePlan>,
 }
 
+impl DataPlan {
+    /// Whether any document is held out: by the hashed fraction, or a source held out whole.
+    pub fn holds_out(&self) -> bool {
+        self.held_out_fraction > 0.0 || self.sources.iter().any(|s| s.held_out)
+    }
+}
+
 /// A corpus source: an absolute path, its format and the field holding documents.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +96,9 @@ pub struct SourcePlan {
     /// Its share of the training tokens (positive, finite).
     #[serde(default = "unit_weight", skip_serializing_if = "is_unit_weight")]
     pub weight: f64,
+    /// Held out whole: evaluated, never trained on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held_out: bool,
 }
 
 fn unit_weight() -> f64 {
@@ -584,12 +594,20 @@ fn data_plan(
                  weight would be ignored: weights mix plain and online runs only",
             );
         }
+        if source.held_out && distill.is_some_and(|d| d.mode != ModePlan::Online) {
+            return refuse(
+                &format!("data.sources.{i}.held_out"),
+                "this mode trains from the teacher's shards, split by data.held_out_fraction \
+                 alone: a source held out whole is for plain and online runs",
+            );
+        }
         sources.push(SourcePlan {
             field: source.field().to_string(),
             path,
             format,
             chat: source.chat,
             weight: source.weight,
+            held_out: source.held_out,
         });
     }
     let tokenizer = if d.tokenizer == TEACHER_TOKENIZER {

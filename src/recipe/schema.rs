@@ -5,7 +5,7 @@
 //! [run]       name, out_dir, seed
 //! [model]     preset = "tiny" plus any ModelConfig field to override ([model.kda], ...)
 //! [data]      tokenizer, seq_len, packing, held_out_fraction, train_on, [[data.sources]]
-//!             path/format/field/chat/weight
+//!             path/format/field/chat/weight/held_out
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
@@ -295,6 +295,10 @@ pub struct SourceConfig {
     /// them in this proportion; default 1).
     #[serde(default = "one_f64")]
     pub weight: f64,
+    /// Every document is held out: an evaluation set beside the training sources (a domain's
+    /// validation file), never trained on. Plain and online runs only.
+    #[serde(default)]
+    pub held_out: bool,
 }
 
 impl SourceConfig {

@@ -188,6 +188,7 @@ pub fn bench_loader(
             field: "text".into(),
             chat: None,
             weight: 1.0,
+            held_out: false,
         }],
     };
     let corpus_bytes = std::fs::read_dir(dir)?

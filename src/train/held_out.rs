@@ -44,7 +44,7 @@ impl HeldOut {
     /// nothing out).
     pub fn documents(plan: &RunPlan, tokenizer: &Tokenizer, rows: usize, n: usize) -> Result<Self> {
         let data = &plan.data;
-        if data.held_out_fraction == 0.0 {
+        if !data.holds_out() {
             return Ok(Self::Documents {
                 batches: Vec::new(),
             });

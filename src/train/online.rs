@@ -218,7 +218,7 @@ pub fn held_out(
     n: usize,
 ) -> Result<HeldOut> {
     let mut batches = Vec::new();
-    if plan.data.held_out_fraction > 0.0 {
+    if plan.data.holds_out() {
         let mut held = plan_segments(plan, tokenizer, Split::HeldOut, PackCursor::default())?;
         let spec = OnlineSpec::of(plan, distill);
         for _ in 0..n {

@@ -54,6 +54,7 @@ fn eval_measures_a_run_and_writes_its_report() {
     train(&recipe::load(&path).unwrap(), &opts).unwrap();
 
     let (report, curves) = evaluate(&run, Suite::Quick, None, None).unwrap();
+    let report_loss = report.loss;
     // The quick suite evaluates the batches training evaluated: the same loss.
     let logged = k3mini::run_dir::read_metrics(&run)
         .unwrap()
@@ -118,6 +119,63 @@ fn eval_measures_a_run_and_writes_its_report() {
         logged_bits(&run),
         "the same held-out loss"
     );
+    // Another recipe's evaluation set: Macbeth held out whole, nothing hashed out. Its held-out
+    // rows are Macbeth's tokens from the start, and the run is measured on them.
+    let macbeth_only = |held_out: bool| {
+        let text = Recipe::default()
+            .with("run", "name = \"m\"\nseed = 5")
+            .with(
+                "model",
+                "preset = \"tiny\"\nvocab_size = 4096\nd_model = 64",
+            )
+            .with(
+                "data",
+                &format!(
+                    "tokenizer = \"tok/bpe.json\"\nseq_len = 128\nheld_out_fraction = 0\n\
+                     [[data.sources]]\npath = \"macbeth.txt\"\nheld_out = {held_out}"
+                ),
+            )
+            .with("schedule", "kind = \"constant\"\nwarmup_steps = 0")
+            .with(
+                "train",
+                "steps = 1\nbatch_tokens = 512\nmicro_batch = 4\neval_batches = 2",
+            )
+            .text();
+        std::fs::write(dir.join("eval.toml"), text).unwrap();
+        recipe::load(&dir.join("eval.toml")).unwrap()
+    };
+    let eval_plan = macbeth_only(true);
+    let tokenizer = k3mini::teachers::student_tokenizer(&eval_plan.data.tokenizer).unwrap();
+    let k3mini::train::held_out::HeldOut::Documents { batches } =
+        k3mini::train::modes::held_out(&eval_plan, &tokenizer, 2).unwrap()
+    else {
+        panic!("a plain recipe's held-out set is documents");
+    };
+    let macbeth = std::fs::read_to_string(dir.join("macbeth.txt")).unwrap();
+    let ids: Vec<i64> = tokenizer
+        .encode(&macbeth)
+        .unwrap()
+        .iter()
+        .map(|&i| i as i64)
+        .collect();
+    let rows: Vec<i64> = batches.iter().flat_map(|b| b.tokens.clone()).collect();
+    assert_eq!(rows.len(), 2 * 4 * 128);
+    assert_eq!(
+        rows[..],
+        ids[..rows.len()],
+        "Macbeth's tokens from its start"
+    );
+    // Seed 5 at 0.3 holds Macbeth out of the run (and Hamlet in): the evaluation set's rows are
+    // the run's own held-out rows, so another recipe's set measures the run's own loss.
+    let (on_macbeth, _) = evaluate(&run, Suite::Quick, None, Some(&eval_plan)).unwrap();
+    assert!(on_macbeth.loss.is_finite());
+    assert_eq!(on_macbeth.loss.to_bits(), report_loss.to_bits());
+    // The same source not held out, and no fraction: nothing to evaluate, said so.
+    let e = evaluate(&run, Suite::Quick, None, Some(&macbeth_only(false)))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("nothing is held out"), "{e}");
     let gguf = dir.join("student.gguf");
     let ck = k3mini::run_dir::open_checkpoint(&run).unwrap();
     k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();

@@ -255,6 +255,18 @@ fn teacher_and_chat_settings_are_checked() {
             "data.sources.0.weight",
             "weights mix plain and online runs only",
         ),
+        // Offline runs split the scored shards by hash alone: a source held out whole would train.
+        (
+            format!(
+                "{}{teacher}",
+                GOOD.replace(
+                    "path = \"corpus.txt\"",
+                    "path = \"corpus.txt\"\nheld_out = true"
+                ) + &distill.replace("online", "offline")
+            ),
+            "data.sources.0.held_out",
+            "a source held out whole is for plain and online runs",
+        ),
         (
             GOOD.replace(
                 "path = \"corpus.txt\"",

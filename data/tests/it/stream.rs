@@ -54,6 +54,7 @@ fn source(path: &Path, format: SourceFormat, weight: f64) -> StreamSource {
         field: "text".into(),
         chat: false,
         weight,
+        held_out: false,
     }
 }
 
@@ -178,6 +179,55 @@ fn the_held_out_split_is_disjoint_and_stable_as_the_corpus_grows() {
     assert_eq!(
         is_held_out(7, doc_key("2.jsonl", 5), 0.2),
         is_held_out(7, doc_key("2.jsonl", 5), 0.2)
+    );
+}
+
+#[test]
+fn a_source_held_out_whole_never_trains_and_is_evaluated_in_full() {
+    let d = Dir::new("stream-held-source");
+    jsonl(&d.0.join("train.jsonl"), "t", 200);
+    jsonl(&d.0.join("eval.jsonl"), "e", 30);
+    let mut eval = source(&d.0.join("eval.jsonl"), SourceFormat::Jsonl, 1.0);
+    eval.held_out = true;
+    let sources = [
+        source(&d.0.join("train.jsonl"), SourceFormat::Jsonl, 1.0),
+        eval,
+    ];
+    let take = |split, n| -> Vec<String> {
+        let mut s = open(&sources, split, StreamCursor::default());
+        (0..n).map(|_| text(&s.next_doc().unwrap())).collect()
+    };
+    // More than an epoch of each split: every document of it is seen.
+    let train: std::collections::BTreeSet<String> = take(Split::Train, BLOCK).into_iter().collect();
+    let held: std::collections::BTreeSet<String> =
+        take(Split::HeldOut, BLOCK).into_iter().collect();
+    assert!(train.iter().all(|t| t.starts_with('t')), "{train:?}");
+    let from_eval = held.iter().filter(|t| t.starts_with('e')).count();
+    assert_eq!(from_eval, 30, "the whole source is held out");
+    // The other source keeps its hashed split beside it.
+    let hashed = held.len() - from_eval;
+    assert!(
+        hashed > 0 && train.len() + hashed == 200,
+        "{hashed} + {}",
+        train.len()
+    );
+    // A corpus held out entirely has nothing to train on, and says so.
+    let only = [sources[1].clone()];
+    let e = DocStream::open(
+        &only,
+        bytes(),
+        7,
+        Split::Train,
+        0.2,
+        StreamCursor::default(),
+    )
+    .unwrap()
+    .next_doc()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("no training document") && e.contains("held out"),
+        "{e}"
     );
 }
 
