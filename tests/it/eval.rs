@@ -119,8 +119,28 @@ fn eval_measures_a_run_and_writes_its_report() {
         logged_bits(&run),
         "the same held-out loss"
     );
-    // Another recipe's evaluation set: Macbeth held out whole, nothing hashed out. Its held-out
-    // rows are Macbeth's tokens from the start, and the run is measured on them.
+    held_out_source_is_another_recipes_evaluation_set(&dir, &run, report_loss);
+    let gguf = dir.join("student.gguf");
+    let ck = k3mini::run_dir::open_checkpoint(&run).unwrap();
+    k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();
+    let file = k3mini_gguf::GgufFile::open(&gguf).unwrap();
+    assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
+    // A directory without checkpoints is named.
+    let e = evaluate(&dir, Suite::Quick, None, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("neither a checkpoint nor a run directory"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Another recipe's evaluation set: Macbeth held out whole, nothing hashed out. Its held-out rows
+/// are Macbeth's tokens from the start, and `run` (which holds Macbeth out, its own held-out loss
+/// `own_loss`) is measured on them.
+fn held_out_source_is_another_recipes_evaluation_set(dir: &Path, run: &Path, own_loss: f64) {
     let macbeth_only = |held_out: bool| {
         let text = Recipe::default()
             .with("run", "name = \"m\"\nseed = 5")
@@ -167,30 +187,15 @@ fn eval_measures_a_run_and_writes_its_report() {
     );
     // Seed 5 at 0.3 holds Macbeth out of the run (and Hamlet in): the evaluation set's rows are
     // the run's own held-out rows, so another recipe's set measures the run's own loss.
-    let (on_macbeth, _) = evaluate(&run, Suite::Quick, None, Some(&eval_plan)).unwrap();
+    let (on_macbeth, _) = evaluate(run, Suite::Quick, None, Some(&eval_plan)).unwrap();
     assert!(on_macbeth.loss.is_finite());
-    assert_eq!(on_macbeth.loss.to_bits(), report_loss.to_bits());
+    assert_eq!(on_macbeth.loss.to_bits(), own_loss.to_bits());
     // The same source not held out, and no fraction: nothing to evaluate, said so.
-    let e = evaluate(&run, Suite::Quick, None, Some(&macbeth_only(false)))
+    let e = evaluate(run, Suite::Quick, None, Some(&macbeth_only(false)))
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("nothing is held out"), "{e}");
-    let gguf = dir.join("student.gguf");
-    let ck = k3mini::run_dir::open_checkpoint(&run).unwrap();
-    k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();
-    let file = k3mini_gguf::GgufFile::open(&gguf).unwrap();
-    assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
-    // A directory without checkpoints is named.
-    let e = evaluate(&dir, Suite::Quick, None, None)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        e.contains("neither a checkpoint nor a run directory"),
-        "{e}"
-    );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The last logged held-out loss of a run, as bits.
