@@ -138,7 +138,20 @@ pub fn plan_teacher(
             }
             Arc::new(local)
         }
-        TeacherSource::Served { endpoints, api } => {
+        TeacherSource::Served {
+            endpoints,
+            api,
+            api_key_env,
+        } => {
+            let api_key = match api_key_env {
+                Some(name) => Some(std::env::var(name).map_err(|_| {
+                    crate::refused!(
+                        "teacher.api_key_env names {name}, which is not set (or not UTF-8): \
+                         export the served teacher's API key in it"
+                    )
+                })?),
+                None => None,
+            };
             // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
             let pieces = (*api == Api::Openai).then(|| {
                 Arc::new(piece_map(student.vocab_size(), |id| {
@@ -152,6 +165,7 @@ pub fn plan_teacher(
                     Some(RoutingPlan::Given { shape }) => Some(shape.clone()),
                     _ => None,
                 },
+                api_key,
                 ..Default::default()
             };
             let remote = HttpTeacher::connect(endpoints, student.vocab_size(), opts)?;

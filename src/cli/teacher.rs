@@ -10,7 +10,7 @@ use k3mini::teachers::{
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::local::Engine;
-use k3mini_teacher::server::serve;
+use k3mini_teacher::server::{Limits, ServeOptions, exposure_warning, serve};
 use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -66,6 +66,14 @@ pub enum TeacherCommand {
         /// 504 (0: no limit).
         #[arg(long, default_value_t = 300)]
         request_timeout: u64,
+        /// Seconds a connection has to send a whole request head, counted from connecting or
+        /// from the previous response (so also how long an idle keep-alive connection stays).
+        #[arg(long, default_value_t = 10)]
+        header_timeout: u64,
+        /// Require `Authorization: Bearer KEY` on every endpoint but /health (as vLLM's
+        /// --api-key). Default: the K3MINI_API_KEY environment variable, which `ps` does not show.
+        #[arg(long)]
+        api_key: Option<String>,
         /// Where the teacher runs: cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
@@ -136,10 +144,30 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             port,
             max_queued,
             request_timeout,
+            header_timeout,
+            api_key,
             device,
             engine,
             enable_return_routed_experts,
         } => {
+            let api_key = api_key.or_else(|| std::env::var("K3MINI_API_KEY").ok());
+            if api_key.as_deref() == Some("") {
+                anyhow::bail!("the API key is empty: give a key, or none to serve without one");
+            }
+            anyhow::ensure!(
+                header_timeout > 0,
+                "--header-timeout must be at least 1 second"
+            );
+            let options = ServeOptions {
+                max_queued,
+                request_timeout: (request_timeout > 0)
+                    .then(|| Duration::from_secs(request_timeout)),
+                limits: Limits {
+                    header_timeout: Duration::from_secs(header_timeout),
+                    api_key,
+                    ..Default::default()
+                },
+            };
             let mut t = open_local(&resolve(&teacher)?, engine, &device)?;
             if enable_return_routed_experts {
                 t = t.record_routing()?;
@@ -148,16 +176,19 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             let on_ctrl_c = stop.clone();
             ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
             let name = t.name().to_string();
+            let limits = options.limits.clone();
             serve(
                 Arc::new(t),
                 &format!("{host}:{port}"),
-                max_queued,
-                (request_timeout > 0).then(|| Duration::from_secs(request_timeout)),
+                options,
                 stop,
                 |addr| {
                     // The first line says where (scripts and tests read the port from it).
                     println!("listening on http://{addr} (model {name})");
                     let _ = std::io::Write::flush(&mut std::io::stdout());
+                    if let Some(w) = exposure_warning(&addr, &limits) {
+                        eprintln!("{w}");
+                    }
                 },
             )?;
             Ok(())

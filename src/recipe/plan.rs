@@ -170,8 +170,14 @@ pub enum TeacherSource {
         #[serde(default = "burn")]
         engine: Engine,
     },
-    /// vLLM / SGLang / OpenAI-echo servers, round-robin.
-    Served { endpoints: Vec<String>, api: Api },
+    /// vLLM / SGLang / OpenAI-echo servers, round-robin; their API key, where they want one, is
+    /// read from the environment variable `api_key_env` names when they are connected to.
+    Served {
+        endpoints: Vec<String>,
+        api: Api,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        api_key_env: Option<String>,
+    },
 }
 
 /// Where a teacher's routing is known from.
@@ -717,6 +723,7 @@ fn teacher_plan(
         (None, false) => TeacherSource::Served {
             endpoints: t.endpoints.clone(),
             api: t.api,
+            api_key_env: t.api_key_env.clone(),
         },
         _ => {
             return refuse(
@@ -725,6 +732,22 @@ fn teacher_plan(
             );
         }
     };
+    if let Some(name) = &t.api_key_env {
+        if t.model.is_some() {
+            return refuse(
+                "teacher.api_key_env",
+                "a local teacher takes no API key (it is for served `endpoints`)",
+            );
+        }
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return refuse(
+                "teacher.api_key_env",
+                format!(
+                    "{name:?} is not an environment variable's name (it names the variable holding the key, not the key)"
+                ),
+            );
+        }
+    }
     if t.concurrency == 0 {
         return refuse("teacher.concurrency", "must be positive");
     }

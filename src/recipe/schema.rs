@@ -11,7 +11,7 @@
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
 //!             weights_shard_bytes
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
-//! [teacher]   model + engine | endpoints + api, concurrency, k, temperature, segments_per_shard,
+//! [teacher]   model + engine | endpoints + api + api_key_env, concurrency, k, temperature, segments_per_shard,
 //!             logprob_step, shards_dir, routing, routing_shape = {layers, k, experts, moe_layers}
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
 //!             objectives = [{kind, weight, beta | alpha | samples}], temperature
@@ -186,6 +186,10 @@ pub struct TeacherConfig {
     /// The served teacher's API.
     #[serde(default = "default_api")]
     pub api: Api,
+    /// The environment variable holding the served teacher's API key (sent as `Authorization:
+    /// Bearer …`); the key itself never goes in a recipe.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
     /// Requests in flight (served teachers).
     #[serde(default = "one")]
     pub concurrency: usize,

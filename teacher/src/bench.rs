@@ -5,7 +5,7 @@
 use crate::client::{ClientOptions, HttpTeacher};
 use crate::local::LocalTeacher;
 use crate::score::score_many;
-use crate::server::serve;
+use crate::server::{ServeOptions, serve};
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::shards::{
     DEFAULT_LOGPROB_STEP, ShardMeta, ShardRow, Storage, column_bytes, read_shard, write_shard,
@@ -185,7 +185,12 @@ pub fn bench_teacher(
     let server = {
         let (teacher, stop) = (teacher.clone(), stop.clone());
         std::thread::spawn(move || {
-            serve(teacher, "127.0.0.1:0", 2, None, stop, |addr| {
+            let options = ServeOptions {
+                max_queued: 2,
+                request_timeout: None,
+                ..Default::default()
+            };
+            serve(teacher, "127.0.0.1:0", options, stop, |addr| {
                 tx.send(addr).expect("bench waits")
             })
         })

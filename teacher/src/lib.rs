@@ -10,13 +10,13 @@ pub mod engine;
 pub mod fetch;
 pub mod generate;
 pub mod gguf;
-pub mod http;
 pub mod llama;
 pub mod local;
 pub mod manifest;
 pub mod routing;
 pub mod score;
 pub mod server;
+pub mod wire;
 
 use k3mini_data::rng::uniform;
 use std::path::PathBuf;

@@ -15,5 +15,6 @@ mod recipe;
 mod routing;
 mod routing_design;
 mod routing_stats;
+mod teacher_http;
 mod teacher_server;
 mod train;

@@ -243,6 +243,17 @@ fn teacher_and_chat_settings_are_checked() {
             "teacher.k",
             "must be positive",
         ),
+        // A served teacher's key comes from the environment variable the recipe names.
+        (
+            format!("{GOOD}{distill}{teacher}api_key_env = \"VLLM_API_KEY\"\n"),
+            "teacher.api_key_env",
+            "a local teacher takes no API key",
+        ),
+        (
+            format!("{GOOD}{distill}{served}api_key_env = \"sk=1234\"\n"),
+            "teacher.api_key_env",
+            "not an environment variable's name",
+        ),
         // Offline runs draw scored segments alike: a source weight would be silently ignored.
         (
             format!(

@@ -42,7 +42,12 @@ fn close(a: f64, b: f64, what: &str) {
 fn counts_and_co_selection_equal_numpys_recount_of_every_payload() {
     let doc = fixtures();
     for (name, f) in doc["fixtures"].as_object().unwrap() {
-        let r = from_vllm_lists(&f["expected"], 4, 3).unwrap();
+        let r = from_vllm_lists(
+            &serde_json::from_value::<Vec<Vec<Vec<i64>>>>(f["expected"].clone()).unwrap(),
+            4,
+            3,
+        )
+        .unwrap();
         let mut stats = RoutingStats::new(&shape(), false, 1);
         stats.add(&RoutingRow {
             doc_id: 1,

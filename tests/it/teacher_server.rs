@@ -32,9 +32,15 @@ fn start_with(extra: &[&str]) -> Server {
 
 /// `k3mini teacher serve TEACHER` on a free port, with `extra` arguments.
 pub(crate) fn serve(teacher: &str, extra: &[&str]) -> Server {
+    serve_env(teacher, extra, &[])
+}
+
+/// `k3mini teacher serve TEACHER` on a free port, with `extra` arguments and variables `env`.
+pub(crate) fn serve_env(teacher: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3mini"))
         .args(["teacher", "serve", teacher, "--port", "0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

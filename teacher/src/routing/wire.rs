@@ -15,7 +15,6 @@ pub use crate::routing::RoutingShape;
 use crate::routing::{LayerRouting, Routing};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use serde_json::Value;
 
 /// Expert ids as a server sent them: `[tokens, layers, k]` row-major.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,38 +205,27 @@ pub fn from_vllm(b64: &str) -> Result<RoutedExperts, WireError> {
 
 /// vLLM 0.21's nested lists `[tokens][layers][k]` (`prompt_routed_experts`, or a choice's
 /// `routed_experts`); an empty list is no tokens of the teacher's `layers` and `k`.
-pub fn from_vllm_lists(v: &Value, layers: usize, k: usize) -> Result<RoutedExperts, WireError> {
-    let bad = |why: String| WireError::Malformed(why);
-    let rows = v
-        .as_array()
-        .ok_or_else(|| bad(format!("expected nested lists, got {v}")))?;
+pub fn from_vllm_lists(
+    rows: &[Vec<Vec<i64>>],
+    layers: usize,
+    k: usize,
+) -> Result<RoutedExperts, WireError> {
     let mut values = Vec::with_capacity(rows.len() * layers * k);
-    for (t, row) in rows.iter().enumerate() {
-        let row = row
-            .as_array()
-            .ok_or_else(|| bad(format!("token {t}: not a list of layers")))?;
+    for row in rows {
         if row.len() != layers {
             return Err(WireError::Shape {
                 got: vec![rows.len(), row.len()],
                 want: format!("{layers} layers"),
             });
         }
-        for (l, cell) in row.iter().enumerate() {
-            let cell = cell
-                .as_array()
-                .ok_or_else(|| bad(format!("token {t}, layer {l}: not a list of experts")))?;
+        for cell in row {
             if cell.len() != k {
                 return Err(WireError::Shape {
                     got: vec![rows.len(), layers, cell.len()],
                     want: format!("k = {k}"),
                 });
             }
-            for e in cell {
-                values.push(
-                    e.as_i64()
-                        .ok_or_else(|| bad(format!("token {t}, layer {l}: {e} is no id")))?,
-                );
-            }
+            values.extend_from_slice(cell);
         }
     }
     experts(rows.len(), layers, k, values)

@@ -5,8 +5,8 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher};
-use k3mini_teacher::http::{self, Response};
 use k3mini_teacher::routing::wire::{RoutedExperts, RoutingShape, from_sglang, from_vllm_lists};
+use k3mini_teacher::server::transport::{self, Limits, Reply};
 use k3mini_teacher::{Teacher, TeacherError};
 use serde_json::{Value, json};
 use std::net::TcpListener;
@@ -49,18 +49,12 @@ fn mock(answer: impl Fn(&str, &Value) -> Value + Send + Sync + 'static) -> Mock 
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     std::thread::spawn(move || {
-        http::serve(listener, &s, &|r, _| {
-            let r = r.unwrap();
+        transport::serve(listener, Limits::default(), &s, move |r, _| {
             let body = match r.path.as_str() {
                 "/v1/models" => json!({"data": [{"id": "mock-moe"}]}),
                 path => answer(path, &serde_json::from_slice(&r.body).unwrap()),
             };
-            Response {
-                status: 200,
-                content_type: "application/json",
-                body: body.to_string().into_bytes(),
-                retry_after: None,
-            }
+            Reply::json(200, &body)
         })
         .unwrap();
     });
@@ -140,7 +134,12 @@ fn score_through(
 
 /// numpy's `[tokens, layers, k]` lists as a payload.
 fn expected(v: &Value) -> RoutedExperts {
-    from_vllm_lists(v, 4, 3).unwrap()
+    from_vllm_lists(
+        &serde_json::from_value::<Vec<Vec<Vec<i64>>>>(v.clone()).unwrap(),
+        4,
+        3,
+    )
+    .unwrap()
 }
 
 #[test]

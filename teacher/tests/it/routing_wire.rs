@@ -70,15 +70,25 @@ fn vllm_npy_payloads_read_as_numpy_wrote_them_whatever_the_dtype() {
     }
 }
 
+/// vLLM 0.21's nested lists, as the typed response field holds them.
+fn lists(v: &Value) -> Vec<Vec<Vec<i64>>> {
+    serde_json::from_value(v.clone()).unwrap()
+}
+
 #[test]
 fn vllm_0_21_nested_lists_join_prompt_and_generation() {
     let doc = fixtures();
     let shape = shape(&doc);
     let f = &doc["fixtures"]["vllm_0_21_lists"];
     let r = &f["response"];
-    let prompt = from_vllm_lists(&r["prompt_routed_experts"], shape.layers, shape.k).unwrap();
-    let generated =
-        from_vllm_lists(&r["choices"][0]["routed_experts"], shape.layers, shape.k).unwrap();
+    let prompt =
+        from_vllm_lists(&lists(&r["prompt_routed_experts"]), shape.layers, shape.k).unwrap();
+    let generated = from_vllm_lists(
+        &lists(&r["choices"][0]["routed_experts"]),
+        shape.layers,
+        shape.k,
+    )
+    .unwrap();
     check_against_numpy("vllm_0_21", prompt.then(generated).unwrap(), f, &shape);
 }
 
@@ -167,9 +177,9 @@ fn malformed_and_mis_shaped_payloads_are_named_errors() {
         err(from_sglang(&ragged, 4, 3)),
         WireError::Malformed(_)
     ));
-    let lists: Value = serde_json::from_str("[[[0, 1], [0, 1], [0, 1], [0, 1]]]").unwrap();
+    let short_k: Value = serde_json::from_str("[[[0, 1], [0, 1], [0, 1], [0, 1]]]").unwrap();
     assert!(matches!(
-        err(from_vllm_lists(&lists, 4, 3)),
+        err(from_vllm_lists(&lists(&short_k), 4, 3)),
         WireError::Shape { .. }
     ));
 

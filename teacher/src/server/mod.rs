@@ -1,0 +1,402 @@
+//! `k3mini teacher serve`: a local teacher behind the vLLM-compatible OpenAI surface, so every
+//! client k3mini has (and any OpenAI-style tool) can talk to it. Requests and responses are the
+//! typed structs of [`crate::wire`].
+//!
+//! - `GET /health`, `GET /v1/models`
+//! - `POST /v1/completions`, `POST /v1/chat/completions` ([`openai`])
+//! - `POST /generate`, SGLang's native API ([`sglang`])
+//! - Routed experts, from a MoE teacher recording its routing (`--enable-return-routed-experts`,
+//!   [`LocalTeacher::record_routing`]): the prompt's tokens and every generated one's but the last,
+//!   `[tokens, layers, k]` with a dense layer's rows zero.
+//!
+//! Bad requests get errors in vLLM's JSON shape with status 400/401/404/405/413; a failure inside
+//! the model is a 500 with the reason. The HTTP layer is hyper ([`transport`]); the model runs one
+//! request at a time (it uses every core already), so `/health` and `/v1/models` answer while it
+//! works. A request the model cannot serve whole (prompt + `max_tokens` beyond its context) or that
+//! names an id outside the vocabulary is a 400; beyond `max_queued` model requests running or
+//! waiting, another is a 503 with `Retry-After` (k3mini's client retries it). A request stops
+//! between tokens at its time limit (504), when its client disconnects, or when the server stops
+//! (503).
+
+mod openai;
+mod sglang;
+pub mod transport;
+
+use crate::local::LocalTeacher;
+use crate::routing::Routing;
+use crate::routing::wire::RoutedExperts;
+use crate::wire::{Health, ModelCard, ModelList, parse_request};
+use crate::{GenerateParams, Interrupt, Teacher, TeacherError};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::Duration;
+pub use transport::Limits;
+use transport::{Peer, Reply, Request};
+
+/// Largest `logprobs` / `prompt_logprobs` / `top_logprobs` accepted (vLLM's `--max-logprobs`).
+pub const MAX_LOGPROBS: usize = 1000;
+
+/// How `teacher serve` runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Model requests running or waiting for the model, at most (at least 1).
+    pub max_queued: usize,
+    /// How long one model request may take, queueing included.
+    pub request_timeout: Option<Duration>,
+    /// Connections, heads, bodies, deadlines and the API key.
+    pub limits: Limits,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            max_queued: 3,
+            request_timeout: Some(Duration::from_secs(300)),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// The risk of serving on `addr` as configured, for the operator to read; None when there is none
+/// (a loopback address, or an API key set).
+pub fn exposure_warning(addr: &SocketAddr, limits: &Limits) -> Option<String> {
+    (!addr.ip().is_loopback() && limits.api_key.is_none()).then(|| {
+        format!(
+            "warning: serving on {addr} without an API key: anyone who can reach this port can run \
+             the model (its compute and its answers); set --api-key or K3MINI_API_KEY, or bind \
+             127.0.0.1"
+        )
+    })
+}
+
+/// An error answered to the client: status, message, the request field at fault.
+pub(crate) struct ApiError {
+    status: u16,
+    message: String,
+    param: Option<String>,
+}
+
+pub(crate) fn bad(param: &str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status: 400,
+        message: message.into(),
+        param: Some(param.to_string()),
+    }
+}
+
+impl From<TeacherError> for ApiError {
+    fn from(e: TeacherError) -> Self {
+        let status = match e {
+            TeacherError::Request(_) => 400,
+            TeacherError::TimedOut(_) => 504,
+            TeacherError::Cancelled(_) => 503,
+            _ => 500,
+        };
+        ApiError {
+            status,
+            message: e.to_string(),
+            param: None,
+        }
+    }
+}
+
+pub(crate) struct State {
+    teacher: Arc<LocalTeacher>,
+    /// Each id's text, decoded once (responses name thousands of tokens per request).
+    pieces: Vec<String>,
+    /// One forward pass at a time.
+    compute: Mutex<()>,
+    /// Model requests running or waiting for `compute`, and how many may.
+    admitted: AtomicUsize,
+    capacity: usize,
+    /// How long one model request may take, queueing included.
+    request_timeout: Option<Duration>,
+    stop: Arc<AtomicBool>,
+    created: u64,
+}
+
+/// A model request's place among the admitted, given back when dropped.
+struct Admitted<'a>(&'a AtomicUsize);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A model request's turn: the compute lock, and its place among the admitted.
+pub(crate) struct Turn<'a> {
+    _compute: std::sync::MutexGuard<'a, ()>,
+    _admitted: Admitted<'a>,
+}
+
+impl State {
+    /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full. A
+    /// queued request whose `interrupt` fires leaves the queue.
+    fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
+        let before = self.admitted.fetch_add(1, Ordering::SeqCst);
+        let admitted = Admitted(&self.admitted);
+        if before >= self.capacity {
+            return Err(ApiError {
+                status: 503,
+                message: format!(
+                    "the teacher is busy: {before} requests are running or queued (at most {}); \
+                     retry shortly",
+                    self.capacity
+                ),
+                param: None,
+            });
+        }
+        let compute = loop {
+            match self.compute.try_lock() {
+                Ok(guard) => break guard,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    interrupt.check()?;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+        };
+        Ok(Turn {
+            _compute: compute,
+            _admitted: admitted,
+        })
+    }
+
+    /// The routed experts of tokens `start..` (the prompt's, then every generated one's but the
+    /// last) in the servers' `[tokens, layers, k]`, where the teacher records routing.
+    fn routed(&self, routing: Option<Routing>, start: usize) -> Option<RoutedExperts> {
+        let shape = self.teacher.routing()?;
+        Some(RoutedExperts::of(&routing?.from_token(start), shape))
+    }
+
+    /// Ids given in a request, each inside the vocabulary (an id past it, `2^32 + 5` included, is
+    /// a 400, never wrapped or clamped).
+    fn token_ids(&self, ids: &[u64], param: &str) -> Result<Vec<u32>, ApiError> {
+        let vocab = self.teacher.vocab_size() as u64;
+        match ids.iter().find(|&&id| id >= vocab) {
+            Some(id) => Err(bad(
+                param,
+                format!("token id {id} is outside the vocabulary of {vocab} ids"),
+            )),
+            None => Ok(ids.iter().map(|&id| id as u32).collect()),
+        }
+    }
+
+    /// Text as ids (special tokens recognised), refused when empty.
+    fn encode(&self, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
+        let ids = self
+            .teacher
+            .tokenizer
+            .encode(text)
+            .map_err(|e| bad(param, e.to_string()))?;
+        if ids.is_empty() {
+            return Err(bad(param, "the prompt is empty"));
+        }
+        Ok(ids)
+    }
+
+    /// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
+    /// context (vLLM answers this with a 400 too).
+    fn check_length(&self, prompt: usize, p: &GenerateParams) -> Result<(), ApiError> {
+        let max = self.teacher.context_length();
+        if prompt.saturating_add(p.max_tokens) > max {
+            return Err(bad(
+                "max_tokens",
+                format!(
+                    "this model's maximum context length is {max} tokens; the prompt has \
+                     {prompt} and max_tokens asks for {} more",
+                    p.max_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A token as the response names it: its text, or `token_id:N`.
+    fn token_key(&self, id: u32, as_ids: bool) -> String {
+        if as_ids {
+            format!("token_id:{id}")
+        } else {
+            self.pieces[id as usize].clone()
+        }
+    }
+
+    fn text(&self, ids: &[u32]) -> String {
+        self.teacher.tokenizer.decode(ids).unwrap_or_default()
+    }
+}
+
+/// The sampling fields every endpoint shares, as a request gives them.
+pub(crate) struct Sampling<'a> {
+    pub max_tokens: Option<u64>,
+    pub default_max: usize,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub n: Option<u64>,
+    pub best_of: Option<u64>,
+    pub stop_token_ids: Option<&'a [u64]>,
+    pub ignore_eos: Option<bool>,
+    pub logprobs: usize,
+}
+
+impl State {
+    fn params(&self, s: Sampling) -> Result<GenerateParams, ApiError> {
+        // One completion per request: more are refused rather than silently not made.
+        for (key, v) in [("n", s.n), ("best_of", s.best_of)] {
+            if v.is_some_and(|v| v != 1) {
+                return Err(bad(
+                    key,
+                    format!("`{key}` must be 1: this server makes one completion per request"),
+                ));
+            }
+        }
+        let mut stop = self.token_ids(s.stop_token_ids.unwrap_or(&[]), "stop_token_ids")?;
+        if !s.ignore_eos.unwrap_or(false) {
+            stop.extend(self.teacher.meta.eos);
+        }
+        let (temperature, top_p) = (s.temperature.unwrap_or(1.0), s.top_p.unwrap_or(1.0));
+        if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(bad(
+                "temperature",
+                "temperature must be ≥ 0 and top_p in (0, 1]",
+            ));
+        }
+        Ok(GenerateParams {
+            max_tokens: s
+                .max_tokens
+                .map_or(s.default_max, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+            temperature,
+            top_p,
+            seed: s.seed.unwrap_or(0),
+            logprobs: s.logprobs,
+            stop,
+        })
+    }
+}
+
+/// `logprobs`-style counts, capped at [`MAX_LOGPROBS`].
+pub(crate) fn count(v: Option<u64>, key: &str) -> Result<Option<usize>, ApiError> {
+    match v {
+        Some(k) if k > MAX_LOGPROBS as u64 => Err(bad(
+            key,
+            format!("`{key}` = {k} exceeds the maximum {MAX_LOGPROBS}"),
+        )),
+        k => Ok(k.map(|k| k as usize)),
+    }
+}
+
+/// Serves until `stop` is set. `ready` receives the bound address (port 0 picks a free one). At
+/// most `max_queued` model requests run or wait for the model; one that takes longer than
+/// `request_timeout` (queueing included) is stopped with a 504, and one whose client disconnects
+/// is stopped at the next token.
+pub fn serve(
+    teacher: Arc<LocalTeacher>,
+    addr: &str,
+    options: ServeOptions,
+    stop: Arc<AtomicBool>,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), TeacherError> {
+    let listen_err =
+        |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
+    let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
+    let local = listener.local_addr().map_err(listen_err)?;
+    let pieces = (0..teacher.vocab_size() as u32)
+        .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
+        .collect();
+    let state = Arc::new(State {
+        pieces,
+        teacher,
+        compute: Mutex::new(()),
+        admitted: AtomicUsize::new(0),
+        capacity: options.max_queued.max(1),
+        request_timeout: options.request_timeout,
+        stop: stop.clone(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    ready(local);
+    transport::serve(listener, options.limits, &stop, move |request, peer| {
+        handle(&state, request, peer)
+    })
+    .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
+}
+
+fn handle(state: &State, request: &Request, peer: &Peer) -> Reply {
+    let cancelled = || {
+        if state.stop.load(Ordering::SeqCst) {
+            Some("the server is shutting down")
+        } else if peer.gone() {
+            Some("the client disconnected")
+        } else {
+            None
+        }
+    };
+    let interrupt = Interrupt {
+        deadline: state
+            .request_timeout
+            .map(|limit| (std::time::Instant::now() + limit, limit)),
+        cancelled: Some(&cancelled),
+    };
+    route(state, request, interrupt)
+        .unwrap_or_else(|e| Reply::error(e.status, e.message, e.param.as_deref()))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    parse_request(body).map_err(|(param, message)| bad(&param, message))
+}
+
+fn route(state: &State, r: &Request, interrupt: Interrupt) -> Result<Reply, ApiError> {
+    let name = state.teacher.name();
+    let (method, path) = (r.method.as_str(), r.path.as_str());
+    match (method, path) {
+        ("GET", "/health") => Ok(Reply::json(
+            200,
+            &Health {
+                status: "ok".into(),
+            },
+        )),
+        ("GET", "/v1/models") => Ok(Reply::json(
+            200,
+            &ModelList {
+                object: "list".into(),
+                data: vec![ModelCard {
+                    id: name.into(),
+                    object: "model".into(),
+                    created: state.created,
+                    owned_by: "k3mini".into(),
+                    root: Some(name.into()),
+                    max_model_len: Some(state.teacher.context_length() as u64),
+                }],
+            },
+        )),
+        ("POST", "/v1/completions") => Ok(Reply::json(
+            200,
+            &openai::completions(state, parse(&r.body)?, interrupt)?,
+        )),
+        ("POST", "/v1/chat/completions") => Ok(Reply::json(
+            200,
+            &openai::chat(state, parse(&r.body)?, interrupt)?,
+        )),
+        ("POST", "/generate") => Ok(Reply::json(
+            200,
+            &sglang::generate(state, parse(&r.body)?, interrupt)?,
+        )),
+        (
+            _,
+            "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate",
+        ) => Err(ApiError {
+            status: 405,
+            message: format!("{method} is not allowed on {path}"),
+            param: None,
+        }),
+        _ => Err(ApiError {
+            status: 404,
+            message: format!("no route {path}"),
+            param: None,
+        }),
+    }
+}

@@ -1,0 +1,305 @@
+//! The teacher server's HTTP/1.1 transport: hyper on a two-thread tokio runtime, with the limits a
+//! server that fleets of scorers share needs. Parsing (request line, headers, `Content-Length`,
+//! chunked bodies, `Expect: 100-continue`, keep-alive) is hyper's; what is ours:
+//!
+//! - **Connection slots**: at most `max_connections` open; each holds a semaphore permit owned by
+//!   its task, so a slot comes back however the connection ends (error, panic, drain). One more is
+//!   answered 503 with `Retry-After` from a second pool of the same size, and beyond that closed.
+//! - **Deadlines**: a request head must arrive whole within `header_timeout` of the previous
+//!   response (or of connecting), so it is also how long an idle keep-alive connection stays open
+//!   (past it hyper closes the connection); its body must arrive within as long again of the head
+//!   (else a 408).
+//! - **Caps**: a head (request line and headers) over `max_head` bytes or with over `max_headers`
+//!   headers is a 431, a body over `max_body` a 413 (by its `Content-Length` before any of it is
+//!   read, or as it arrives chunked).
+//! - **API key**: with one set, every request but `GET /health` must carry `Authorization: Bearer
+//!   KEY` (compared in constant time) or gets a 401 before its body is read.
+//! - **Client gone**: the handler runs on a blocking thread while the request's future waits for
+//!   it; hyper drops that future when the client closes the connection (it reads for end of stream
+//!   while the handler works), and a guard in it sets the flag [`Peer::gone`] reads.
+//! - **Drain**: once `stop` is set no connection is accepted, idle ones close, and requests in
+//!   flight finish (a handler should watch `stop` too).
+//!
+//! Errors the transport answers itself are JSON in vLLM's shape ([`ErrorResponse`]); those hyper
+//! answers while parsing (400, 431) have no body, and a head past its deadline is closed unanswered.
+
+use crate::wire::ErrorResponse;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// How often the accept loop looks at the stop flag.
+const POLL: Duration = Duration::from_millis(100);
+/// How long a stopping server waits for requests in flight to be answered.
+const DRAIN: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_connections: usize,
+    /// A request body, read whole.
+    pub max_body: u64,
+    /// The request line and headers together.
+    pub max_head: usize,
+    pub max_headers: usize,
+    /// A request head must arrive within this of the previous response or of connecting, and
+    /// its body within this of its head.
+    pub header_timeout: Duration,
+    /// Required as `Authorization: Bearer …` on every path but `/health`.
+    pub api_key: Option<String>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            max_body: 64 << 20,
+            max_head: 64 << 10,
+            max_headers: 100,
+            header_timeout: Duration::from_secs(10),
+            api_key: None,
+        }
+    }
+}
+
+/// A request, its body read whole.
+pub struct Request {
+    pub method: String,
+    /// The target without its query string.
+    pub path: String,
+    pub body: Bytes,
+}
+
+/// A JSON response.
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// Seconds, sent as `Retry-After`.
+    pub retry_after: Option<u32>,
+}
+
+impl Reply {
+    pub fn json(status: u16, value: &impl serde::Serialize) -> Self {
+        Self {
+            status,
+            body: serde_json::to_vec(value).expect("a response serialises"),
+            retry_after: None,
+        }
+    }
+
+    /// An error in vLLM's shape; a 503 says when to retry.
+    pub fn error(status: u16, message: impl Into<String>, param: Option<&str>) -> Self {
+        Self {
+            status,
+            body: ErrorResponse::new(status, message, param).to_json(),
+            retry_after: (status == 503).then_some(1),
+        }
+    }
+}
+
+/// The client of the request being handled.
+pub struct Peer {
+    gone: Arc<AtomicBool>,
+}
+
+impl Peer {
+    /// Whether the client has closed its connection (its request's future was dropped).
+    pub fn gone(&self) -> bool {
+        self.gone.load(Ordering::SeqCst)
+    }
+}
+
+/// Sets its flag when dropped: with the request's future, when hyper drops it.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Serves `listener` until `stop` is set, calling `handle` on a blocking thread for each request
+/// that passed the limits. Returns once the connections have drained (at most [`DRAIN`]).
+pub fn serve<H>(
+    listener: std::net::TcpListener,
+    limits: Limits,
+    stop: &AtomicBool,
+    handle: H,
+) -> io::Result<()>
+where
+    H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("k3mini-http")
+        .enable_all()
+        .build()?;
+    listener.set_nonblocking(true)?;
+    let result = runtime.block_on(accept(listener, Arc::new(limits), stop, Arc::new(handle)));
+    // Handlers still running see `stop` and end at their next token; none is waited for here.
+    runtime.shutdown_background();
+    result
+}
+
+async fn accept<H>(
+    listener: std::net::TcpListener,
+    limits: Arc<Limits>,
+    stop: &AtomicBool,
+    handle: Arc<H>,
+) -> io::Result<()>
+where
+    H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
+{
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let busy_slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(limits.max_head)
+        .max_headers(limits.max_headers);
+    let mut busy_http = http.clone();
+    busy_http.keep_alive(false);
+    let graceful = GracefulShutdown::new();
+    while !stop.load(Ordering::SeqCst) {
+        let stream = match tokio::time::timeout(POLL, listener.accept()).await {
+            Err(_) => continue,
+            Ok(Ok((stream, _))) => stream,
+            // A connection that failed before it was accepted, or no descriptor left: try again
+            // after a moment rather than spin.
+            Ok(Err(_)) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(stream);
+        if let Ok(slot) = slots.clone().try_acquire_owned() {
+            let (limits, handle) = (limits.clone(), handle.clone());
+            let service = service_fn(move |r| respond(r, limits.clone(), handle.clone()));
+            let connection = graceful.watch(http.serve_connection(io, service));
+            tokio::spawn(async move {
+                let _ = connection.await;
+                drop(slot);
+            });
+        } else if let Ok(slot) = busy_slots.clone().try_acquire_owned() {
+            let open = limits.max_connections;
+            let service = service_fn(move |_| async move {
+                Ok::<_, Infallible>(response(Reply::error(
+                    503,
+                    format!("the server has {open} connections open; retry shortly"),
+                    None,
+                )))
+            });
+            let connection = graceful.watch(busy_http.serve_connection(io, service));
+            tokio::spawn(async move {
+                let _ = connection.await;
+                drop(slot);
+            });
+        }
+        // Else both pools are full: the stream is dropped, closing it.
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+    Ok(())
+}
+
+/// One request: the key, the body within its cap, then the handler on a blocking thread.
+async fn respond<H>(
+    request: hyper::Request<Incoming>,
+    limits: Arc<Limits>,
+    handle: Arc<H>,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible>
+where
+    H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
+{
+    let (parts, body) = request.into_parts();
+    let path = parts.uri.path().to_string();
+    if let Some(key) = &limits.api_key
+        && path != "/health"
+        && !authorized(parts.headers.get(AUTHORIZATION), key)
+    {
+        return Ok(response(Reply::error(
+            401,
+            "a valid API key is required: send `Authorization: Bearer <key>`",
+            None,
+        )));
+    }
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let too_large = || {
+        response(Reply::error(
+            413,
+            format!("the body exceeds {} bytes", limits.max_body),
+            Some("body"),
+        ))
+    };
+    if declared.is_some_and(|n| n > limits.max_body) {
+        return Ok(too_large());
+    }
+    let limited = Limited::new(body, limits.max_body as usize).collect();
+    let body = match tokio::time::timeout(limits.header_timeout, limited).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Ok(too_large()),
+        Err(_) => {
+            return Ok(response(Reply::error(
+                408,
+                format!(
+                    "the request body did not arrive within {:?} of its head",
+                    limits.header_timeout
+                ),
+                Some("body"),
+            )));
+        }
+        Ok(Err(e)) => {
+            return Ok(response(Reply::error(
+                400,
+                format!("malformed request body: {e}"),
+                Some("body"),
+            )));
+        }
+    };
+    let gone = Arc::new(AtomicBool::new(false));
+    let _guard = SetOnDrop(gone.clone());
+    let request = Request {
+        method: parts.method.as_str().to_string(),
+        path,
+        body,
+    };
+    let reply = tokio::task::spawn_blocking(move || handle(&request, &Peer { gone }))
+        .await
+        .unwrap_or_else(|e| Reply::error(500, format!("the request's handler failed: {e}"), None));
+    Ok(response(reply))
+}
+
+/// Whether `header` is `Bearer <key>`, the key compared in constant time.
+fn authorized(header: Option<&HeaderValue>, key: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let Some(token) = header.and_then(|h| h.as_bytes().strip_prefix(b"Bearer ")) else {
+        return false;
+    };
+    bool::from(token.ct_eq(key.as_bytes()))
+}
+
+fn response(reply: Reply) -> hyper::Response<Full<Bytes>> {
+    let mut r = hyper::Response::new(Full::new(Bytes::from(reply.body)));
+    *r.status_mut() = hyper::StatusCode::from_u16(reply.status)
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(s) = reply.retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(s));
+    }
+    r
+}

@@ -1,0 +1,126 @@
+//! The JSON that crosses the wire between k3mini and teacher servers, as typed serde structs: one
+//! module per API, each used by `teacher serve` (which reads the requests and writes the responses)
+//! and by k3mini's clients (which write the requests and read the responses), so a field that
+//! drifts on one side fails to compile or fails the golden fixtures (`tests/fixtures/wire/`), not a
+//! run.
+//!
+//! - [`openai`]: `/v1/completions` and `/v1/chat/completions`, with vLLM's extensions to them;
+//! - [`vllm`]: what only vLLM sends (`prompt_logprobs` entries, routed experts);
+//! - [`sglang`]: SGLang's native `/generate`.
+//!
+//! Unknown request fields are accepted and ignored, as vLLM's request models (`extra = "allow"`)
+//! treat them. Every field a server may leave out is an `Option` (or defaults), and a response's
+//! absent optional field is left out, not sent as `null`.
+
+pub mod openai;
+pub mod sglang;
+pub mod vllm;
+
+use serde::{Deserialize, Serialize};
+
+/// An error response, in the shape vLLM's `ErrorResponse` has: `{"error": {"message", "type",
+/// "param", "code"}}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: ErrorInfo,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub message: String,
+    /// vLLM's names: `BadRequestError`, `NotFoundError`, `InternalServerError`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: u16,
+}
+
+impl ErrorResponse {
+    /// The error for an HTTP `status`, its `type` the name vLLM gives that status.
+    pub fn new(status: u16, message: impl Into<String>, param: Option<&str>) -> Self {
+        let kind = match status {
+            400 | 408 | 413 | 431 => "BadRequestError",
+            401 => "AuthenticationError",
+            404 => "NotFoundError",
+            405 => "MethodNotAllowedError",
+            503 => "ServiceUnavailableError",
+            504 => "TimeoutError",
+            _ if status >= 500 => "InternalServerError",
+            _ => "BadRequestError",
+        };
+        Self {
+            error: ErrorInfo {
+                message: message.into(),
+                kind: kind.into(),
+                param: param.map(str::to_string),
+                code: status,
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an error response serialises")
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelList {
+    #[serde(default = "list")]
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+fn list() -> String {
+    "list".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub owned_by: String,
+    /// vLLM's: the model the card serves (a LoRA adapter's base, else the model itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// vLLM's: the context length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
+}
+
+/// `GET /health`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+}
+
+/// A logprob as the servers send it: vLLM writes −inf as −9999.0 (JSON has no infinities).
+pub fn finite_logprob(lp: f32) -> f32 {
+    if lp.is_finite() { lp } else { -9999.0 }
+}
+
+/// Reads a request body as `T`, naming the field that is malformed (`messages[0].role: unknown
+/// variant …`): the path and the message, for a 400 whose `param` is the path's first field.
+pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, (String, String)> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = if inner.is_syntax() || inner.is_eof() {
+            format!("invalid JSON: {inner}")
+        } else if path == "." {
+            inner.to_string()
+        } else {
+            format!("`{path}`: {inner}")
+        };
+        let field = match path.split(['.', '[']).find(|s| !s.is_empty()) {
+            Some(f) if f != "?" => f.to_string(),
+            _ => "body".to_string(),
+        };
+        (field, message)
+    })
+}

@@ -1,0 +1,250 @@
+//! OpenAI's `/v1/completions` (legacy) and `/v1/chat/completions`, with the fields vLLM adds to
+//! them (`prompt_logprobs`, `return_token_ids`, `return_tokens_as_token_ids`, `stop_token_ids`,
+//! `ignore_eos`, `routed_experts_prompt_start`; in responses [`vllm`] types).
+//!
+//! Token ids in requests are `u64`, so an id past `u32` arrives intact and is refused by range
+//! rather than wrapped.
+
+use super::vllm::{PromptLogprobs, RoutedExpertsField};
+use k3mini_data::chat::Message;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A completion's prompt: text, or token ids (one prompt per request).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u64>),
+}
+
+impl Default for Prompt {
+    fn default() -> Self {
+        Self::Text(String::new())
+    }
+}
+
+/// By hand rather than `untagged`, so a wrong prompt is named for what it must be.
+impl<'de> Deserialize<'de> for Prompt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Prompt;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of token ids")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Prompt, E> {
+                Ok(Prompt::Text(s.to_string()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Prompt, A::Error> {
+                let mut ids = Vec::new();
+                while let Some(id) = seq.next_element::<serde_json::Number>()? {
+                    ids.push(id.as_u64().ok_or_else(|| {
+                        serde::de::Error::custom(format!(
+                            "a prompt list must hold token ids (one prompt per request), not {id}"
+                        ))
+                    })?);
+                }
+                Ok(Prompt::Ids(ids))
+            }
+        }
+        d.deserialize_any(Visitor).map_err(|e: D::Error| {
+            serde::de::Error::custom(format!(
+                "`prompt` must be a string or a list of token ids: {e}"
+            ))
+        })
+    }
+}
+
+/// `POST /v1/completions`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<u64>,
+    /// Top-k logprobs per token (legacy shape).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// vLLM: top-k logprobs of every prompt position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_token_ids: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_tokens_as_token_ids: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    /// vLLM: the first token whose routed experts are returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts_prompt_start: Option<u64>,
+}
+
+/// `/v1/completions`' answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// vLLM 0.21: the prompt's routed experts, `[tokens][layers][k]`, beside the choices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_routed_experts: Option<Vec<Vec<Vec<i64>>>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    #[serde(default)]
+    pub index: u32,
+    #[serde(default)]
+    pub text: String,
+    /// `stop` or `length`.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub logprobs: Option<LegacyLogprobs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routed_experts: Option<RoutedExpertsField>,
+}
+
+/// OpenAI legacy `logprobs`: per token its name (text, or `token_id:N`), its logprob (`null` for a
+/// prompt's first token) and its top-k as `{token: logprob}` (`null` where there is none).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LegacyLogprobs {
+    #[serde(default)]
+    pub text_offset: Vec<u64>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub tokens: Vec<String>,
+    pub top_logprobs: Vec<Option<BTreeMap<String, f32>>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// OpenAI's newer name for `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    #[serde(default)]
+    pub index: u32,
+    pub message: ChatMessage,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    #[serde(default)]
+    pub logprobs: Option<ChatLogprobs>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: Option<String>,
+    /// vLLM's reasoning parsers put the thinking here.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "reasoning_content"
+    )]
+    pub reasoning: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatLogprobs {
+    pub content: Option<Vec<ChatTokenLogprob>>,
+}
+
+/// A generated token: its text, logprob, UTF-8 bytes, and its top-k alternatives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+    #[serde(default)]
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+}
