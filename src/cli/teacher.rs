@@ -151,8 +151,12 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             enable_return_routed_experts,
         } => {
             let api_key = api_key.or_else(|| std::env::var("K3MINI_API_KEY").ok());
-            if api_key.as_deref() == Some("") {
-                anyhow::bail!("the API key is empty: give a key, or none to serve without one");
+            if let Some(key) = &api_key {
+                anyhow::ensure!(
+                    !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic()),
+                    "the API key is empty or holds spaces or control characters (a trailing \
+                     newline?): no client could send it in a header"
+                );
             }
             anyhow::ensure!(
                 header_timeout > 0,

@@ -40,6 +40,8 @@ pub(crate) fn serve_env(teacher: &str, extra: &[&str], env: &[(&str, &str)]) -> 
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3mini"))
         .args(["teacher", "serve", teacher, "--port", "0"])
         .args(extra)
+        // A key exported in the developer's shell must not reach servers the tests start bare.
+        .env_remove("K3MINI_API_KEY")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .spawn()

@@ -258,10 +258,10 @@ impl State {
             stop.extend(self.teacher.meta.eos);
         }
         let (temperature, top_p) = (s.temperature.unwrap_or(1.0), s.top_p.unwrap_or(1.0));
-        if !(temperature >= 0.0) || !(top_p > 0.0 && top_p <= 1.0) {
+        if !(temperature >= 0.0 && temperature.is_finite()) || !(top_p > 0.0 && top_p <= 1.0) {
             return Err(bad(
                 "temperature",
-                "temperature must be ≥ 0 and top_p in (0, 1]",
+                "temperature must be finite and ≥ 0, and top_p in (0, 1]",
             ));
         }
         Ok(GenerateParams {

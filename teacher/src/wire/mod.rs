@@ -107,7 +107,7 @@ pub fn finite_logprob(lp: f32) -> f32 {
 /// variant …`): the path and the message, for a 400 whose `param` is the path's first field.
 pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, (String, String)> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = if inner.is_syntax() || inner.is_eof() {
@@ -122,5 +122,9 @@ pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, (
             _ => "body".to_string(),
         };
         (field, message)
-    })
+    })?;
+    // Nothing may follow the object (`{…}garbage` is not a request).
+    de.end()
+        .map_err(|e| ("body".to_string(), format!("invalid JSON: {e}")))?;
+    Ok(value)
 }

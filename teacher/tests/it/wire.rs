@@ -119,8 +119,9 @@ fn every_fixture_reads_as_its_type_and_writes_back_unchanged() {
 
 #[test]
 fn a_malformed_request_names_its_field() {
-    let cases: [(&[u8], &str, &str); 5] = [
+    let cases: [(&[u8], &str, &str); 6] = [
         (b"{not json", "body", "invalid JSON"),
+        (br#"{"prompt": "x"}garbage"#, "body", "invalid JSON"),
         (
             br#"{"prompt": 7}"#,
             "prompt",
