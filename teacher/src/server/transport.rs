@@ -9,6 +9,8 @@
 //!   response (or of connecting), so it is also how long an idle keep-alive connection stays open
 //!   (past it hyper closes the connection); its body must arrive within as long again of the head
 //!   (else a 408).
+//! - **Stalled writes**: a response whose bytes make no progress for `header_timeout` (a client
+//!   that stops reading) ends its connection, so a slot cannot be held by not reading.
 //! - **Caps**: a head (request line and headers) over `max_head` bytes or with over `max_headers`
 //!   headers is a 431, a body over `max_body` a 413 (by its `Content-Length` before any of it is
 //!   read, or as it arrives chunked).
@@ -182,7 +184,7 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(stream);
+        let io = Stalls::new(TokioIo::new(stream), limits.header_timeout);
         if let Ok(slot) = slots.clone().try_acquire_owned() {
             let (limits, handle) = (limits.clone(), handle.clone());
             let service = service_fn(move |r| respond(r, limits.clone(), handle.clone()));
@@ -281,6 +283,101 @@ where
         .await
         .unwrap_or_else(|e| Reply::error(500, format!("the request's handler failed: {e}"), None));
     Ok(response(reply))
+}
+
+/// A connection whose writes fail once they have made no progress for `limit`. Written here
+/// because hyper has no write deadline (only one for heads) and tokio's sockets take no
+/// `SO_SNDTIMEO`.
+struct Stalls<I> {
+    io: I,
+    limit: Duration,
+    /// Running while a write is pending: reset by any progress.
+    stalled: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<I> Stalls<I> {
+    fn new(io: I, limit: Duration) -> Self {
+        Self {
+            io,
+            limit,
+            stalled: None,
+        }
+    }
+
+    /// `polled` as it came, but a pending write past the limit is an error.
+    fn watch<T>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        polled: std::task::Poll<io::Result<T>>,
+    ) -> std::task::Poll<io::Result<T>> {
+        use std::future::Future;
+        use std::task::Poll;
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {limit:?}"),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<I: hyper::rt::Read + Unpin> hyper::rt::Read for Stalls<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: hyper::rt::Write + Unpin> hyper::rt::Write for Stalls<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let polled = std::pin::Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, polled)
+    }
 }
 
 /// Whether `header` is `Bearer <key>`, the key compared in constant time.

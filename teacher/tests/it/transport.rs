@@ -19,7 +19,7 @@ fn text(status: u16, text: String) -> Reply {
     }
 }
 
-/// `"METHOD PATH BODY"` for a request. `/wait` holds until its client has gone (at most 20 s) and
+/// `"METHOD PATH BODY"` for a request; `/big` answers 64 MiB. `/wait` holds until its client has gone (at most 20 s) and
 /// sends how long that took; `/hold` holds for 300 ms; `/panic` panics.
 fn echo(r: &Request, peer: &Peer, gone: &mpsc::Sender<Duration>) -> Reply {
     match r.path.as_str() {
@@ -36,6 +36,8 @@ fn echo(r: &Request, peer: &Peer, gone: &mpsc::Sender<Duration>) -> Reply {
             text(200, "held".into())
         }
         "/panic" => panic!("a handler that fails"),
+        // More than the socket buffers hold: sent only to a client that reads.
+        "/big" => text(200, "x".repeat(64 << 20)),
         _ => text(
             200,
             format!(
@@ -533,4 +535,36 @@ fn serving_beyond_loopback_without_a_key_is_warned_about() {
         ..Default::default()
     };
     assert_eq!(exposure_warning(&open, &keyed), None);
+}
+
+#[test]
+fn a_client_that_stops_reading_loses_its_connection_and_slot() {
+    // One slot; a client asks for 64 MiB and reads none of it. Its writes stall, and at the
+    // deadline the connection ends and the slot is free for the next client.
+    let limits = Limits {
+        max_connections: 1,
+        header_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let s = start(limits);
+    let (mut w, _r) = connect(&s);
+    write!(w, "GET /big HTTP/1.1\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    loop {
+        let (status, _, _) = exchange(&s, b"GET /a HTTP/1.1\r\n\r\n");
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "the slot was never freed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "the stalled connection's slot came back after {:?}",
+        t0.elapsed()
+    );
 }
