@@ -9,20 +9,12 @@ use crate::error::Result;
 use crate::recipe::DataPlan;
 use k3mini_data::chat::{ChatFormat, LossParts, check_markers, render};
 use k3mini_data::stream::{
-    DocPlace, DocStream, InOrder, RawDoc, Split, StreamCursor, StreamSource, Tokenize,
-    source_listing,
+    DocPlace, DocStream, InOrder, MixtureCount, RawDoc, Split, StreamCursor, StreamSource,
+    Tokenize, source_listing,
 };
-use k3mini_data::tokenizer::BPE_EOS;
-use k3mini_data::{DataError, TokenDoc, Tokenizer};
+use k3mini_data::{DataError, PackCursor, Packer, TokenDoc, Tokenizer};
 use k3mini_teacher::score::{Corpus, CorpusDoc};
 use std::sync::Arc;
-
-/// The tokenizer's end-of-document id, when it has one.
-fn end_of_text(tokenizer: &Tokenizer) -> Option<u32> {
-    [BPE_EOS, "</s>", "<|end_of_text|>"]
-        .iter()
-        .find_map(|t| tokenizer.token_id(t))
-}
 
 /// One document as ids and, for a chat rendered with its template, what each id is; text ends
 /// in the end-of-text id. `None` when it has fewer than two tokens.
@@ -82,7 +74,7 @@ fn tokenize<T: 'static>(
         }
     }
     let templates: Vec<Option<ChatFormat>> = data.sources.iter().map(|s| s.chat).collect();
-    let (tokenizer, eos) = (tokenizer.clone(), end_of_text(tokenizer));
+    let (tokenizer, eos) = (tokenizer.clone(), tokenizer.special_ids().eos);
     Ok(Arc::new(move |i, raw, place| {
         let doc = parted_doc(raw, templates[i], &tokenizer, eos, place)?;
         Ok(doc.map(|d| finish(CorpusDoc { source: i, ..d })))
@@ -112,10 +104,52 @@ pub fn document_stream(
     split: Split,
     cursor: StreamCursor,
 ) -> Result<DocStream> {
+    open_stream(data, tokenizer, seed, split, cursor, usize::MAX)
+}
+
+/// The plan's `split` documents packed into rows of `seq_len` as `data.packing` says, from
+/// `cursor`: what plain training and its held-out evaluation read. Without packing a row keeps
+/// only a document's first `seq_len` tokens, so the stream is given them cut there and its mixture
+/// weighs what the rows keep (not for a cursor from before mixtures counted trained tokens: that
+/// run resumes as it began).
+pub fn row_packer(
+    data: &DataPlan,
+    tokenizer: &Tokenizer,
+    seed: u64,
+    split: Split,
+    cursor: PackCursor<StreamCursor>,
+) -> Result<Packer<DocStream>> {
+    let keep = match data.packing || cursor.feed.count == MixtureCount::AllTokens {
+        true => usize::MAX,
+        false => data.seq_len,
+    };
+    let stream = open_stream(data, tokenizer, seed, split, cursor.feed, keep)?;
+    Ok(Packer::new(
+        stream,
+        data.seq_len,
+        data.packing,
+        0,
+        cursor.offset,
+    )?)
+}
+
+/// [`document_stream`] with each document cut to its first `keep` tokens.
+fn open_stream(
+    data: &DataPlan,
+    tokenizer: &Tokenizer,
+    seed: u64,
+    split: Split,
+    cursor: StreamCursor,
+    keep: usize,
+) -> Result<DocStream> {
     let train_on = data.train_on.clone();
     Ok(DocStream::open(
         &stream_sources(data),
-        tokenize(data, tokenizer, move |d| token_doc(d, &train_on))?,
+        tokenize(data, tokenizer, move |d| {
+            let mut doc = token_doc(d, &train_on);
+            doc.truncate(keep);
+            doc
+        })?,
         seed,
         split,
         data.held_out_fraction,

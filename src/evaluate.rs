@@ -10,7 +10,6 @@ use crate::recipe::RunPlan;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::teachers::{plan_prompts, same_tokenizer, student_tokenizer};
 use crate::train::modes::held_out;
-use k3mini_data::chat::END_OF_TURN;
 use k3mini_eval::memory::memory_vs_context;
 use k3mini_eval::metrics::{bits_per_byte, perplexity};
 use k3mini_eval::report::{Curves, EvalReport};
@@ -82,7 +81,14 @@ pub fn evaluate(
             held_plan.recipe_name()
         );
     };
-    let (tokens, bytes) = held.tokens_and_bytes(&tokenizer)?;
+    let bytes = held.predicted_bytes(&tokenizer)?;
+    if bytes == 0 {
+        crate::bail!(
+            "{}: the held-out positions predict no text (only special tokens): bits per byte \
+             would divide by nothing",
+            held_plan.recipe_name()
+        );
+    }
     let (contexts, depths): (&[usize], &[f64]) = match suite {
         Suite::Quick => (&[256, 1024], &[0.1, 0.5, 0.9]),
         Suite::Full => (&[256, 1024, 4096], &[0.0, 0.25, 0.5, 0.75, 1.0]),
@@ -107,10 +113,7 @@ pub fn evaluate(
         None => Vec::new(),
     };
     progress("reasoning problems");
-    let stop: Vec<u32> = [END_OF_TURN, k3mini_data::tokenizer::BPE_EOS]
-        .iter()
-        .filter_map(|t| tokenizer.token_id(t))
-        .collect();
+    let stop = tokenizer.special_ids().stops();
     let answers = exact_match(&model, &tokenizer, &problems, max_tokens, &stop)?;
     progress("memory against context");
     let memory_contexts: &[usize] = match suite {
@@ -129,7 +132,7 @@ pub fn evaluate(
         params: k3mini_student::info::param_breakdown(&plan.model).total(),
         ppl: perplexity(h.loss),
         loss: h.loss,
-        bits_per_byte: bits_per_byte(h.loss, tokens, bytes),
+        bits_per_byte: bits_per_byte(h.loss, h.positions, bytes),
         teacher_top1: finite(h.top1),
         teacher_kl: finite(h.kl),
         passkey: passkeys,

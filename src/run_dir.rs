@@ -283,8 +283,13 @@ impl Checkpoint {
             serde_json::from_slice(&read(IDS)?).with_context(|| format!("{dir}: {IDS}"))?;
         let state: TrainState =
             serde_json::from_slice(&read(STATE)?).with_context(|| format!("{dir}: {STATE}"))?;
-        let record = OptimizerRecord::load(self.path(OPTIMIZER)?).map_err(|e| {
-            crate::refused!("{dir}: {OPTIMIZER} is not an optimizer state k3mini wrote ({e:?})")
+        let path = self.path(OPTIMIZER)?;
+        let record = OptimizerRecord::load(path).map_err(|e| {
+            crate::refused!(
+                "{}: is not an optimizer state k3mini wrote (AdamW moments as a burn-pack \
+                 record): {e}",
+                path.display()
+            )
         })?;
         let model = restore_param_ids(self.model(device)?, &ids)
             .map_err(|e| crate::refused!("{dir}: {IDS}: {e}"))?;

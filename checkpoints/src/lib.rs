@@ -1,8 +1,9 @@
 //! Checkpoints: a checkpoint is a directory `step-NNNNNNNN/` holding named files and a
-//! `manifest.json` of their SHA-256 sums. It is written to a temporary directory and renamed into
-//! place (a crash leaves either the old set or the new one, never half a checkpoint), the oldest
-//! are pruned beyond `keep`, and opening one verifies every checksum so a corrupt or truncated file
-//! is named instead of loaded. Files are written and hashed as streams: a checkpoint of a model
+//! `manifest.json` of their SHA-256 sums. It is written to a temporary directory, every file and the
+//! directory synced to disk, and renamed into place, and the run directory synced, before the
+//! oldest are pruned beyond `keep`: a crash of the process or the machine at any point leaves the
+//! old set or the new one, never half a checkpoint or none ([`Stage`]). Opening one verifies every
+//! checksum so a corrupt or truncated file is named instead of loaded. Files are written and hashed as streams: a checkpoint of a model
 //! larger than memory's spare room never has to be whole in memory.
 //!
 //! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
@@ -17,6 +18,8 @@ use std::path::{Path, PathBuf};
 
 pub const MANIFEST: &str = "manifest.json";
 const PREFIX: &str = "step-";
+/// What a checkpoint's directory name is prefixed with while a rewrite of its step replaces it.
+const SET_ASIDE: &str = ".old-";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -50,12 +53,9 @@ pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(format!("{PREFIX}{step:08}"))
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it and a rename, so that a reader
-/// sees the old file or the new one, never part of either.
+/// Writes `bytes` to `path` atomically and durably (see `k3mini_durable`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+    k3mini_durable::write(path, bytes).map_err(|e| io(path, e))
 }
 
 /// SHA-256 (hex) of a file, read in pieces (a checkpoint's files can be larger than memory).
@@ -74,14 +74,56 @@ fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Writes a checkpoint atomically and prunes all but the newest `keep`: `fill` writes its files
-/// into a fresh temporary directory (streaming them, so nothing needs to be whole in memory); each
-/// file is then checksummed into the manifest and the directory renamed into place. Returns it.
+/// The points a checkpoint write passes, in order. After each one a crash (of the process or of
+/// the machine) leaves a run whose newest checkpoint opens and verifies: the previous one until
+/// [`Stage::Published`], the new one from then on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// The files are written into the temporary directory.
+    Filled,
+    /// Each file, the manifest and the temporary directory are synced to disk.
+    Synced,
+    /// A checkpoint of the same step being rewritten is renamed aside (`.old-step-N`, which
+    /// [`list`] reads as step N until the new one is in place).
+    SetAside,
+    /// The new directory is renamed into place and the run directory synced.
+    Published,
+    /// The set-aside copy and the checkpoints beyond `keep` are removed, and that is synced.
+    Pruned,
+}
+
+/// Writes a checkpoint atomically and durably and prunes all but the newest `keep`: `fill` writes
+/// its files into a fresh temporary directory (streaming them, so nothing needs to be whole in
+/// memory); each file is then checksummed into the manifest and synced, the directory synced and
+/// renamed into place, the run directory synced, and only then are older checkpoints deleted.
+/// Returns it.
 pub fn write_with<E: From<CheckpointError>>(
     run_dir: &Path,
     step: usize,
     keep: usize,
     fill: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<PathBuf, E> {
+    write_stages(run_dir, step, keep, fill, Stage::Pruned)
+}
+
+/// [`write`], stopped right after `stage` as a crash there would stop it: the fault-injection
+/// point of the tests that every stage leaves a checkpoint to resume from.
+pub fn write_until(
+    run_dir: &Path,
+    step: usize,
+    files: &[(&str, Vec<u8>)],
+    keep: usize,
+    stage: Stage,
+) -> Result<PathBuf, CheckpointError> {
+    write_stages(run_dir, step, keep, |dir| fill_bytes(dir, files), stage)
+}
+
+fn write_stages<E: From<CheckpointError>>(
+    run_dir: &Path,
+    step: usize,
+    keep: usize,
+    fill: impl FnOnce(&Path) -> Result<(), E>,
+    last: Stage,
 ) -> Result<PathBuf, E> {
     let final_dir = step_dir(run_dir, step);
     let tmp = run_dir.join(format!(".tmp-{PREFIX}{step:08}-{}", std::process::id()));
@@ -90,6 +132,9 @@ pub fn write_with<E: From<CheckpointError>>(
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     fill(&tmp)?;
+    if last == Stage::Filled {
+        return Ok(tmp);
+    }
     let mut manifest = Manifest {
         step,
         files: BTreeMap::new(),
@@ -102,24 +147,58 @@ pub fn write_with<E: From<CheckpointError>>(
             .unwrap_or_default();
         if path.is_file() && name != MANIFEST {
             manifest.files.insert(name, sha256_file(&path)?);
+            k3mini_durable::sync_file(&path).map_err(|e| io(&path, e))?;
         }
     }
-    let manifest_path = tmp.join(MANIFEST);
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-    std::fs::write(&manifest_path, json).map_err(|e| io(&manifest_path, e))?;
-    // fsync the files' directory entries before the rename makes them visible.
-    if let Ok(d) = std::fs::File::open(&tmp) {
-        let _ = d.sync_all();
+    write_atomic(&tmp.join(MANIFEST), &json)?;
+    k3mini_durable::sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
+    if last == Stage::Synced {
+        return Ok(tmp);
     }
+    // A step being rewritten is renamed aside, never deleted first: at every moment one version
+    // of it is on disk under a name `list` reads.
+    let aside = set_aside_dir(run_dir, step);
     if final_dir.exists() {
-        std::fs::remove_dir_all(&final_dir).map_err(|e| io(&final_dir, e))?;
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(|e| io(&aside, e))?;
+        }
+        k3mini_durable::rename(&final_dir, &aside).map_err(|e| io(&final_dir, e))?;
     }
-    std::fs::rename(&tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
+    if last == Stage::SetAside {
+        return Ok(aside);
+    }
+    k3mini_durable::rename(&tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
+    if last == Stage::Published {
+        return Ok(final_dir);
+    }
+    if aside.exists() {
+        std::fs::remove_dir_all(&aside).map_err(|e| io(&aside, e))?;
+    }
     let all = list(run_dir)?;
-    for (_, old) in all.iter().rev().skip(keep.max(1)) {
+    for (step, old) in all.iter().rev().skip(keep.max(1)) {
         std::fs::remove_dir_all(old).map_err(|e| io(old, e))?;
+        // A set-aside copy of a pruned step would otherwise stand in for it in `list`.
+        let aside = set_aside_dir(run_dir, *step);
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside).map_err(|e| io(&aside, e))?;
+        }
     }
+    k3mini_durable::sync_dir(run_dir).map_err(|e| io(run_dir, e))?;
     Ok(final_dir)
+}
+
+/// Where a checkpoint of `step` waits while a new one of the same step replaces it.
+fn set_aside_dir(run_dir: &Path, step: usize) -> PathBuf {
+    run_dir.join(format!("{SET_ASIDE}{PREFIX}{step:08}"))
+}
+
+fn fill_bytes(dir: &Path, files: &[(&str, Vec<u8>)]) -> Result<(), CheckpointError> {
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
+    }
+    Ok(())
 }
 
 /// [`write_with`] for files given as bytes.
@@ -129,36 +208,40 @@ pub fn write(
     files: &[(&str, Vec<u8>)],
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
-    write_with(run_dir, step, keep, |dir| {
-        for (name, bytes) in files {
-            let path = dir.join(name);
-            std::fs::write(&path, bytes).map_err(|e| io(&path, e))?;
-        }
-        Ok(())
-    })
+    write_with(run_dir, step, keep, |dir| fill_bytes(dir, files))
 }
 
-/// Every checkpoint under `run_dir`, oldest first, as `(step, dir)`. Temporary directories are ignored.
+/// Every checkpoint under `run_dir`, oldest first, as `(step, dir)`: the `step-N` directories, and
+/// a set-aside copy of a step whose rewrite a crash interrupted before the new one was in place.
+/// Temporary directories are ignored.
 pub fn list(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
     if !run_dir.exists() {
         return Ok(Vec::new());
     }
-    let mut out: Vec<(usize, PathBuf)> = std::fs::read_dir(run_dir)
+    let mut by_step: BTreeMap<usize, PathBuf> = BTreeMap::new();
+    let mut aside = Vec::new();
+    for e in std::fs::read_dir(run_dir)
         .map_err(|e| io(run_dir, e))?
         .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_prefix(PREFIX)
-                .and_then(|s| s.parse::<usize>().ok())
-                .map(|step| (step, e.path()))
-        })
-        .collect();
-    out.sort();
-    Ok(out)
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let step = |s: &str| s.strip_prefix(PREFIX).and_then(|s| s.parse::<usize>().ok());
+        if let Some(n) = step(&name) {
+            by_step.insert(n, e.path());
+        } else if let Some(n) = name.strip_prefix(SET_ASIDE).and_then(step) {
+            aside.push((n, e.path()));
+        }
+    }
+    for (n, path) in aside {
+        by_step.entry(n).or_insert(path);
+    }
+    Ok(by_step.into_iter().collect())
 }
 
-/// Removes the temporary directories a killed writer left behind (never a finished checkpoint).
-/// Call it only while no other process writes checkpoints into `run_dir`.
+/// Cleans up after a writer that was killed: removes its temporary directories (never a finished
+/// checkpoint), and puts a set-aside checkpoint back in place when its replacement never arrived
+/// (removing it when it did). Call it only while no other process writes checkpoints into
+/// `run_dir`.
 pub fn remove_stale_temps(run_dir: &Path) -> Result<(), CheckpointError> {
     if !run_dir.exists() {
         return Ok(());
@@ -167,15 +250,23 @@ pub fn remove_stale_temps(run_dir: &Path) -> Result<(), CheckpointError> {
         .map_err(|e| io(run_dir, e))?
         .flatten()
     {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(&format!(".tmp-{PREFIX}"))
-        {
-            std::fs::remove_dir_all(entry.path()).map_err(|e| io(&entry.path(), e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if name.starts_with(&format!(".tmp-{PREFIX}")) {
+            std::fs::remove_dir_all(&path).map_err(|e| io(&path, e))?;
+        } else if let Some(step_name) = name.strip_prefix(SET_ASIDE).filter(|s| {
+            s.strip_prefix(PREFIX)
+                .is_some_and(|n| n.parse::<usize>().is_ok())
+        }) {
+            let step = run_dir.join(step_name);
+            if step.exists() {
+                std::fs::remove_dir_all(&path).map_err(|e| io(&path, e))?;
+            } else {
+                k3mini_durable::rename(&path, &step).map_err(|e| io(&path, e))?;
+            }
         }
     }
-    Ok(())
+    k3mini_durable::sync_dir(run_dir).map_err(|e| io(run_dir, e))
 }
 
 /// The newest checkpoint, if any.

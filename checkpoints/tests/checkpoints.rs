@@ -131,3 +131,62 @@ fn parameter_ids_round_trip_by_path() {
         restore_param_ids(K3Mini::new(&presets::tiny(), &device).unwrap(), &partial).unwrap_err();
     assert!(err.to_string().contains("lm_head.weight"), "{err}");
 }
+
+/// The newest checkpoint `list` finds, verified, as `(step, state.json)`.
+fn newest(run: &std::path::Path) -> (usize, Vec<u8>) {
+    let (step, dir) = latest(run).unwrap().expect("a checkpoint");
+    let files = verify(&dir).unwrap();
+    (step, std::fs::read(&files["state.json"]).unwrap())
+}
+
+#[test]
+fn a_write_stopped_at_any_stage_leaves_the_old_or_the_new_checkpoint() {
+    use k3mini_checkpoints::{Stage, remove_stale_temps, write_until};
+    let stages = [
+        Stage::Filled,
+        Stage::Synced,
+        Stage::SetAside,
+        Stage::Published,
+        Stage::Pruned,
+    ];
+    for stage in stages {
+        // A new step after an old one, keeping one: until it is published the old one opens, and
+        // from then on the new one, whole.
+        let run = Run::new(&format!("fault-{stage:?}"));
+        write(&run.0, 10, &files(10), 1).unwrap();
+        write_until(&run.0, 20, &files(20), 1, stage).unwrap();
+        let want = if stage >= Stage::Published { 20 } else { 10 };
+        assert_eq!(
+            newest(&run.0),
+            (want, files(want)[0].1.clone()),
+            "{stage:?}"
+        );
+        // The next run cleans up and writes on as usual.
+        remove_stale_temps(&run.0).unwrap();
+        assert_eq!(newest(&run.0).0, want, "{stage:?}, cleaned up");
+        write(&run.0, 30, &files(30), 1).unwrap();
+        let steps: Vec<usize> = list(&run.0).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, [30], "{stage:?}");
+
+        // The same step rewritten (a resumed run that reaches it again): one version of it is on
+        // disk under a name `list` reads at every stage.
+        let mut rewritten = files(30);
+        rewritten[0].1 = b"{\"step\": 30, \"again\": true}".to_vec();
+        write_until(&run.0, 30, &rewritten, 1, stage).unwrap();
+        let (step, state) = newest(&run.0);
+        assert_eq!(step, 30, "{stage:?}");
+        let want = if stage >= Stage::Published {
+            &rewritten
+        } else {
+            &files(30)
+        };
+        assert_eq!(state, want[0].1, "{stage:?}");
+        remove_stale_temps(&run.0).unwrap();
+        assert_eq!(newest(&run.0).1, want[0].1, "{stage:?}, cleaned up");
+        let names: Vec<String> = std::fs::read_dir(&run.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["step-00000030"], "{stage:?}: nothing left over");
+    }
+}

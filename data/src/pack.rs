@@ -61,6 +61,19 @@ impl TokenDoc {
     pub fn is_target(&self, j: usize) -> bool {
         self.targets.as_ref().is_none_or(|t| t[j])
     }
+
+    /// The tokens it trains as targets: every one but the first, less a chat's untrained parts.
+    pub fn trained_tokens(&self) -> usize {
+        (1..self.ids.len()).filter(|&j| self.is_target(j)).count()
+    }
+
+    /// Keeps the first `n` tokens: what a row without packing holds of it.
+    pub fn truncate(&mut self, n: usize) {
+        self.ids.truncate(n);
+        if let Some(t) = &mut self.targets {
+            t.truncate(n);
+        }
+    }
 }
 
 /// The document order of `epoch`: a Fisher–Yates shuffle of `0..n` seeded by `(seed, epoch)`.

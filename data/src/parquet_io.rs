@@ -110,7 +110,8 @@ pub(crate) fn file_err(path: &Path, what: &str, message: impl std::fmt::Display)
     DataError::io(path, format!("{what}: {message}"))
 }
 
-/// Writes `batch` atomically (a temporary file renamed into place) with zstd, `k3mini.KEY` metadata,
+/// Writes `batch` atomically and durably (a temporary file synced and renamed into place, the
+/// directory synced) with zstd, `k3mini.KEY` metadata,
 /// and the float columns at `float_paths` byte-stream-split (so zstd finds the exponent bytes'
 /// redundancy; dictionaries never help logprobs) and the binary `blob_columns` plain (their bytes
 /// are already coded; zstd does the rest). Returns the bytes written.
@@ -146,15 +147,21 @@ pub(crate) fn write_atomic(
             .set_column_statistics_enabled(column.clone(), EnabledStatistics::None)
             .set_column_encoding(column, Encoding::PLAIN);
     }
-    let err = |e: &dyn std::fmt::Display| file_err(path, what, e);
-    let tmp = path.with_extension("parquet.tmp");
-    let file = std::fs::File::create(&tmp).map_err(|e| DataError::io(&tmp, e))?;
-    let mut writer =
-        ArrowWriter::try_new(file, batch.schema(), Some(props.build())).map_err(|e| err(&e))?;
-    writer.write(batch).map_err(|e| err(&e))?;
-    let file = writer.into_inner().map_err(|e| err(&e))?;
-    file.sync_all().map_err(|e| DataError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))?;
+    // Errors of the Parquet writer travel through the I/O closure and come out as themselves.
+    let mut failed = None;
+    k3mini_durable::write_with(path, |file| {
+        ArrowWriter::try_new(file, batch.schema(), Some(props.build()))
+            .and_then(|mut w| {
+                w.write(batch)?;
+                w.close()
+            })
+            .map(drop)
+            .map_err(|e| {
+                failed = Some(file_err(path, what, e));
+                std::io::Error::other("parquet")
+            })
+    })
+    .map_err(|e| failed.take().unwrap_or_else(|| DataError::io(path, e)))?;
     Ok(std::fs::metadata(path)
         .map_err(|e| DataError::io(path, e))?
         .len())

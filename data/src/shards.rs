@@ -31,12 +31,15 @@
 //!
 //! Both: file metadata `k3mini.kind`, `k3mini.schema_version`, `k3mini.teacher`,
 //! `k3mini.tokenizer_sha256`, `k3mini.k`, `k3mini.temperature`, and `k3mini.vocab` (the teacher's
-//! vocabulary size, which every id is below; optional, as older shards lack it).
+//! vocabulary size, which every id is below, at most [`MAX_VOCAB`]; v2 always records it, v1
+//! shards from before it was recorded lack it).
 //!
 //! Reading verifies: the file's SHA-256 when the caller has the manifest's, the kind and schema
 //! version, column types, every row's lengths (every varint stream exactly consumed), ids below
-//! `k3mini.vocab`, an id table without repeats, log-probabilities finite and ≤ 0, top-k masses at
-//! most 1, and (v1) `tail_mass` equal to what the top-k leaves.
+//! `k3mini.vocab` and no id twice in a position's top-k (checked before the target logprobs are
+//! matched to the ids, so damaged ids are named as such), an id table without repeats,
+//! log-probabilities finite and ≤ 0, top-k masses at most 1, and (v1) `tail_mass` equal to what
+//! the top-k leaves.
 
 use crate::chat::Part;
 use crate::error::DataError;
@@ -44,6 +47,7 @@ use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
     u32s, write_atomic,
 };
+use crate::tokenizer::MAX_VOCAB;
 use crate::topk_codec::{self, ID_TABLE_MAX, IdTable};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
@@ -162,20 +166,30 @@ impl ShardMeta {
                 "k3mini.k is 0: a top-k holds at least one id",
             ));
         }
+        let vocab: Option<usize> = match opened.meta.contains_key("vocab") {
+            true => Some(opened.parse(path, what, "vocab")?),
+            false => None,
+        };
+        if let Some(v) = vocab.filter(|v| !(1..=MAX_VOCAB).contains(v)) {
+            return Err(file_err(
+                path,
+                what,
+                format!(
+                    "k3mini.vocab {v} is no tokenizer's vocabulary (k3mini reads 1 to {MAX_VOCAB} ids)"
+                ),
+            ));
+        }
         Ok(Self {
             teacher: opened.get(path, what, "teacher")?.into(),
             tokenizer_sha256: opened.get(path, what, "tokenizer_sha256")?.into(),
             k,
             temperature: opened.parse(path, what, "temperature")?,
-            vocab: match opened.meta.contains_key("vocab") {
-                true => Some(opened.parse(path, what, "vocab")?),
-                false => None,
-            },
+            vocab,
         })
     }
 
     /// Refuses ids at or past the teacher's vocabulary (a negative id stored as int32 reads as
-    /// one past it too), naming the column.
+    /// one past it too, and is printed as the unsigned number it is), naming the column.
     pub(crate) fn check_ids(&self, at: &str, column: &str, ids: &[u32]) -> Result<(), String> {
         let Some(vocab) = self.vocab else {
             return Ok(());
@@ -186,9 +200,8 @@ impl ShardMeta {
             .find(|(_, id)| **id as usize >= vocab)
         {
             Some((j, id)) => Err(format!(
-                "{at}: column {column}, entry {j}: id {} is not below the teacher's vocabulary of \
-                 {vocab}",
-                *id as i32
+                "{at}: column {column}, entry {j}: id {id} is not below the teacher's vocabulary \
+                 of {vocab}"
             )),
             None => Ok(()),
         }
@@ -230,6 +243,25 @@ pub(crate) fn check_logprobs(at: &str, column: &str, values: &[f32]) -> Result<(
     }
 }
 
+/// Refuses a position whose top-k holds an id twice: a teacher's top-k are k distinct tokens, so
+/// the ids are damaged.
+fn distinct_top_ids(at: &str, top_ids: &[u32], k: usize) -> Result<(), String> {
+    let mut sorted = Vec::with_capacity(k);
+    for (t, ids) in top_ids.chunks(k).enumerate() {
+        sorted.clear();
+        sorted.extend_from_slice(ids);
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!(
+                "{at}: column top_ids, position {t}: id {} appears twice in the top-{k}: the ids \
+                 are damaged",
+                w[0]
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn tail_mass(top_logprobs: &[f32], k: usize) -> Vec<f32> {
     top_logprobs
         .chunks_exact(k)
@@ -238,11 +270,13 @@ pub fn tail_mass(top_logprobs: &[f32], k: usize) -> Vec<f32> {
 }
 
 impl ShardRow {
-    /// Every id (the input and the teacher's top-k) below the teacher's vocabulary.
+    /// Every id (the input and the teacher's top-k) below the teacher's vocabulary, and no id
+    /// twice in one position's top-k.
     fn check_ids(&self, meta: &ShardMeta) -> Result<(), String> {
         let at = format!("document {} segment {}", self.doc_id, self.segment);
         meta.check_ids(&at, "input_ids", &self.input_ids)?;
-        meta.check_ids(&at, "top_ids", &self.top_ids)
+        meta.check_ids(&at, "top_ids", &self.top_ids)?;
+        distinct_top_ids(&at, &self.top_ids, meta.k)
     }
 
     pub fn positions(&self) -> usize {
@@ -309,6 +343,14 @@ pub fn write_shard(
         Storage::Exact => return write_exact(path, meta, rows),
         Storage::Quantised { step } => step,
     };
+    if meta.vocab.is_none() {
+        return Err(file_err(
+            path,
+            WHAT,
+            "a compact (v2) shard must record the teacher's vocabulary (k3mini.vocab) and none \
+             was given: shards from before it was recorded convert to the exact schema only",
+        ));
+    }
     let mut sorted = rows.to_vec();
     for r in &mut sorted {
         for (ids, lps) in r.top_ids.chunks_mut(k).zip(r.top_logprobs.chunks_mut(k)) {
@@ -492,6 +534,14 @@ pub fn read_shard(path: &Path, sha256: Option<&str>) -> Result<Shard, DataError>
         sha256,
     )?;
     let meta = ShardMeta::read(&opened, path, WHAT)?;
+    if version == SCHEMA_VERSION && meta.vocab.is_none() {
+        return Err(file_err(
+            path,
+            WHAT,
+            "has no k3mini.vocab, which every compact (v2) shard records: it is damaged or not \
+             written by k3mini",
+        ));
+    }
     let (storage, rows) = if version == EXACT_SCHEMA_VERSION {
         (Storage::Exact, read_exact(opened, path, &meta)?)
     } else {
@@ -651,12 +701,15 @@ fn read_quantised(
                 let at = at.as_str();
                 let column_err =
                     |c: &'static str| move |e: String| format!("{at}: column {c}: {e}");
-                // Decoded ids are checked against the vocabulary with the rest of the row.
                 let top_ids: Vec<u32> = topk_codec::get_varints(top_ids.value(i), p * k)
                     .map_err(column_err("top_ids"))?
                     .into_iter()
                     .map(|code| table.id(code))
                     .collect();
+                // Damaged ids would otherwise show as a target-logprob count that disagrees.
+                meta.check_ids(at, "input_ids", &input_ids)?;
+                meta.check_ids(at, "top_ids", &top_ids)?;
+                distinct_top_ids(at, &top_ids, k)?;
                 let increments = topk_codec::get_varints(top_lp.value(i), p * (k - 1))
                     .map_err(column_err("top_logprobs"))?;
                 let mut top_logprobs = Vec::with_capacity(p * k);
@@ -676,7 +729,11 @@ fn read_quantised(
                     let lp = match top.iter().position(|&id| id == input_ids[t + 1]) {
                         Some(j) => top_logprobs[t * k + j],
                         None => outside_lp.next().ok_or_else(|| {
-                            format!("{at}: column target_logprobs has too few values")
+                            format!(
+                                "{at}: column target_logprobs has too few values for the \
+                                 positions whose next id is outside the top-{k} (from position \
+                                 {t}): it or the ids are damaged"
+                            )
                         })?,
                     };
                     target_logprobs.push(lp);
@@ -694,7 +751,7 @@ fn read_quantised(
                     top_ids,
                     top_logprobs,
                 };
-                row.check(k).and_then(|()| row.check_ids(meta))?;
+                row.check(k)?;
                 Ok(row)
             };
             rows.push(decode().map_err(|m| file_err(path, WHAT, m))?);

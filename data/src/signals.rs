@@ -188,6 +188,14 @@ pub fn assemble(rows: &[&SignalRow], seq_len: usize, k: usize, vocab: usize) -> 
     b
 }
 
+/// The most ids a teacher may have over a tokenizer of `tokens` ids: its embedding padded by up to
+/// 1/32 more rows, rounded up to a multiple of 1,024 (Qwen2.5 puts 151,665 tokens in 151,936 rows,
+/// DeepSeek-V2 100,015 in 102,400). Teacher ids past the tokenizer's are padding rows, which no
+/// text holds; ids past the student's vocabulary go to the tail bucket (see the module doc).
+pub fn padded_vocab_bound(tokens: usize) -> usize {
+    (tokens + tokens / 32).next_multiple_of(1024)
+}
+
 /// Which kind of shard a stream reads.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SignalSource {
@@ -219,6 +227,9 @@ pub struct SignalSpec {
     pub k: usize,
     /// The student's vocabulary size.
     pub vocab: usize,
+    /// The student tokenizer's ids: a shard's teacher vocabulary may exceed them by padding
+    /// only ([`padded_vocab_bound`]).
+    pub tokens: usize,
     /// The student tokenizer's fingerprint: shards made with another tokenizer are refused.
     pub tokenizer_sha256: String,
     /// Read each scored shard's routing shard too, refusing one whose teacher routing is not this.
@@ -333,6 +344,17 @@ impl SignalSpec {
                 path,
                 "made with another tokenizer than the student's (fingerprints differ): the teacher's \
                  ids would mean other tokens",
+            ));
+        }
+        if let Some(v) = meta.vocab.filter(|&v| v > padded_vocab_bound(self.tokens)) {
+            return Err(DataError::io(
+                path,
+                format!(
+                    "records a teacher vocabulary of {v} ids, more than the tokenizer's {} padded \
+                     to {}: the ids past the tokenizer's are no tokens, and this many is no padding",
+                    self.tokens,
+                    padded_vocab_bound(self.tokens)
+                ),
             ));
         }
         if meta.k < self.k {

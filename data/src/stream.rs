@@ -14,9 +14,12 @@
 //!   how teacher scoring walks a corpus.
 //! - **Background tokenization.** Each source has a thread that reads, filters and tokenizes
 //!   ahead into a bounded queue ([`QUEUE`] documents).
-//! - **Mixture.** Each document comes from the source furthest below its share of the tokens
-//!   emitted so far (`tokens_i / w_i` smallest, ties to the first), so the proportions follow the
-//!   weights to within one document at every point of a run, with no randomness to replay. A
+//! - **Mixture.** Each document comes from the source furthest below its share of the trained
+//!   tokens emitted so far (`tokens_i / w_i` smallest, ties to the first; a document counts the
+//!   tokens it trains as targets, at least one), so the proportions of trained tokens follow the
+//!   weights to within one document at every point of a run, with no randomness to replay. (A
+//!   stream feeding rows without packing is given documents already cut to a row, so it counts
+//!   what the rows keep.) A
 //!   source with no document of the split (a one-file source held out whole, or a source marked
 //!   held out) leaves the mixture.
 //! - **Shuffle.** Documents are taken [`BLOCK`] at a time and emitted in a seeded permutation of
@@ -615,17 +618,57 @@ pub(crate) fn file_items(
     Ok(out)
 }
 
+/// What a stream's mixture counts per document.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MixtureCount {
+    /// The tokens it trains as targets (at least one).
+    Trained,
+    /// Every token: what a cursor written before mixtures counted trained tokens counted, so
+    /// such a run resumes exactly as it began.
+    AllTokens,
+}
+
+impl MixtureCount {
+    fn of_legacy_cursor() -> Self {
+        Self::AllTokens
+    }
+
+    fn tokens(self, doc: &TokenDoc) -> u64 {
+        match self {
+            Self::Trained => doc.trained_tokens().max(1) as u64,
+            Self::AllTokens => doc.ids.len() as u64,
+        }
+    }
+}
+
 /// Where a [`DocStream`] is (see the module doc); saved in checkpoints.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamCursor {
     /// Blocks started so far (the current one's index + 1; 0 before the first).
     pub block: u64,
     /// Each source's position where the current block began.
     pub sources: Vec<SourcePos>,
-    /// Tokens each source had given when the current block began.
+    /// Trained tokens each source had given when the current block began.
     pub tokens: Vec<u64>,
     /// Documents of the current block already consumed.
     pub taken: usize,
+    /// What the mixture counts (absent from cursors written before it was recorded).
+    #[serde(default = "MixtureCount::of_legacy_cursor")]
+    pub count: MixtureCount,
+}
+
+impl Default for StreamCursor {
+    /// The start of a stream.
+    fn default() -> Self {
+        Self {
+            block: 0,
+            sources: Vec::new(),
+            tokens: Vec::new(),
+            taken: 0,
+            count: MixtureCount::Trained,
+        }
+    }
 }
 
 /// An endless stream of tokenized documents over weighted sources (see the module doc).
@@ -720,7 +763,7 @@ impl DocStream {
         }
     }
 
-    /// Tokens each source has given so far (counting the whole current block).
+    /// Trained tokens each source has given so far (counting the whole current block).
     pub fn tokens_by_source(&self) -> &[u64] {
         &self.tokens
     }
@@ -746,6 +789,7 @@ impl DocStream {
             sources: self.pos.clone(),
             tokens: self.tokens.clone(),
             taken: 0,
+            count: self.cursor.count,
         };
         let mut docs = Vec::with_capacity(BLOCK);
         while docs.len() < BLOCK {
@@ -783,7 +827,8 @@ impl DocStream {
                 continue;
             };
             self.pos[i] = pos;
-            self.tokens[i] += doc.ids.len() as u64;
+            // At least one, so a source whose documents train nothing cannot take every pick.
+            self.tokens[i] += self.cursor.count.tokens(&doc);
             docs.push(doc);
         }
         let order = epoch_order(BLOCK, self.seed ^ 0xB10C, index);

@@ -21,6 +21,72 @@ pub const KIMI_THINK_TAGS: [(&str, u32); 2] = [("<think>", 163_606), ("</think>"
 /// The end-of-document token a trained byte-level BPE reserves (id 0).
 pub const BPE_EOS: &str = "<|endoftext|>";
 
+/// The names each special id is found by, first found wins: the one table every consumer reads
+/// through [`Tokenizer::special_ids`]. (Kimi's `[EOS]` is not among the ends of text: its text
+/// documents have never ended in one, and teacher shards do not record which id ends them, so
+/// adding it would mix shards of two tokenizations in one job.)
+const EOS_NAMES: [&str; 3] = [BPE_EOS, "</s>", "<|end_of_text|>"];
+/// ChatML's and Kimi K2's end of turn, then Kimi K3's.
+const END_OF_TURN_NAMES: [&str; 2] = [crate::chat::END_OF_TURN, "<|end_of_msg|>"];
+/// SmolLM2's and ChatML's configs name `<|im_start|>` their beginning of sequence.
+const BOS_NAMES: [&str; 3] = ["<|im_start|>", "<s>", "<|begin_of_text|>"];
+const PAD_NAMES: [&str; 2] = [BPE_EOS, "<pad>"];
+
+/// A tokenizer's special ids, resolved once: training ends documents in `eos`, exports write
+/// them into config.json and GGUF metadata, generation stops at `end_of_turn` and `eos`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpecialIds {
+    /// Beginning of sequence.
+    pub bos: Option<u32>,
+    /// End of text: every text document ends in it.
+    pub eos: Option<u32>,
+    /// End of a chat turn.
+    pub end_of_turn: Option<u32>,
+    pub pad: Option<u32>,
+}
+
+impl SpecialIds {
+    /// What generation stops at: the end of a turn, then the end of text.
+    pub fn stops(&self) -> Vec<u32> {
+        self.end_of_turn.into_iter().chain(self.eos).collect()
+    }
+}
+
+/// The byte-level pre-tokenizers k3mini implements, by llama.cpp's `tokenizer.ggml.pre` names
+/// (llama-vocab.cpp): the one table GGUF export writes from and GGUF reading parses with.
+pub const GGUF_PRE_TOKENIZERS: [(&str, PreTokenizer); 2] = [
+    ("gpt-2", PreTokenizer::Gpt2),
+    ("smollm", PreTokenizer::SmolLm),
+];
+
+/// How text is split before byte-level BPE merges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// GPT-2's regex split (a `ByteLevel` pre-tokenizer with `use_regex`).
+    Gpt2,
+    /// Each digit alone, then GPT-2's split.
+    SmolLm,
+}
+
+impl PreTokenizer {
+    /// llama.cpp's name for it.
+    pub fn gguf_name(self) -> &'static str {
+        GGUF_PRE_TOKENIZERS
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map(|(n, _)| *n)
+            .expect("every pre-tokenizer is in the table")
+    }
+
+    /// The pre-tokenizer llama.cpp's `name` means, `None` for one k3mini does not implement.
+    pub fn from_gguf_name(name: &str) -> Option<Self> {
+        GGUF_PRE_TOKENIZERS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, p)| *p)
+    }
+}
+
 /// A loaded tokenizer.
 #[derive(Clone)]
 pub enum Tokenizer {
@@ -90,15 +156,13 @@ impl Tokenizer {
     }
 
     /// A byte-level BPE from its vocabulary (id order), merges (`"a b"`) and special-token ids, as
-    /// GGUF files carry them (`tokenizer.ggml.model = "gpt2"`). `pre` is `tokenizer.ggml.pre`:
-    /// `smollm` splits digits one by one before the GPT-2 byte-level split; `gpt2` / `default` is
-    /// the byte-level split alone. Other pre-tokenizers are refused by name.
+    /// GGUF files carry them (`tokenizer.ggml.model = "gpt2"`), split by `pre`.
     pub fn from_byte_level_bpe(
         name: &str,
         tokens: &[String],
         merges: &[String],
         specials: &[u32],
-        pre: &str,
+        pre: PreTokenizer,
     ) -> Result<Self, DataError> {
         use tokenizers::pre_tokenizers::{digits::Digits, sequence::Sequence};
         let err = |message: String| DataError::Tokenizer {
@@ -124,13 +188,10 @@ impl Tokenizer {
             .map_err(|e| err(format!("BPE: {e}")))?;
         let split = ByteLevel::new(false, true, true);
         let pre_tokenizer: PreTokenizerWrapper = match pre {
-            "smollm" => Sequence::new(vec![Digits::new(true).into(), split.into()]).into(),
-            "gpt2" | "default" => split.into(),
-            other => {
-                return Err(err(format!(
-                    "pre-tokenizer {other:?} is not supported (smollm, gpt2, default)"
-                )));
+            PreTokenizer::SmolLm => {
+                Sequence::new(vec![Digits::new(true).into(), split.into()]).into()
             }
+            PreTokenizer::Gpt2 => split.into(),
         };
         let mut tokenizer = byte_level(model, pre_tokenizer).map_err(err)?;
         let special: Vec<AddedToken> = specials
@@ -145,7 +206,7 @@ impl Tokenizer {
         })
     }
 
-    /// Writes a `tokenizer.json` (atomically). Built-in vocabularies are named, not saved.
+    /// Writes a `tokenizer.json` (atomically and durably). Built-in vocabularies are named, not saved.
     pub fn save(&self, path: &Path) -> Result<(), DataError> {
         let Self::Hf { tokenizer, .. } = self else {
             return Err(DataError::Tokenizer {
@@ -153,11 +214,9 @@ impl Tokenizer {
                 message: "a built-in vocabulary: name it in recipes instead of saving it".into(),
             });
         };
-        let tmp = path.with_extension("json.tmp");
-        tokenizer
-            .save(&tmp, false)
-            .map_err(|e| DataError::io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| DataError::io(path, e))
+        save_json(path, |tmp| {
+            tokenizer.save(tmp, false).map_err(|e| e.to_string())
+        })
     }
 
     /// The `tokenizer.json` text of a file-backed tokenizer; `None` for built-in vocabularies.
@@ -251,6 +310,28 @@ impl Tokenizer {
         }
     }
 
+    /// The UTF-8 bytes of the text `ids` spell, special tokens spelling nothing: the denominator
+    /// of bits per byte. Exact for tiktoken's byte ranks; an HF tokenizer decodes the run, so a
+    /// character split at either end of it counts as U+FFFD.
+    pub fn text_bytes(&self, ids: &[u32]) -> Result<usize, DataError> {
+        match self {
+            Self::Hf { tokenizer, source } => {
+                tokenizer
+                    .decode(ids, true)
+                    .map(|s| s.len())
+                    .map_err(|e| DataError::Tokenizer {
+                        source_name: source.clone(),
+                        message: e.to_string(),
+                    })
+            }
+            Self::Tiktoken { bpe, .. } => {
+                let ranks = bpe.vocab_size() as u32;
+                let text: Vec<u32> = ids.iter().copied().filter(|&id| id < ranks).collect();
+                Ok(bpe.decode(&text).len())
+            }
+        }
+    }
+
     /// SHA-256 (hex) of the id → token table: equal fingerprints mean the same ids for the same
     /// strings, which is what a teacher and its student must share.
     pub fn fingerprint(&self) -> String {
@@ -266,6 +347,17 @@ impl Tokenizer {
             h.update([0xFF]); // never inside a UTF-8 token: separates entries unambiguously
         }
         hex(h)
+    }
+
+    /// Its special ids (see [`SpecialIds`]).
+    pub fn special_ids(&self) -> SpecialIds {
+        let first = |names: &[&str]| names.iter().find_map(|n| self.token_id(n));
+        SpecialIds {
+            bos: first(&BOS_NAMES),
+            eos: first(&EOS_NAMES),
+            end_of_turn: first(&END_OF_TURN_NAMES),
+            pad: first(&PAD_NAMES),
+        }
     }
 
     /// The id of a special (or any whole) token string.
@@ -304,9 +396,10 @@ fn byte_level(
         .map_err(|e| e.to_string())
 }
 
-/// The largest vocabulary [`train_byte_level_bpe`] trains: ~100× Kimi's 163,840 ids. The trainer
-/// allocates per id up front, so an absurd size would abort on memory rather than fail.
-pub const MAX_BPE_VOCAB: usize = 1 << 24;
+/// The largest vocabulary k3mini accepts anywhere, ~100× Kimi's 163,840 ids: what
+/// [`train_byte_level_bpe`] trains at most (it allocates per id up front, so an absurd size would
+/// abort on memory rather than fail), and the bound on a vocabulary a shard records.
+pub const MAX_VOCAB: usize = 1 << 24;
 
 /// Trains a byte-level BPE (GPT-2 style, no normaliser) with `vocab_size` ids on text files and
 /// writes it as `tokenizer.json` at `out`. Id 0 is [`BPE_EOS`]; `specials` (chat markers such as
@@ -327,10 +420,10 @@ pub fn train_byte_level_bpe(
              whitespace"
         )));
     }
-    if vocab_size <= 257 || vocab_size > MAX_BPE_VOCAB {
+    if vocab_size <= 257 || vocab_size > MAX_VOCAB {
         return Err(err(format!(
             "a vocabulary of {vocab_size} ids: it must exceed 257 (256 bytes and the end-of-text \
-             token) and be at most {MAX_BPE_VOCAB}"
+             token) and be at most {MAX_VOCAB}"
         )));
     }
     let mut trainer = BpeTrainerBuilder::new()
@@ -350,9 +443,21 @@ pub fn train_byte_level_bpe(
     tokenizer
         .train_from_files(&mut trainer, files.to_vec())
         .map_err(|e| err(format!("training failed: {e}")))?;
-    let tmp = out.with_extension("json.tmp");
-    tokenizer
-        .save(&tmp, false)
-        .map_err(|e| err(e.to_string()))?;
-    std::fs::rename(&tmp, out).map_err(|e| err(e.to_string()))
+    save_json(out, |tmp| {
+        tokenizer.save(tmp, false).map_err(|e| e.to_string())
+    })
+}
+
+/// A tokenizer.json the tokenizers crate writes (`save`, to the path it is given) put in place at
+/// `path` atomically and durably; a failed save leaves no temporary file.
+fn save_json(path: &Path, save: impl FnOnce(&Path) -> Result<(), String>) -> Result<(), DataError> {
+    let tmp = k3mini_durable::temp_path(path);
+    save(&tmp)
+        .map_err(std::io::Error::other)
+        .and_then(|()| k3mini_durable::sync_file(&tmp))
+        .and_then(|()| k3mini_durable::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            DataError::io(path, e)
+        })
 }

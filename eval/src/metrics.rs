@@ -1,20 +1,22 @@
 //! Held-out language-modelling metrics from a mean next-token loss.
 //!
 //! ```text
-//! ppl = exp(L)                      L = mean −ln q(x_t | x_<t) over scored tokens (nats)
-//! bpb = L · N_tokens / (N_bytes · ln 2)
+//! ppl = exp(L)                      L = mean −ln q(x_t | x_<t) over the N scored positions (nats)
+//! bpb = L · N / (B · ln 2)          B = UTF-8 bytes of the text those N positions predict
 //! ```
-//! Bits per byte divide the same information by the text's UTF-8 bytes, so students with
-//! different tokenizers compare.
+//! Bits per byte are the summed negative log-likelihood in bits over the bytes it encodes (no
+//! padding, no special tokens, no unscored token in either), as language-model evaluations define
+//! them, so students with different tokenizers compare.
 
 /// Perplexity of a mean next-token loss in nats.
 pub fn perplexity(mean_nll: f64) -> f64 {
     mean_nll.exp()
 }
 
-/// Bits per UTF-8 byte of text that `tokens` tokens spell in `bytes` bytes.
-pub fn bits_per_byte(mean_nll: f64, tokens: usize, bytes: usize) -> f64 {
-    mean_nll * tokens as f64 / (bytes as f64 * std::f64::consts::LN_2)
+/// Bits per UTF-8 byte: `mean_nll` over `positions` scored positions, which predict text of
+/// `bytes` bytes.
+pub fn bits_per_byte(mean_nll: f64, positions: usize, bytes: usize) -> f64 {
+    mean_nll * positions as f64 / (bytes as f64 * std::f64::consts::LN_2)
 }
 
 #[cfg(test)]

@@ -192,10 +192,8 @@ pub fn write_report(
     Ok(path)
 }
 
-/// Writes `bytes` to `path` through a temporary file renamed into place: a reader sees the old
-/// file or the new one, never half of one.
+/// Writes `bytes` to `path` atomically and durably: a reader sees the old file or the new one,
+/// never half of one, after a crash of the machine too.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
+    k3mini_durable::write(path, bytes)
 }

@@ -348,12 +348,24 @@ impl GgufFile {
 
     /// The stored bytes of a tensor.
     pub fn raw(&self, info: &TensorInfo) -> Result<Vec<u8>, GgufError> {
+        self.raw_range(info, 0, info.bytes())
+    }
+
+    /// `len` bytes of a tensor's data from byte `from` of it (one expert's slice, say).
+    pub fn raw_range(&self, info: &TensorInfo, from: u64, len: u64) -> Result<Vec<u8>, GgufError> {
+        if from.checked_add(len).is_none_or(|end| end > info.bytes()) {
+            return Err(self.err(format!(
+                "tensor {}: bytes {from}..+{len} are past its {}",
+                info.name,
+                info.bytes()
+            )));
+        }
         let mut f = std::fs::File::open(&self.path).map_err(|e| self.err(e.to_string()))?;
-        let start = self.data_start + info.offset;
-        debug_assert!(start + info.bytes() <= self.file_len);
+        let start = self.data_start + info.offset + from;
+        debug_assert!(start + len <= self.file_len);
         f.seek(SeekFrom::Start(start))
             .map_err(|e| self.err(e.to_string()))?;
-        let mut bytes = vec![0u8; info.bytes() as usize];
+        let mut bytes = vec![0u8; len as usize];
         f.read_exact(&mut bytes)
             .map_err(|e| self.err(format!("reading tensor {}: {e}", info.name)))?;
         Ok(bytes)

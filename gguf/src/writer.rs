@@ -1,6 +1,9 @@
 //! Writing GGUF v3: metadata in insertion order, tensor infos, then the data section with every
-//! tensor at a multiple of `general.alignment` (32), written atomically (a temporary file renamed
-//! into place). The layout is the reader's (see the module above); gguf-py reads what this writes.
+//! tensor at a multiple of `general.alignment` (32), written atomically and durably (a temporary
+//! file synced and renamed into place). The layout is the reader's (see the module above); gguf-py
+//! reads what this writes. A tensor's bytes may be given, or made when the writer reaches it
+//! ([`GgufWriter::add_tensor_with`]): the header needs only sizes, so a file larger than memory is
+//! written holding one tensor at a time.
 
 use super::{DEFAULT_ALIGNMENT, GgmlType, GgufError, MAGIC, Value};
 use std::io::Write;
@@ -9,19 +12,31 @@ use std::path::Path;
 /// ggml's limit on tensor names (`GGML_MAX_NAME` − 1).
 pub const MAX_NAME: usize = 63;
 
-struct PendingTensor {
+/// What makes a tensor's bytes when the writer reaches it.
+type MakeBytes<'a> = Box<dyn FnOnce() -> Result<Vec<u8>, GgufError> + 'a>;
+
+/// A tensor's bytes: held, or made when they are written.
+enum Data<'a> {
+    Held(Vec<u8>),
+    Later(MakeBytes<'a>),
+}
+
+struct PendingTensor<'a> {
     name: String,
     /// ggml's `ne`: the contiguous dimension first.
     ne: Vec<u64>,
     ty: GgmlType,
-    data: Vec<u8>,
+    /// Its size in bytes (`ty.row_bytes` of its values).
+    len: u64,
+    data: Data<'a>,
 }
 
-/// A GGUF file being assembled in memory.
+/// A GGUF file being assembled: metadata and tensor infos in memory, tensor bytes held or made
+/// when written.
 #[derive(Default)]
-pub struct GgufWriter {
+pub struct GgufWriter<'a> {
     metadata: Vec<(String, Value)>,
-    tensors: Vec<PendingTensor>,
+    tensors: Vec<PendingTensor<'a>>,
 }
 
 fn value_type(v: &Value) -> u32 {
@@ -80,7 +95,12 @@ fn put_value(out: &mut Vec<u8>, v: &Value) -> Result<(), &'static str> {
     Ok(())
 }
 
-impl GgufWriter {
+/// The values of a tensor of dims `ne`, `None` past `u64`.
+fn element_count(ne: &[u64]) -> Option<u64> {
+    ne.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
+impl<'a> GgufWriter<'a> {
     pub fn new() -> Self {
         Self::default()
     }
@@ -102,6 +122,31 @@ impl GgufWriter {
         ty: GgmlType,
         data: Vec<u8>,
     ) -> Result<(), GgufError> {
+        let len = data.len() as u64;
+        self.push(name, ne, ty, len, Data::Held(data))
+    }
+
+    /// Adds a tensor whose bytes `make` returns when [`Self::write`] reaches it (and which are
+    /// dropped once written): a file is written holding one such tensor at a time.
+    pub fn add_tensor_with(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        ty: GgmlType,
+        make: impl FnOnce() -> Result<Vec<u8>, GgufError> + 'a,
+    ) -> Result<(), GgufError> {
+        let len = element_count(ne).map_or(u64::MAX, |n| ty.row_bytes(n));
+        self.push(name, ne, ty, len, Data::Later(Box::new(make)))
+    }
+
+    fn push(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        ty: GgmlType,
+        len: u64,
+        data: Data<'a>,
+    ) -> Result<(), GgufError> {
         let refuse = |problem: String| {
             Err(GgufError::Tensor {
                 name: name.to_string(),
@@ -114,7 +159,9 @@ impl GgufWriter {
         if self.tensors.iter().any(|t| t.name == name) {
             return refuse("added twice".into());
         }
-        let n: u64 = ne.iter().product();
+        let Some(n) = element_count(ne) else {
+            return refuse(format!("dims {ne:?} hold more values than 64 bits count"));
+        };
         if ne.is_empty() || n % ty.block_size() as u64 != 0 {
             return refuse(format!(
                 "{n} values are not whole {ty:?} blocks of {}",
@@ -128,10 +175,9 @@ impl GgufWriter {
                 ty.block_size()
             ));
         }
-        if data.len() as u64 != ty.row_bytes(n) {
+        if len != ty.row_bytes(n) {
             return refuse(format!(
-                "{} bytes for {n} {ty:?} values (expected {})",
-                data.len(),
+                "{len} bytes for {n} {ty:?} values (expected {})",
                 ty.row_bytes(n)
             ));
         }
@@ -139,13 +185,15 @@ impl GgufWriter {
             name: name.to_string(),
             ne: ne.to_vec(),
             ty,
+            len,
             data,
         });
         Ok(())
     }
 
-    /// Writes the file atomically; returns its size.
-    pub fn write(&self, path: &Path) -> Result<u64, GgufError> {
+    /// Writes the file atomically and durably, making each later tensor's bytes as it is reached;
+    /// returns its size.
+    pub fn write(self, path: &Path) -> Result<u64, GgufError> {
         let err = |message: String| GgufError::File {
             path: path.to_path_buf(),
             message,
@@ -180,21 +228,41 @@ impl GgufWriter {
             }
             head.extend_from_slice(&t.ty.id().to_le_bytes());
             head.extend_from_slice(&offset.to_le_bytes());
-            offset = pad(offset + t.data.len() as u64);
+            offset = pad(offset + t.len);
         }
         head.resize(pad(head.len() as u64) as usize, 0);
-        let tmp = path.with_extension("gguf.tmp");
-        let io = |e: std::io::Error| err(e.to_string());
-        let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp).map_err(io)?);
-        f.write_all(&head).map_err(io)?;
-        for t in &self.tensors {
-            f.write_all(&t.data).map_err(io)?;
-            let padded = pad(t.data.len() as u64) as usize;
-            f.write_all(&vec![0u8; padded - t.data.len()]).map_err(io)?;
-        }
-        let f = f.into_inner().map_err(|e| err(e.to_string()))?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)?;
+        // A tensor that cannot be made stops the write (the temporary file is removed) and is
+        // reported as itself, not as an I/O error.
+        let mut failed = None;
+        k3mini_durable::write_with(path, |file| {
+            let mut f = std::io::BufWriter::new(file);
+            f.write_all(&head)?;
+            for t in self.tensors {
+                let made = match t.data {
+                    Data::Held(bytes) => Ok(bytes),
+                    Data::Later(make) => make(),
+                };
+                let bytes = match made {
+                    Ok(b) if b.len() as u64 == t.len => b,
+                    Ok(b) => {
+                        let problem = format!("{} bytes were made, {} announced", b.len(), t.len);
+                        failed = Some(GgufError::Tensor {
+                            name: t.name,
+                            problem,
+                        });
+                        return Err(std::io::Error::other("a tensor failed"));
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        return Err(std::io::Error::other("a tensor failed"));
+                    }
+                };
+                f.write_all(&bytes)?;
+                f.write_all(&vec![0u8; (pad(t.len) - t.len) as usize])?;
+            }
+            f.flush()
+        })
+        .map_err(|e| failed.take().unwrap_or_else(|| err(e.to_string())))?;
         Ok(head.len() as u64 + offset)
     }
 }

@@ -235,6 +235,9 @@ fn the_writer_reproduces_a_gguf_py_file_byte_for_byte() {
     assert_eq!(a.len(), b.len());
     assert_eq!(a.iter().zip(&b).position(|(x, y)| x != y), None);
     // What the writer refuses: a wrong byte count, a long name, a duplicate, partial blocks.
+    let mut w = GgufWriter::new();
+    w.add_tensor(&f.tensors[0].name, &[1], GgmlType::F32, vec![0; 4])
+        .unwrap();
     let e = w
         .add_tensor("x", &[32], GgmlType::Q8_0, vec![0; 33])
         .unwrap_err();

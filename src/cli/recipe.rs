@@ -9,7 +9,8 @@ use std::path::PathBuf;
 #[derive(Subcommand)]
 pub enum RecipeCommand {
     /// Validate a recipe and print its resolved plan (every default, absolute paths, the full
-    /// model config).
+    /// model config): what `train` would refuse before its first step is refused here (devices,
+    /// memory, tokenizer, a corpus without documents).
     Check { file: PathBuf },
 }
 
@@ -17,6 +18,7 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
     match cmd {
         RecipeCommand::Check { file } => {
             let plan = recipe::load(&file)?;
+            k3mini::train::trainer::check_run(&plan)?;
             let memory = plan.training_memory().total();
             eprintln!(
                 "{}: ok — model {} ({} params, ~{} to train), {} steps x {} tokens ({} micro-batches of {} x {}), output {}",

@@ -6,7 +6,6 @@ use crate::run_dir::Checkpoint;
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
-use k3mini_data::chat::END_OF_TURN;
 use k3mini_student::hf::{WEIGHTS_FILE, WEIGHTS_INDEX, config_to_kimi_linear};
 use k3mini_student::precision::Precision;
 use std::path::{Path, PathBuf};
@@ -18,12 +17,9 @@ pub fn export_hf(
     out: &Path,
     with_reference: bool,
 ) -> Result<Vec<PathBuf>> {
-    let id = |names: &[&str]| tokenizer.and_then(|t| names.iter().find_map(|n| t.token_id(n)));
-    let special = [
-        id(&["<|im_start|>", "<s>", "<|begin_of_text|>"]),
-        id(&[END_OF_TURN, "</s>", "<|endoftext|>", "<|end_of_text|>"]),
-        id(&["<|endoftext|>", "<pad>"]),
-    ];
+    let ids = tokenizer.map(Tokenizer::special_ids).unwrap_or_default();
+    // config.json's eos is where generation stops: the end of a turn, else of the text.
+    let special = [ids.bos, ids.end_of_turn.or(ids.eos), ids.pad];
     let config = config_to_kimi_linear(&ck.plan.model, special)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut written = copy_weights(ck, out)?;
@@ -79,9 +75,9 @@ fn copy_weights(ck: &Checkpoint, out: &Path) -> Result<Vec<PathBuf>> {
     }
     let mut written = Vec::new();
     for (src, name) in sources.iter().zip(&names) {
-        let (dst, tmp) = (out.join(name), out.join(format!("{name}.tmp")));
-        std::fs::copy(src, &tmp).with_context(|| format!("copying {}", src.display()))?;
-        std::fs::rename(&tmp, &dst).with_context(|| format!("{}", dst.display()))?;
+        let dst = out.join(name);
+        k3mini_durable::write_with(&dst, |f| std::io::copy(&mut std::fs::File::open(src)?, f))
+            .with_context(|| format!("copying {} to {}", src.display(), dst.display()))?;
         written.push(dst);
     }
     Ok(written)

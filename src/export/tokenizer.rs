@@ -6,6 +6,7 @@ use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::TokenizerSpec;
 use k3mini_data::Tokenizer;
+use k3mini_data::tokenizer::PreTokenizer;
 use k3mini_gguf::Value;
 
 /// The student's tokenizer as a shippable tokenizer.json, by the plan's tokenizer spec: a local
@@ -40,21 +41,27 @@ pub fn gguf_tokenizer_metadata(
         Some(t) => Some(t.clone()),
         None => plan_tokenizer(spec)?,
     };
-    let json = found.as_ref().and_then(Tokenizer::json).with_context(|| {
-        format!(
-            "the GGUF carries the tokenizer, and the run's ({spec:?}) is not a tokenizer.json: \
-             pass --tokenizer FILE"
-        )
-    })?;
-    bpe_tokenizer_metadata(&serde_json::from_str(&json)?, n_vocab)
+    let (json, eos) = found
+        .as_ref()
+        .and_then(|t| Some((t.json()?, t.special_ids().eos)))
+        .with_context(|| {
+            format!(
+                "the GGUF carries the tokenizer, and the run's ({spec:?}) is not a tokenizer.json: \
+                 pass --tokenizer FILE"
+            )
+        })?;
+    bpe_tokenizer_metadata(&serde_json::from_str(&json)?, eos, n_vocab)
 }
 
 /// A byte-level BPE tokenizer.json as llama.cpp's `gpt2` tokenizer, as convert_hf_to_gguf.py
 /// writes it: tokens by id (ids the model has beyond the vocabulary as `[PAD{i}]`, unused),
 /// special added tokens as control tokens, merges as "a b", and the GPT-2 pre-tokenizer (`gpt-2`), which is
-/// what a `ByteLevel` pre-tokenizer with `use_regex` splits by. Anything else is refused by name.
+/// what a `ByteLevel` pre-tokenizer with `use_regex` splits by; `eos` (the tokenizer's
+/// [`k3mini_data::tokenizer::SpecialIds`]) as the end of text, and the beginning too, as GPT-2's
+/// convention. Anything else is refused by name.
 pub fn bpe_tokenizer_metadata(
     json: &serde_json::Value,
+    eos: Option<u32>,
     n_vocab: usize,
 ) -> Result<Vec<(String, Value)>> {
     const NORMAL: i32 = 1;
@@ -89,7 +96,6 @@ pub fn bpe_tokenizer_metadata(
         );
         tokens[id] = Some(piece.clone());
     }
-    let mut eos = None;
     for added in json["added_tokens"].as_array().into_iter().flatten() {
         let (Some(id), Some(content)) = (added["id"].as_u64(), added["content"].as_str()) else {
             bail!("tokenizer.json: malformed added token {added}");
@@ -105,9 +111,6 @@ pub fn bpe_tokenizer_metadata(
         } else {
             USER_DEFINED
         };
-        if content == k3mini_data::tokenizer::BPE_EOS {
-            eos = Some(id as u32);
-        }
     }
     let tokens: Vec<Value> = tokens
         .into_iter()
@@ -135,7 +138,10 @@ pub fn bpe_tokenizer_metadata(
         .collect::<Result<Vec<_>>>()?;
     let mut metadata = vec![
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
-        ("tokenizer.ggml.pre".into(), Value::String("gpt-2".into())),
+        (
+            "tokenizer.ggml.pre".into(),
+            Value::String(PreTokenizer::Gpt2.gguf_name().into()),
+        ),
         ("tokenizer.ggml.tokens".into(), Value::Array(tokens)),
         (
             "tokenizer.ggml.token_type".into(),

@@ -424,6 +424,17 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
         Some(t) => Some(teacher_plan(t, &out_dir, &at)?),
         None => None,
     };
+    // Ids past the student's vocabulary go to the tail bucket: a top-k wider than it is not a
+    // top-k of anything the student can learn (and the teacher refuses it once scoring starts).
+    if let Some(t) = r.teacher.as_ref().filter(|t| t.k > model.vocab_size) {
+        return refuse(
+            "teacher.k",
+            format!(
+                "{} is more than model.vocab_size ({}): a top-k holds at most every id",
+                t.k, model.vocab_size
+            ),
+        );
+    }
     let distill = match (&r.distill, teacher) {
         (None, None) => None,
         (None, Some(_)) => {

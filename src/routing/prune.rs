@@ -105,8 +105,67 @@ pub fn experts_kept(experts: usize, top_k: usize, keep: f64) -> Result<usize> {
     Ok(n)
 }
 
-/// The `n` best experts of one layer by `method`, ascending (pure).
-pub fn survivors(stats: &LayerStats, n: usize, method: Method) -> Result<LayerPrune> {
+/// How a GGUF's router groups its experts (`{arch}.expert_group_count` groups of consecutive
+/// experts, the tokens routed within the `expert_group_used_count` best): llama.cpp reshapes the
+/// expert axis into the groups, so a pruned file keeps as many experts in every group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertGroups {
+    pub count: usize,
+    pub used: usize,
+}
+
+impl ExpertGroups {
+    /// Ungrouped routing (every checkpoint, and a GGUF without the keys): one group.
+    pub const NONE: Self = Self { count: 1, used: 1 };
+
+    /// The groups a GGUF of architecture `arch` declares (one group when it declares none).
+    pub fn of_gguf(file: &GgufFile, arch: &str) -> Self {
+        let get = |key: &str| {
+            file.get(&format!("{arch}.{key}"))
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+        };
+        match get("expert_group_count").filter(|&g| g > 1) {
+            Some(count) => Self {
+                count,
+                used: get("expert_group_used_count").unwrap_or(0),
+            },
+            None => Self::NONE,
+        }
+    }
+
+    /// Refuses keeping `n` of `experts` unless every group keeps as many, llama.cpp's group score
+    /// (each group's two best) still has two to take, and the used groups hold the `top_k` each
+    /// token is routed to.
+    pub fn check(&self, experts: usize, n: usize, top_k: usize) -> Result<()> {
+        if self.count == 1 {
+            return Ok(());
+        }
+        let (g, per) = (self.count, n / self.count);
+        crate::ensure!(
+            experts % g == 0 && n % g == 0,
+            "{n} of {experts} experts cannot be kept evenly in the model's {g} expert groups \
+             (expert_group_count): keep a multiple of {g}"
+        );
+        crate::ensure!(
+            per >= 2 && self.used * per >= top_k,
+            "{n} experts are {per} in each of {g} groups: llama.cpp scores a group by its two best \
+             and routes {top_k} per token within {} groups, so keep at least {} experts",
+            self.used,
+            g * 2.max(top_k.div_ceil(self.used.max(1)))
+        );
+        Ok(())
+    }
+}
+
+/// The `n` best experts of one layer by `method`, ascending (pure): the best `n / groups.count`
+/// of each group, so a grouped router's groups keep their members.
+pub fn survivors(
+    stats: &LayerStats,
+    n: usize,
+    method: Method,
+    groups: ExpertGroups,
+) -> Result<LayerPrune> {
     let scores: Vec<f64> = match method {
         Method::Frequency => stats.frequency(),
         Method::Reap => stats
@@ -120,10 +179,14 @@ pub fn survivors(stats: &LayerStats, n: usize, method: Method) -> Result<LayerPr
             .map(|s| s.unwrap_or(0.0))
             .collect(),
     };
-    let mut order: Vec<usize> = (0..scores.len()).collect();
-    // Stable: equal scores keep the lower id first.
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-    let mut kept = order[..n.min(order.len())].to_vec();
+    let per_group = scores.len() / groups.count;
+    let mut kept = Vec::with_capacity(n);
+    for g in 0..groups.count {
+        let mut order: Vec<usize> = (g * per_group..(g + 1) * per_group).collect();
+        // Stable: equal scores keep the lower id first.
+        order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        kept.extend_from_slice(&order[..(n / groups.count).min(order.len())]);
+    }
     kept.sort_unstable();
     Ok(LayerPrune {
         layer: stats.layer,
@@ -259,8 +322,16 @@ pub fn calibrate_gguf(
     Ok(stats)
 }
 
-fn verdicts(stats: &[LayerStats], n: usize, method: Method) -> Result<Vec<LayerPrune>> {
-    stats.iter().map(|s| survivors(s, n, method)).collect()
+fn verdicts(
+    stats: &[LayerStats],
+    n: usize,
+    method: Method,
+    groups: ExpertGroups,
+) -> Result<Vec<LayerPrune>> {
+    stats
+        .iter()
+        .map(|s| survivors(s, n, method, groups))
+        .collect()
 }
 
 fn write_report(report: &PruneReport, path: &Path) -> Result<()> {
@@ -299,7 +370,7 @@ pub fn prune_checkpoint(
     // Read first: a held-out set that cannot be read (shards not scored yet) stops it early.
     let held = held_out(calibration, &tokenizer, calibration.train.eval_batches)?;
     let stats = calibrate_model(&model, &batches, on_batch);
-    let layers = verdicts(&stats, n, opts.method)?;
+    let layers = verdicts(&stats, n, opts.method, ExpertGroups::NONE)?;
     let kept: Vec<Vec<usize>> = layers.iter().map(|l| l.kept.clone()).collect();
     let pruned = model
         .retain_experts(&kept)
@@ -344,13 +415,16 @@ pub fn prune_gguf(
         .with_context(|| format!("{}: a dense model has no experts to prune", path.display()))?
         .clone();
     let n = experts_kept(shape.experts, shape.k, opts.keep)?;
+    let file = GgufFile::open(path)?;
+    let arch = architecture(&file)?;
+    let groups = ExpertGroups::of_gguf(&file, &arch);
+    groups.check(shape.experts, n, shape.k)?;
     let tokenizer = same_tokenizer(calibration, &teacher.tokenizer)?;
     let batches = calibration_batches(calibration, &tokenizer, opts.tokens)?;
     let teacher = teacher.record_routing()?;
     let stats = calibrate_gguf(&teacher, &batches, on_batch)?;
     drop(teacher);
-    let layers = verdicts(&stats, n, opts.method)?;
-    let file = GgufFile::open(path)?;
+    let layers = verdicts(&stats, n, opts.method, groups)?;
     let kept: BTreeMap<usize, Vec<usize>> =
         layers.iter().map(|l| (l.layer, l.kept.clone())).collect();
     retain_gguf_experts(&file, &kept, out)?;
@@ -371,6 +445,14 @@ pub fn prune_gguf(
     Ok(report)
 }
 
+/// A GGUF's `general.architecture`, the prefix of its model keys.
+fn architecture(file: &GgufFile) -> Result<String> {
+    file.get("general.architecture")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .with_context(|| format!("{}: no general.architecture", file.path.display()))
+}
+
 /// Whether a GGUF tensor of block `blk.N.` holds one slice per routed expert, outermost: the
 /// experts' weights (`ffn_{gate,up,down,gate_up}_exps` and their biases), the router
 /// (`ffn_gate_inp`) and its correction bias (`exp_probs_b`). Shared experts (`_shexp`) do not.
@@ -382,18 +464,15 @@ fn per_expert(tensor: &str) -> bool {
 
 /// Writes `file` with, at each block `layer` of `keep`, only the experts `keep[layer]`
 /// (ascending): each per-expert tensor's survivors' bytes copied in order, every other tensor and
-/// metadata value as it was but `{arch}.expert_count`. Returns the bytes written.
+/// metadata value as it was but `{arch}.expert_count`, read from `file` as the writer reaches
+/// each tensor (one at a time in memory). Returns the bytes written.
 pub fn retain_gguf_experts(
     file: &GgufFile,
     keep: &BTreeMap<usize, Vec<usize>>,
     out: &Path,
 ) -> Result<u64> {
     let name = file.path.display().to_string();
-    let arch = file
-        .get("general.architecture")
-        .and_then(Value::as_str)
-        .with_context(|| format!("{name}: no general.architecture"))?
-        .to_string();
+    let arch = architecture(file)?;
     let count_key = format!("{arch}.expert_count");
     let experts =
         file.get(&count_key)
@@ -414,20 +493,39 @@ pub fn retain_gguf_experts(
         n >= used,
         "{n} experts cannot serve {used} per token ({arch}.expert_used_count)"
     );
+    // The group keys are copied unchanged: every group keeps its members, as many in each.
+    let groups = ExpertGroups::of_gguf(file, &arch);
+    groups.check(experts, n, used)?;
+    let per_group = experts / groups.count;
+    for (layer, k) in keep {
+        for g in 0..groups.count {
+            let members = k.iter().filter(|&&e| e / per_group == g).count();
+            crate::ensure!(
+                members == n / groups.count,
+                "block {layer}: keeps {members} experts of group {g} (experts {}..{}); each of the \
+                 {} groups must keep {}",
+                g * per_group,
+                (g + 1) * per_group,
+                groups.count,
+                n / groups.count
+            );
+        }
+    }
     let mut w = GgufWriter::new();
     for key in &file.keys {
         w.set(key, file.metadata[key].clone());
     }
     w.set(&count_key, Value::U32(n as u32));
     let mut sliced = std::collections::BTreeSet::new();
+    // Every tensor is read when the writer reaches it, the survivors' slices alone: pruning holds
+    // one tensor at a time, so a GGUF larger than memory prunes.
     for info in &file.tensors {
-        let raw = file.raw(info)?;
         let block = info
             .name
             .strip_prefix("blk.")
             .and_then(|rest| rest.split_once('.'))
             .and_then(|(i, t)| Some((i.parse::<usize>().ok()?, t)));
-        let (ne, data) = match block {
+        match block {
             Some((layer, tensor)) if per_expert(tensor) => {
                 let k = keep.get(&layer).with_context(|| {
                     format!(
@@ -441,19 +539,20 @@ pub fn retain_gguf_experts(
                     info.name,
                     info.dims
                 );
-                let slice = raw.len() / experts;
-                let data: Vec<u8> = k
-                    .iter()
-                    .flat_map(|&e| raw[e * slice..(e + 1) * slice].iter().copied())
-                    .collect();
+                let slice = info.bytes() / experts as u64;
                 let mut ne = info.dims.clone();
                 *ne.last_mut().expect("dims") = n as u64;
                 sliced.insert(layer);
-                (ne, data)
+                w.add_tensor_with(&info.name, &ne, info.ty, move || {
+                    let mut data = Vec::with_capacity((slice * k.len() as u64) as usize);
+                    for &e in k {
+                        data.extend(file.raw_range(info, e as u64 * slice, slice)?);
+                    }
+                    Ok(data)
+                })?;
             }
-            _ => (info.dims.clone(), raw),
-        };
-        w.add_tensor(&info.name, &ne, info.ty, data)?;
+            _ => w.add_tensor_with(&info.name, &info.dims, info.ty, || file.raw(info))?,
+        }
     }
     if let Some(layer) = keep.keys().find(|l| !sliced.contains(l)) {
         crate::bail!("{name}: block {layer} holds no routed experts");

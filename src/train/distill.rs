@@ -216,6 +216,7 @@ pub fn signal_data(
             seq_len: data.seq_len,
             k: teacher.k,
             vocab: plan.model.vocab_size,
+            tokens: tokenizer.vocab_size(),
             tokenizer_sha256: fingerprint,
             routing: distill
                 .router_kl

@@ -11,17 +11,20 @@ use crate::recipe::RunPlan;
 use crate::train::batch::{flatten, packed_tensors, position_logits};
 use burn::tensor::Device;
 use k3mini_data::signals::SignalBatch;
-use k3mini_data::stream::{Split, StreamCursor};
-use k3mini_data::{PackedBatch, Packer, Tokenizer};
+use k3mini_data::stream::Split;
+use k3mini_data::{PackCursor, PackedBatch, Tokenizer};
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{Objective, masked_mean, objective_per_position};
 use k3mini_student::loss::next_token_cross_entropy;
 
-/// Held-out measurements (token-weighted means); `top1` and `kl` are NaN without a teacher.
+/// Held-out measurements: means over every scored position of every batch (a batch weighs by its
+/// scored positions, not as one); `top1` and `kl` are NaN without a teacher.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HeldOutEval {
     /// Mean cross-entropy of the actual next tokens (nats).
     pub loss: f64,
+    /// The scored positions the means are over.
+    pub positions: usize,
     /// Fraction of positions where the student's argmax is the teacher's top-1.
     pub top1: f64,
     /// Mean `KL(p̂ ‖ q̂)` at τ = 1.
@@ -49,14 +52,13 @@ impl HeldOut {
                 batches: Vec::new(),
             });
         }
-        let stream = crate::corpus::document_stream(
+        let mut packer = crate::corpus::row_packer(
             data,
             tokenizer,
             plan.seed,
             Split::HeldOut,
-            StreamCursor::default(),
+            PackCursor::default(),
         )?;
-        let mut packer = Packer::new(stream, data.seq_len, data.packing, 0, 0)?;
         let batches = (0..n)
             .map(|_| packer.next_batch(rows))
             .collect::<std::result::Result<_, _>>()?;
@@ -78,11 +80,7 @@ impl HeldOut {
         let device = model.lm_head.weight.device().without_autodiff();
         let inference = burn::module::Module::valid(model);
         Some(match self {
-            Self::Documents { batches, .. } => HeldOutEval {
-                loss: documents_loss(&inference, batches, &device),
-                top1: f64::NAN,
-                kl: f64::NAN,
-            },
+            Self::Documents { batches, .. } => documents_eval(&inference, batches, &device),
             Self::Signals {
                 batches,
                 temperature,
@@ -90,33 +88,69 @@ impl HeldOut {
         })
     }
 
-    /// The held-out tokens and the UTF-8 bytes they spell (for bits per byte): the evaluated
-    /// rows' or segments'.
-    pub fn tokens_and_bytes(&self, tokenizer: &Tokenizer) -> Result<(usize, usize)> {
-        let ids: Vec<u32> = match self {
+    /// The UTF-8 bytes of the text the scored positions predict (for bits per byte): each run of
+    /// consecutive scored positions in a row predicts a stretch of one document, decoded without
+    /// padding or special tokens.
+    pub fn predicted_bytes(&self, tokenizer: &Tokenizer) -> Result<usize> {
+        // Each batch as (tokens, loss mask, row length): both kinds lay rows out alike.
+        let batches: Vec<(&[i64], &[f32], usize)> = match self {
             Self::Documents { batches } => batches
                 .iter()
-                .flat_map(|b| b.tokens.iter().map(|&t| t as u32))
+                .map(|b| (&b.tokens[..], &b.loss_mask[..], b.seq_len))
                 .collect(),
             Self::Signals { batches, .. } => batches
                 .iter()
-                .flat_map(|b| b.tokens.iter().map(|&t| t as u32))
+                .map(|b| (&b.tokens[..], &b.loss_mask[..], b.seq_len))
                 .collect(),
         };
-        Ok((ids.len(), tokenizer.decode(&ids)?.len()))
+        let rows = batches
+            .into_iter()
+            .flat_map(|(tokens, mask, t)| tokens.chunks(t).zip(mask.chunks(t)));
+        let mut bytes = 0;
+        for (tokens, mask) in rows {
+            for run in scored_targets(tokens, mask) {
+                bytes += tokenizer.text_bytes(&run)?;
+            }
+        }
+        Ok(bytes)
     }
 }
 
-fn documents_loss(model: &K3Mini, batches: &[PackedBatch], device: &Device) -> f64 {
-    let total: f64 = batches
-        .iter()
-        .map(|b| {
-            let (tokens, starts, mask) = packed_tensors(b, device);
-            let logits = model.forward_packed(tokens.clone(), starts).logits;
-            next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64
-        })
-        .sum();
-    total / batches.len() as f64
+/// The target ids of a row's runs of consecutive scored positions: position `t` (mask 1) predicts
+/// token `t + 1`.
+fn scored_targets(tokens: &[i64], mask: &[f32]) -> Vec<Vec<u32>> {
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    let mut open = false;
+    for t in 0..tokens.len().saturating_sub(1) {
+        if mask[t] > 0.0 {
+            if !open {
+                runs.push(Vec::new());
+            }
+            runs.last_mut().expect("opened").push(tokens[t + 1] as u32);
+        }
+        open = mask[t] > 0.0;
+    }
+    runs
+}
+
+/// Token-weighted cross-entropy over the scored positions of packed rows.
+fn documents_eval(model: &K3Mini, batches: &[PackedBatch], device: &Device) -> HeldOutEval {
+    let (mut nll, mut count) = (0.0, 0.0);
+    for b in batches {
+        let (tokens, starts, mask) = packed_tensors(b, device);
+        let logits = model.forward_packed(tokens.clone(), starts).logits;
+        let t = b.seq_len;
+        let weight = mask.clone().narrow(1, 0, t - 1).sum().into_scalar::<f32>() as f64;
+        let mean = next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64;
+        nll += mean * weight;
+        count += weight;
+    }
+    HeldOutEval {
+        loss: nll / f64::max(count, 1.0),
+        positions: count as usize,
+        top1: f64::NAN,
+        kl: f64::NAN,
+    }
 }
 
 fn signals_eval(
@@ -151,9 +185,11 @@ fn signals_eval(
             .into_scalar::<f32>() as f64;
         count += weight;
     }
+    let positions = count as usize;
     let count = f64::max(count, 1.0);
     HeldOutEval {
         loss: ce / count,
+        positions,
         top1: agree / count,
         kl: kl / count,
     }

@@ -26,11 +26,9 @@ impl Lm {
         cursor: PackCursor<StreamCursor>,
     ) -> Result<Self> {
         let data = &plan.data;
-        let stream =
-            crate::corpus::document_stream(data, tokenizer, plan.seed, Split::Train, cursor.feed)?;
         let rows = plan.train.micro_batch;
         Ok(Self {
-            packer: Packer::new(stream, data.seq_len, data.packing, 0, cursor.offset)?,
+            packer: crate::corpus::row_packer(data, tokenizer, plan.seed, Split::Train, cursor)?,
             rows,
             held: HeldOut::documents(plan, tokenizer, rows, plan.train.eval_batches)?,
         })

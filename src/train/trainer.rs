@@ -21,7 +21,8 @@ use crate::units::bytes;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
 use burn::tensor::Device;
-use k3mini_data::Tokenizer;
+use k3mini_data::stream::{Split, StreamCursor};
+use k3mini_data::{DocFeed, Tokenizer};
 use k3mini_student::K3Mini;
 use k3mini_student::moe::ExpertLoad;
 use serde::Serialize;
@@ -163,17 +164,7 @@ fn begin(
     });
     let device = devices.next().expect("a device list is never empty");
     let replicas: Vec<Device> = devices.collect();
-    check_fits_this_machine(plan)?;
-    let tokenizer = crate::teachers::student_tokenizer(&plan.data.tokenizer)?;
-    if tokenizer.vocab_size() > plan.model.vocab_size {
-        bail!(
-            "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",
-            plan.recipe_name(),
-            tokenizer.vocab_size(),
-            plan.model.vocab_size,
-            tokenizer.vocab_size()
-        );
-    }
+    let tokenizer = preflight(plan)?;
     let start = run_dir::start(plan, opts.resume, opts.accept_changes)?;
     device.seed(plan.seed);
     let (model, optim, state) = match start {
@@ -440,6 +431,55 @@ impl Step {
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
         }
     }
+}
+
+/// The refusals a run meets before it allocates, after its devices open: the fit in this
+/// machine's memory, and the tokenizer against the model's vocabulary. Returns the tokenizer.
+fn preflight(plan: &RunPlan) -> Result<Tokenizer> {
+    check_fits_this_machine(plan)?;
+    let tokenizer = crate::teachers::student_tokenizer(&plan.data.tokenizer)?;
+    if tokenizer.vocab_size() > plan.model.vocab_size {
+        bail!(
+            "{}: data.tokenizer has {} ids but model.vocab_size is {}: set [model] vocab_size = {}",
+            plan.recipe_name(),
+            tokenizer.vocab_size(),
+            plan.model.vocab_size,
+            tokenizer.vocab_size()
+        );
+    }
+    Ok(tokenizer)
+}
+
+/// What `k3mini recipe check` runs beyond the plan: what `train` would refuse before its first
+/// step — the devices, [`preflight`], and a document in each split of the corpus that training
+/// reads (plain and online runs; shards are `teacher score`'s to write, and it reads the same
+/// corpus's training split).
+pub fn check_run(plan: &RunPlan) -> Result<()> {
+    plan.devices.open()?;
+    let tokenizer = preflight(plan)?;
+    if plan.data.sources.is_empty() {
+        return Ok(());
+    }
+    let reads_held_out = plan.data.holds_out()
+        && plan
+            .distill
+            .as_ref()
+            .is_none_or(|d| d.mode == crate::recipe::ModePlan::Online);
+    let splits: &[Split] = match reads_held_out {
+        true => &[Split::Train, Split::HeldOut],
+        false => &[Split::Train],
+    };
+    for &split in splits {
+        let mut stream = crate::corpus::document_stream(
+            &plan.data,
+            &tokenizer,
+            plan.seed,
+            split,
+            StreamCursor::default(),
+        )?;
+        stream.next_doc()?;
+    }
+    Ok(())
 }
 
 /// Refuses a CPU run whose estimated training memory (weights, gradients, AdamW moments and the

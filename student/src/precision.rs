@@ -1,10 +1,13 @@
 //! The precision of the student's matrix products (`[model] precision`).
 //!
 //! `bf16` rounds both operands of the projections, the experts and MLA's attention products to
-//! bfloat16 and takes the product back to f32: the matmuls run on bf16 units (tensor cores, AMX)
-//! while the master weights, their gradients and AdamW moments, the activations between layers,
-//! norms, softmax, KDA's forget gate and recurrent state, the MoE router and every loss stay f32.
-//! The gradient flows through the casts to the f32 weights (a cast's backward casts back).
+//! bfloat16, and the backends (flex, libtorch) return the product in bfloat16 too, which is then
+//! cast to f32: every product's output is a bf16 value — the LM head's logits and MLA's scores and
+//! context included, so the loss sees logits rounded to bf16 (`student/tests/it/precision.rs`
+//! checks this and measures the KL to the f32 model; the README quotes it). The matmuls run on
+//! bf16 units (tensor cores, AMX) while the master weights, their gradients and AdamW moments,
+//! norms, softmax, KDA's forget gate and recurrent state, the MoE router and every loss compute in
+//! f32. The gradient flows through the casts to the f32 weights (a cast's backward casts back).
 
 use burn::nn::Linear;
 use burn::tensor::{DType, Tensor};
@@ -33,7 +36,7 @@ impl Precision {
         *self == Precision::F32
     }
 
-    /// `a · b` (batched over leading dimensions), in f32.
+    /// `a · b` (batched over leading dimensions) as f32; under bf16 a bf16-rounded product.
     pub fn matmul<const D: usize>(self, a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
         match self {
             Precision::F32 => a.matmul(b),
@@ -44,8 +47,8 @@ impl Precision {
         }
     }
 
-    /// A bias-free projection `x · W` (`W: [d_in, d_out]`), in f32; f32 is exactly
-    /// `Linear::forward`.
+    /// A bias-free projection `x · W` (`W: [d_in, d_out]`) as f32 (under bf16, a bf16-rounded
+    /// product); f32 is exactly `Linear::forward`.
     pub fn linear<const D: usize>(self, l: &Linear, x: Tensor<D>) -> Tensor<D> {
         match self {
             Precision::F32 => l.forward(x),

@@ -8,6 +8,7 @@ use crate::TeacherError;
 use crate::llama::{Llama, LlamaConfig, LlamaLayer};
 use burn::tensor::{Device, Tensor, TensorData};
 use k3mini_data::Tokenizer;
+use k3mini_data::tokenizer::{GGUF_PRE_TOKENIZERS, PreTokenizer};
 use k3mini_gguf::{GgufFile, Value};
 use std::path::Path;
 
@@ -206,10 +207,23 @@ pub fn load_tokenizer(f: &GgufFile) -> Result<(Tokenizer, TokenizerMeta), Teache
             .collect(),
         None => Vec::new(),
     };
-    let pre = f
+    // llama.cpp reads a missing name as `default`, a split of its own that k3mini does not
+    // implement: refused with the rest.
+    let pre_name = f
         .get("tokenizer.ggml.pre")
         .and_then(Value::as_str)
         .unwrap_or("default");
+    let pre = PreTokenizer::from_gguf_name(pre_name).ok_or_else(|| {
+        let known: Vec<&str> = GGUF_PRE_TOKENIZERS.iter().map(|(n, _)| *n).collect();
+        err(
+            &f.path,
+            format!(
+                "tokenizer.ggml.pre {pre_name:?} is a pre-tokenizer k3mini does not implement \
+                 (it reads {})",
+                known.join(", ")
+            ),
+        )
+    })?;
     let name = f.path.display().to_string();
     let tokenizer = Tokenizer::from_byte_level_bpe(&name, &tokens, &merges, &specials, pre)?;
     let id = |key: &str| f.get(key).and_then(Value::as_u64).map(|v| v as u32);

@@ -136,10 +136,8 @@ pub(crate) fn write_manifest<J: Serialize>(
     m: &Manifest<J>,
 ) -> Result<(), TeacherError> {
     let path = dir.join(MANIFEST);
-    let tmp = dir.join(format!("{MANIFEST}.tmp"));
     let text = serde_json::to_vec_pretty(m).expect("manifest serialises");
-    std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+    k3mini_durable::write(&path, &text).map_err(|e| io(&path, e))
 }
 
 /// Runs `items` in shards of `per_shard` under `dir`. Finished shards of an earlier run of the same

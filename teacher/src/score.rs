@@ -355,12 +355,9 @@ fn write_routing(
     Ok(())
 }
 
-/// Copies `from` to `to` through a temporary file renamed into place.
+/// Copies `from` to `to` through a temporary file synced and renamed into place.
 fn copy_atomic(from: &Path, to: &Path) -> std::io::Result<()> {
-    let tmp = to.with_extension("parquet.tmp");
-    std::fs::copy(from, &tmp)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, to)
+    k3mini_durable::write_with(to, |f| std::io::copy(&mut std::fs::File::open(from)?, f)).map(drop)
 }
 
 /// Rewrites the teacher-signal shards of `src` (either schema; each verified against its

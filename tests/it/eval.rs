@@ -125,6 +125,13 @@ fn eval_measures_a_run_and_writes_its_report() {
     k3mini::export::export_gguf(&ck, FileType::F32, None, &gguf).unwrap();
     let file = k3mini_gguf::GgufFile::open(&gguf).unwrap();
     assert!(file.keys.iter().any(|k| k == "tokenizer.ggml.tokens"));
+    // Trained with its own BPE, exported, served, scored.
+    #[cfg(feature = "llama-cpp")]
+    crate::export_llama_cpp::served_student_scores_as_k3mini(
+        &gguf,
+        &ck.model(&burn::tensor::Device::default()).unwrap(),
+        &k3mini::teachers::student_tokenizer(&ck.plan.data.tokenizer).unwrap(),
+    );
     // A directory without checkpoints is named.
     let e = evaluate(&dir, Suite::Quick, None, None)
         .err()

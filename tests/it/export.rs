@@ -235,6 +235,33 @@ fn gguf_export_maps_the_hybrid_to_kimi_linear_with_the_teachers_tokenizer() {
         .and_then(Value::as_array)
         .unwrap();
     assert_eq!(merges[0].as_str(), Some("Ġ t"));
+    assert_eq!(
+        o.get("tokenizer.ggml.pre").and_then(Value::as_str),
+        Some("gpt-2")
+    );
+    // k3mini reads back the tokenizer it wrote: the same ids for the same text.
+    let (back, _) = k3mini_teacher::gguf::load_tokenizer(&o).unwrap();
+    let text = "Who's there? 1601, twelve o'clock";
+    assert_eq!(back.encode(text).unwrap(), bpe.encode(text).unwrap());
+    // A tokenizer whose end of text is `</s>`: training ends documents in it, and the GGUF says so.
+    let json = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/recipes/corpus/shakespeare-bpe4k.json"
+    ))
+    .unwrap()
+    .replace("<|endoftext|>", "</s>");
+    std::fs::write(dir.join("s.json"), json).unwrap();
+    let s_bpe = k3mini_data::Tokenizer::load(dir.join("s.json").to_str().unwrap()).unwrap();
+    assert_eq!(s_bpe.special_ids().eos, Some(0));
+    export_gguf(
+        &own_ck,
+        FileType::F32,
+        Some(&s_bpe),
+        &dir.join("own-s.gguf"),
+    )
+    .unwrap();
+    let o = GgufFile::open(&dir.join("own-s.gguf")).unwrap();
+    assert_eq!(o.get("tokenizer.ggml.eos_token_id"), Some(&Value::U32(0)));
     // A tokenizer with more ids than the student has rows is refused.
     let small = dir.join("small");
     checkpoint(&small, "preset = \"tiny\"\nvocab_size = 512\nd_model = 64");

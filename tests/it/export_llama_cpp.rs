@@ -196,3 +196,65 @@ fn llama_cpp_runs_an_export_with_its_own_tokenizer() {
         bpe,
     );
 }
+
+/// A k3mini-exported GGUF of a student with its own byte-level BPE, served by `k3mini teacher
+/// serve`: it loads (its tokenizer read back under the pre-tokenizer name the export wrote), and
+/// its vLLM-shaped `prompt_logprobs`, for ids and for text, are the student's own
+/// log-probabilities to llama.cpp's F32 rounding.
+pub(crate) fn served_student_scores_as_k3mini(
+    gguf: &std::path::Path,
+    model: &k3mini_student::K3Mini,
+    tokenizer: &k3mini_data::Tokenizer,
+) {
+    use k3mini_teacher::Teacher;
+    use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher};
+    let server = crate::teacher_server::serve(gguf.to_str().unwrap(), &[]);
+    let ids = tokenizer.encode(TEXT).unwrap();
+    let vocab = model.lm_head.weight.dims()[1]; // [d_model, V]
+    let opts = ClientOptions {
+        api: Api::Vllm,
+        ..Default::default()
+    };
+    let served = HttpTeacher::connect(&[server.url.clone()], vocab, opts)
+        .unwrap()
+        .score(&ids, 5)
+        .unwrap();
+    let tokens: Vec<i64> = ids.iter().map(|&i| i as i64).collect();
+    let tokens =
+        Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &Device::default());
+    let logits: Vec<f32> = model.forward(tokens).into_data().try_into_vec().unwrap();
+    let mut worst = 0f64;
+    for (t, row) in logits.chunks_exact(vocab).take(ids.len() - 1).enumerate() {
+        let want = log_softmax(row);
+        worst = worst.max((want[ids[t + 1] as usize] - served.target_logprobs[t] as f64).abs());
+        for j in 0..5 {
+            let (id, lp) = (served.top_ids[t * 5 + j], served.top_logprobs[t * 5 + j]);
+            worst = worst.max((want[id as usize] - lp as f64).abs());
+        }
+    }
+    assert_eq!(served.positions(), ids.len() - 1);
+    assert!(
+        worst < 1e-3,
+        "served logprobs differ from the student's by {worst}"
+    );
+    // Text, tokenized by the server with the tokenizer it read from the GGUF.
+    let body = serde_json::json!({
+        "model": "m", "prompt": TEXT, "max_tokens": 1, "prompt_logprobs": 1,
+    });
+    let (status, v) =
+        crate::teacher_server::raw(&server.url, "POST", "/v1/completions", &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    let prompt = v["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(
+        prompt.len(),
+        ids.len(),
+        "one entry per prompt token, the first null"
+    );
+    assert!(prompt[0].is_null());
+    for (t, entry) in prompt.iter().enumerate().skip(1) {
+        assert!(
+            entry.get(ids[t].to_string()).is_some(),
+            "position {t}: {entry}"
+        );
+    }
+}

@@ -7,6 +7,8 @@ mod export;
 #[cfg(feature = "llama-cpp")]
 mod export_llama_cpp;
 mod fixture;
+mod held_out;
+mod mixture;
 #[cfg(feature = "llama-cpp")]
 mod prune;
 mod quickstart;

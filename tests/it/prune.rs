@@ -9,7 +9,8 @@ use crate::routing::{MOE, choices, moe_teacher, router_choices};
 use k3mini::export::export_gguf;
 use k3mini::recipe::{self, RunPlan};
 use k3mini::routing::prune::{
-    Method, PruneOptions, experts_kept, prune_checkpoint, retain_gguf_experts, survivors,
+    ExpertGroups, Method, PruneOptions, experts_kept, prune_checkpoint, retain_gguf_experts,
+    survivors,
 };
 use k3mini::routing::stats::LayerStats;
 use k3mini::run_dir::{open_checkpoint, read_metrics};
@@ -95,21 +96,46 @@ fn reap_and_frequency_rank_experts_as_defined() {
         weights: Some(weights),
         norms: Some(norms),
     });
-    let reap = survivors(&s, 2, Method::Reap).unwrap();
+    let reap = survivors(&s, 2, Method::Reap, ExpertGroups::NONE).unwrap();
     assert_eq!(reap.scores, vec![0.5, 4.0, 0.0, 2.0]); // mean ḡ·‖f‖ over the tokens routed there
     assert_eq!(reap.kept, vec![1, 3]);
-    let freq = survivors(&s, 2, Method::Frequency).unwrap();
+    let freq = survivors(&s, 2, Method::Frequency, ExpertGroups::NONE).unwrap();
     assert_eq!(freq.scores, vec![1.0, 0.5, 0.0, 0.5]);
     assert_eq!(freq.kept, vec![0, 1], "a tie goes to the lower id");
-    assert_eq!(survivors(&s, 3, Method::Reap).unwrap().kept, vec![0, 1, 3]);
+    assert_eq!(
+        survivors(&s, 3, Method::Reap, ExpertGroups::NONE)
+            .unwrap()
+            .kept,
+        vec![0, 1, 3]
+    );
 
     // Served routing carries ids only: REAP is refused by name.
     let ids_only = LayerStats::new(1, 4, false, false);
-    let e = survivors(&ids_only, 2, Method::Reap)
+    let e = survivors(&ids_only, 2, Method::Reap, ExpertGroups::NONE)
         .unwrap_err()
         .to_string();
     assert!(e.contains("--method frequency"), "{e}");
 
+    // A grouped router (experts 0-1 and 2-3): each group keeps its best, whatever the others'.
+    let two = ExpertGroups { count: 2, used: 1 };
+    assert_eq!(
+        survivors(&s, 2, Method::Frequency, two).unwrap().kept,
+        vec![0, 3]
+    );
+    assert_eq!(
+        survivors(&s, 2, Method::Reap, two).unwrap().kept,
+        vec![1, 3]
+    );
+    // What llama.cpp's group routing needs of the count kept.
+    two.check(8, 4, 2).unwrap();
+    let four = ExpertGroups { count: 4, used: 2 };
+    for (groups, n, why) in [
+        (four, 6, "cannot be kept evenly"),
+        (two, 2, "keep at least 4"),
+    ] {
+        let e = groups.check(8, n, 2).unwrap_err().to_string();
+        assert!(e.contains(why), "{n}: {e}");
+    }
     assert_eq!(experts_kept(8, 2, 0.75).unwrap(), 6);
     assert_eq!(experts_kept(8, 2, 0.5).unwrap(), 4);
     for (keep, why) in [(0.0, "(0, 1]"), (1.5, "(0, 1]"), (0.1, "fewer than the 2")] {
@@ -413,4 +439,131 @@ fn pruning_the_gguf_is_pruning_the_checkpoint_then_exporting_it() {
         .contains("block 0 holds no routed experts")
     );
     assert!(bad(BTreeMap::from([(1, vec![0]), (2, vec![0]), (3, vec![0])])).contains("per token"));
+}
+
+/// A GGUF that groups 8 experts in 2 (`expert_group_count`; each token routed within the best
+/// one): pruned by k3mini to 2 per group, llama.cpp computes the same logits as from the original
+/// with the pruned experts made unreachable (their router bias at −10⁴) — the groups kept their
+/// members — while the original routes otherwise without its groups (the grouping is live). A
+/// keep list that would move an expert into another group is refused by name.
+#[test]
+fn a_grouped_gguf_pruned_evenly_routes_in_llama_cpp_as_its_masked_original() {
+    use k3mini_gguf::{Value, writer::GgufWriter};
+    use k3mini_teacher::engine::llama_cpp::LlamaCppModel;
+    let dir = Scratch::new("prune-groups");
+    let moe8 = MOE.replace("num_experts = 4", "num_experts = 8");
+    crate::export::checkpoint_with(&dir.path("run"), &moe8, "teacher");
+    let base = dir.path("base.gguf");
+    export_gguf(
+        &open_checkpoint(&dir.path("run")).unwrap(),
+        FileType::F32,
+        None,
+        &base,
+    )
+    .unwrap();
+    // A copy of `from` with metadata `set` and each tensor's bytes through `edit`.
+    let copy =
+        |from: &Path, to: &Path, set: &[(&str, Value)], edit: &dyn Fn(&str, Vec<u8>) -> Vec<u8>| {
+            let f = GgufFile::open(from).unwrap();
+            let mut w = GgufWriter::new();
+            for k in &f.keys {
+                w.set(k, f.get(k).unwrap().clone());
+            }
+            for (k, v) in set {
+                w.set(k, v.clone());
+            }
+            for t in &f.tensors {
+                w.add_tensor(&t.name, &t.dims, t.ty, edit(&t.name, f.raw(t).unwrap()))
+                    .unwrap();
+            }
+            w.write(to).unwrap();
+        };
+    let grouped = dir.path("grouped.gguf");
+    copy(
+        &base,
+        &grouped,
+        &[
+            ("kimi-linear.expert_group_count", Value::U32(2)),
+            ("kimi-linear.expert_group_used_count", Value::U32(1)),
+        ],
+        &|_, b| b,
+    );
+    let file = GgufFile::open(&grouped).unwrap();
+    let blocks: Vec<usize> = file
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix("blk.")?
+                .strip_suffix(".ffn_gate_inp.weight")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!blocks.is_empty());
+    let keep_list = [1usize, 2, 5, 7];
+    let keep: BTreeMap<usize, Vec<usize>> =
+        blocks.iter().map(|&b| (b, keep_list.to_vec())).collect();
+    let pruned = dir.path("pruned.gguf");
+    retain_gguf_experts(&file, &keep, &pruned).unwrap();
+    let p = GgufFile::open(&pruned).unwrap();
+    assert_eq!(
+        p.get("kimi-linear.expert_count").and_then(Value::as_u64),
+        Some(4)
+    );
+    assert_eq!(
+        p.get("kimi-linear.expert_group_count")
+            .and_then(Value::as_u64),
+        Some(2)
+    );
+    // Expert 2 would join group 1 (experts 2 and 4 after 0 and 1): refused.
+    let uneven: BTreeMap<usize, Vec<usize>> =
+        blocks.iter().map(|&b| (b, vec![0, 1, 2, 4])).collect();
+    let e = retain_gguf_experts(&file, &uneven, &dir.path("bad.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("keeps 3 experts of group 0") && !dir.path("bad.gguf").exists(),
+        "{e}"
+    );
+    let masked = dir.path("masked.gguf");
+    copy(&grouped, &masked, &[], &|name, bytes| {
+        if !name.ends_with(".exp_probs_b.bias") {
+            return bytes;
+        }
+        let mut v: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        for (e, x) in v.iter_mut().enumerate() {
+            if !keep_list.contains(&e) {
+                *x = -1.0e4;
+            }
+        }
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    });
+    let logits = |path: &Path| {
+        let m = LlamaCppModel::load(path, Placement::Cpu { threads: 2 }).unwrap();
+        let ids = m
+            .tokenize("Who's there? Nay, answer me: stand, and unfold yourself.")
+            .unwrap();
+        m.forward(&ids, false).unwrap().0
+    };
+    let (got, want) = (logits(&pruned), logits(&masked));
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst < 1e-4, "pruned and masked logits differ by {worst}");
+    let ungrouped = logits(&base);
+    let moved = ungrouped
+        .iter()
+        .zip(&logits(&grouped))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        moved > 1e-3,
+        "the groups change llama.cpp's routing ({moved})"
+    );
 }

@@ -17,6 +17,7 @@ seed = 7
 [model]
 preset = "tiny"
 d_model = 64
+vocab_size = 163840
 
 [data]
 tokenizer = "kimi"
@@ -190,7 +191,11 @@ fn an_unreadable_file_is_named() {
 #[test]
 fn recipe_check_prints_the_resolved_recipe() {
     let s = scratch("cli");
-    let path = s.write("recipe.toml", GOOD);
+    // One document: nothing can be held out, which `train` (and so `recipe check`) refuses.
+    let path = s.write(
+        "recipe.toml",
+        &GOOD.replace("seq_len = 128", "seq_len = 128\nheld_out_fraction = 0"),
+    );
     let out = crate::fixture::k3mini_ok(["recipe".as_ref(), "check".as_ref(), path.as_os_str()]);
     let resolved: toml::Table = String::from_utf8(out.stdout).unwrap().parse().unwrap();
     assert_eq!(resolved["model"]["d_model"].as_integer(), Some(64));
@@ -406,8 +411,8 @@ fn teacher_and_chat_settings_are_checked() {
 fn what_cannot_run_is_refused_by_the_plan() {
     for (from, to, key, says) in [
         (
-            "d_model = 64",
-            "d_model = 64\nvocab_size = 1000000000000",
+            "vocab_size = 163840",
+            "vocab_size = 1000000000000",
             "model",
             "beyond any machine",
         ),
@@ -441,5 +446,66 @@ fn a_recipe_that_is_not_a_regular_file_is_refused_without_reading_it() {
     for path in [fifo.as_path(), Path::new("/dev/zero")] {
         let e = recipe::load(path).unwrap_err();
         assert!(e.message.contains("not a regular file"), "{e}");
+    }
+}
+
+#[test]
+fn recipe_check_refuses_what_train_refuses() {
+    let s = scratch("check-train");
+    s.write("docs/a.txt", "");
+    s.write("docs/b.txt", "x");
+    // Nothing held out, so that no case is refused for its held-out split instead.
+    let good = GOOD.replace("seq_len = 128", "seq_len = 128\nheld_out_fraction = 0");
+    let cases = [
+        (
+            good.replace("seed = 7", "seed = 7\ndevice = \"cuda:90\""),
+            "cuda:90",
+        ),
+        (
+            good.replace("d_model = 64", "d_model = 64\nn_layers = 1000000"),
+            "but this machine has",
+        ),
+        (
+            good.replace("d_model = 64", "d_model = 1048576"),
+            "but this machine has",
+        ),
+        (
+            good.replace("vocab_size = 163840", "vocab_size = 512"),
+            "data.tokenizer has 163840 ids but model.vocab_size is 512",
+        ),
+        (
+            good.replace("path = \"corpus.txt\"", "path = \"docs\""),
+            "a.txt: empty",
+        ),
+        (
+            good.clone()
+                + "[teacher]\nmodel = \"smollm2\"\nk = 1000000\n[distill]\nobjectives = [{ kind = \"ce\" }]\n",
+            "teacher.k: 1000000 is more than model.vocab_size",
+        ),
+    ];
+    // Each is refused by both commands, with the same message, and nothing is written.
+    let run = s.path("run");
+    for (text, says) in cases {
+        let path = s.write("recipe.toml", &text);
+        let train: [&std::ffi::OsStr; 4] = [
+            "train".as_ref(),
+            "--quiet".as_ref(),
+            "--out".as_ref(),
+            run.as_ref(),
+        ];
+        for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
+            let out = assert_cmd::Command::cargo_bin("k3mini")
+                .unwrap()
+                .args(args)
+                .arg(&path)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && err.contains(says),
+                "{args:?}: {err}"
+            );
+        }
+        assert!(!run.join("metrics.jsonl").exists());
     }
 }

@@ -254,14 +254,17 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
         .to_string();
     assert!(e.contains("k is 0"), "{e}");
     // Ids are checked against the teacher's vocabulary the shard records (-7 stored as int32
-    // reads as a huge id, and is named as -7).
+    // reads as a huge id, and is named as the unsigned number it is).
     let meta = ShardMeta {
         vocab: Some(49152),
         ..meta
     };
     write_shard(&path, &meta, COMPACT, &rows(8)).unwrap();
     assert_eq!(read_shard(&path, None).unwrap().meta.vocab, Some(49152));
-    for (id, says) in [(2_000_000_000u32, "id 2000000000"), (-7i32 as u32, "id -7")] {
+    for (id, says) in [
+        (2_000_000_000u32, "id 2000000000"),
+        (-7i32 as u32, "id 4294967289"),
+    ] {
         let mut bad = rows(8);
         bad[1].top_ids[2] = id;
         let e = write_shard(&path, &meta, COMPACT, &bad)
@@ -274,5 +277,155 @@ fn values_that_cannot_be_logprobs_are_refused_naming_row_and_column() {
             "{e}"
         );
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Rewrites a compact shard's file as damage would leave it: its `k3mini.vocab` set to `vocab`
+/// (removed for `None`), and every top id but the next token's recoded as `to` (so the target
+/// logprobs no longer match the ids). Its checksum is whatever the new bytes hash to.
+fn damage(path: &std::path::Path, vocab: Option<&str>, to: Option<u32>, k: usize) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
+    use base64::Engine;
+    use k3mini_data::topk_codec::{IdTable, get_counted, get_varints, put_varint};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::metadata::KeyValue;
+    use std::sync::Arc;
+    let file = std::fs::File::open(path).unwrap();
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let mut kv: Vec<KeyValue> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .unwrap()
+        .clone();
+    let table_b64 = kv.iter().find(|p| p.key == "k3mini.id_table").unwrap();
+    let table = IdTable::from_ids(
+        get_counted(
+            &base64::engine::general_purpose::STANDARD
+                .decode(table_b64.value.as_ref().unwrap())
+                .unwrap(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    kv.retain(|p| p.key != "k3mini.vocab");
+    if let Some(v) = vocab {
+        kv.push(KeyValue::new("k3mini.vocab".into(), v.to_string()));
+    }
+    let schema = builder.schema().clone();
+    let batches: Vec<RecordBatch> = builder.build().unwrap().map(Result::unwrap).collect();
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let tmp = path.with_extension("damaged");
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&tmp).unwrap(),
+        schema.clone(),
+        Some(props),
+    )
+    .unwrap();
+    for b in batches {
+        let ids = b.column_by_name("input_ids").unwrap().as_list::<i32>();
+        let codes = b.column_by_name("top_ids").unwrap().as_binary::<i32>();
+        let recoded: Vec<Vec<u8>> = (0..b.num_rows())
+            .map(|i| {
+                let input = ids.value(i);
+                let input = input.as_primitive::<arrow_array::types::Int32Type>();
+                let p = input.len() - 1;
+                let mut out = Vec::new();
+                for (j, code) in get_varints(codes.value(i), p * k)
+                    .unwrap()
+                    .into_iter()
+                    .enumerate()
+                {
+                    let target = input.value(j / k + 1) as u32;
+                    let code = match to {
+                        Some(to) if table.id(code) != target => table.code(to).unwrap(),
+                        _ => code,
+                    };
+                    put_varint(&mut out, code);
+                }
+                out
+            })
+            .collect();
+        let column: ArrayRef = Arc::new(BinaryArray::from_iter_values(recoded.iter()));
+        let columns: Vec<ArrayRef> = b
+            .schema()
+            .fields()
+            .iter()
+            .zip(b.columns())
+            .map(|(f, c)| {
+                if f.name() == "top_ids" {
+                    column.clone()
+                } else {
+                    c.clone()
+                }
+            })
+            .collect();
+        w.write(&RecordBatch::try_new(schema.clone(), columns).unwrap())
+            .unwrap();
+    }
+    w.close().unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+#[test]
+fn a_compact_shard_with_no_vocabulary_an_impossible_one_or_damaged_ids_is_refused() {
+    let dir = std::env::temp_dir().join(format!("k3mini-shard-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k = 8;
+    let meta = ShardMeta {
+        teacher: "t".into(),
+        tokenizer_sha256: "ab".repeat(32),
+        k,
+        temperature: 1.0,
+        vocab: Some(49152),
+    };
+    let path = dir.join("shard-00000.parquet");
+    // The compact schema always records the vocabulary.
+    let e = write_shard(
+        &path,
+        &ShardMeta {
+            vocab: None,
+            ..meta.clone()
+        },
+        COMPACT,
+        &rows(k),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("must record the teacher's vocabulary"), "{e}");
+    let cases: [(Option<&str>, Option<u32>, &str); 5] = [
+        (None, None, "has no k3mini.vocab"),
+        (None, Some(2_000_000_000), "has no k3mini.vocab"),
+        (
+            Some("4000000000"),
+            Some(2_000_000_000),
+            "k3mini.vocab 4000000000 is no tokenizer's vocabulary",
+        ),
+        (
+            Some("49152"),
+            Some(2_000_000_000),
+            "id 2000000000 is not below the teacher's vocabulary of 49152",
+        ),
+        // Within the vocabulary, the rewritten ids repeat within a position: damaged, and said so
+        // (not "target_logprobs has too few values").
+        (Some("49152"), Some(7), "appears twice in the top-8"),
+    ];
+    for (vocab, to, says) in cases {
+        write_shard(&path, &meta, COMPACT, &rows(k)).unwrap();
+        read_shard(&path, None).unwrap();
+        damage(&path, vocab, to, k);
+        let e = read_shard(&path, None).unwrap_err().to_string();
+        assert!(
+            e.contains(says) && e.contains("shard-00000.parquet"),
+            "{vocab:?} {to:?}: {e}"
+        );
+    }
+    // Untouched but for the rewrite: the shard reads back as written.
+    write_shard(&path, &meta, COMPACT, &rows(k)).unwrap();
+    damage(&path, Some("49152"), None, k);
+    assert_eq!(read_shard(&path, None).unwrap().meta.vocab, Some(49152));
     std::fs::remove_dir_all(&dir).ok();
 }

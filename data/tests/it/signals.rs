@@ -66,6 +66,7 @@ fn spec(vocab: usize) -> SignalSpec {
         seq_len: 8,
         k: K,
         vocab,
+        tokens: vocab,
         tokenizer_sha256: "ab".repeat(32),
         routing: None,
     }
@@ -190,6 +191,53 @@ fn padding_and_out_of_vocabulary_ids_are_masked_or_sent_to_the_tail() {
     // Padding positions: a uniform top-k, finite.
     let pad = &b.top_logprobs[5 * K..6 * K];
     assert!(pad.iter().all(|&l| (l + (K as f32).ln()).abs() < 1e-6));
+}
+
+#[test]
+fn a_teacher_vocabulary_beyond_the_tokenizers_padding_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("k3mini-signals-vocab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("shard-00000.parquet");
+    // A 1,000-id tokenizer: a teacher padded to 2,048 rows (1,031 rounded up) is explained, one
+    // of 2,049 or 4,000,000 is not.
+    for (vocab, refused) in [
+        (1000, false),
+        (2048, false),
+        (2049, true),
+        (4_000_000, true),
+    ] {
+        let meta = ShardMeta {
+            teacher: "t".into(),
+            tokenizer_sha256: "ab".repeat(32),
+            k: K,
+            temperature: 1.0,
+            vocab: Some(vocab),
+        };
+        let q = Storage::Quantised { step: 1.0 / 32.0 };
+        write_shard(&path, &meta, q, &[row(1, 0, 8)]).unwrap();
+        let file = ShardFile {
+            sha256: sha256_hex(&std::fs::read(&path).unwrap()),
+            path: path.clone(),
+            first: 0,
+            routing: None,
+        };
+        let spec = SignalSpec {
+            tokens: 1000,
+            ..spec(1000)
+        };
+        match spec.read(&file, &|_| true) {
+            Ok(rows) => assert!(!refused && rows.len() == 1, "{vocab}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    refused && e.contains(&format!("teacher vocabulary of {vocab} ids")),
+                    "{vocab}: {e}"
+                );
+                assert!(e.contains("tokenizer's 1000 padded to 2048"), "{e}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

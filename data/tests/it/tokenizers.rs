@@ -86,3 +86,56 @@ fn a_tokenizer_file_that_does_not_parse_is_named() {
     assert!(missing.contains("/no/such/tokenizer.json"), "{missing}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn every_gguf_pre_tokenizer_name_k3mini_writes_it_reads() {
+    use k3mini_data::tokenizer::{GGUF_PRE_TOKENIZERS, PreTokenizer};
+    let tokens: Vec<String> = ["a", "b", "ab", "1", "2", "Ġ"].map(String::from).into();
+    for (name, pre) in GGUF_PRE_TOKENIZERS {
+        assert_eq!(pre.gguf_name(), name);
+        assert_eq!(PreTokenizer::from_gguf_name(name), Some(pre));
+        let t = Tokenizer::from_byte_level_bpe(name, &tokens, &["a b".into()], &[], pre).unwrap();
+        assert_eq!(t.encode("ab").unwrap(), [2]);
+        // SmolLM2 splits digits one by one; GPT-2 keeps a run of them together (no merge here).
+        assert_eq!(t.encode("12").unwrap(), [3, 4]);
+    }
+    for other in ["gpt2", "default", "llama3", ""] {
+        assert_eq!(PreTokenizer::from_gguf_name(other), None, "{other}");
+    }
+}
+
+#[test]
+fn special_ids_are_found_by_their_names_once() {
+    // Kimi's vocabularies: K2 ends turns in <|im_end|>, K3 in <|end_of_msg|> (the same id); its
+    // text documents end in nothing. A trained BPE ends text in id 0.
+    for name in ["kimi_k2", "kimi_k3"] {
+        let kimi = Tokenizer::load(name).unwrap().special_ids();
+        assert_eq!(
+            (kimi.eos, kimi.end_of_turn),
+            (None, Some(163_586)),
+            "{name}"
+        );
+    }
+    let dir = scratch("specials");
+    let corpus = dir.join("corpus.txt");
+    std::fs::write(&corpus, "Some text, and some more of it. ".repeat(20)).unwrap();
+    train_byte_level_bpe(
+        &[corpus.display().to_string()],
+        300,
+        &["<|im_end|>"],
+        &dir.join("t.json"),
+    )
+    .unwrap();
+    let bpe = Tokenizer::load(dir.join("t.json").to_str().unwrap()).unwrap();
+    let ids = bpe.special_ids();
+    assert_eq!(ids.eos, Some(0));
+    assert_eq!(bpe.token_id(BPE_EOS), Some(0));
+    assert_eq!(ids.stops(), [ids.end_of_turn.unwrap(), 0]);
+    // `</s>` is an end of text too.
+    let renamed = std::fs::read_to_string(dir.join("t.json"))
+        .unwrap()
+        .replace(BPE_EOS, "</s>");
+    std::fs::write(dir.join("s.json"), renamed).unwrap();
+    let s = Tokenizer::load(dir.join("s.json").to_str().unwrap()).unwrap();
+    assert_eq!(s.special_ids().eos, Some(0));
+}

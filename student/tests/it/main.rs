@@ -7,3 +7,4 @@ mod golden_references;
 mod gradcheck;
 mod moe_balance;
 mod packing;
+mod precision;

@@ -100,6 +100,7 @@ struct Idle {
 
 impl Drop for Idle {
     fn drop(&mut self) {
+        // SAFETY: an idle context is owned here alone (taken out of `compute` or never lent).
         unsafe { sys::llama_free(self.ctx) }
     }
 }
@@ -117,6 +118,7 @@ impl Drop for LlamaCppModel {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         drop(idle.take());
+        // SAFETY: `&mut self`: no context or tokenization uses the model any more.
         unsafe { sys::llama_model_free(self.model) }
     }
 }
@@ -182,10 +184,17 @@ impl LlamaCppModel {
     }
 
     /// `text` as llama.cpp's tokenizer splits it (special tokens parsed, none added).
+    ///
+    /// Not under the compute lock: tokenizing reads the vocabulary, which is immutable once the
+    /// model is loaded, and keeps its state per call; llama.cpp's own server tokenizes on its
+    /// HTTP threads while its main loop decodes. Holding the lock would queue every tokenization
+    /// behind a whole sequence's scoring.
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, TeacherError> {
         let len = i32::try_from(text.len())
             .map_err(|_| TeacherError::Request("text too long to tokenize".into()))?;
         // Returns the count, or minus the room it needs.
+        // SAFETY: `vocab` lives as long as the model (freed in `Drop`); the text pointer and length
+        // describe `text`, and `out` has `out.len()` writable slots.
         let run = |out: &mut Vec<i32>| unsafe {
             sys::llama_tokenize(
                 self.vocab,
@@ -214,14 +223,24 @@ impl LlamaCppModel {
     fn context(&self, len: usize, routing: bool) -> Result<Context<'_>, TeacherError> {
         let mut guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
         let n_ctx = len.clamp(1, self.context) as u32;
-        let mut capture = routing.then(Box::<Capture>::default);
+        let capture = routing.then(|| Box::into_raw(Box::<Capture>::default()));
         let ctx = match guard.take() {
             Some(idle) if idle.n_ctx == n_ctx && !routing => {
                 let ctx = std::mem::ManuallyDrop::new(idle).ctx;
+                // SAFETY: the idle context is ours under the compute lock held here.
                 unsafe { sys::llama_memory_clear(sys::llama_get_memory(ctx), true) };
                 ctx
             }
-            _ => self.new_context(n_ctx, capture.as_deref_mut())?,
+            _ => match self.new_context(n_ctx, capture) {
+                Ok(ctx) => ctx,
+                Err(e) => {
+                    // SAFETY: from `Box::into_raw` above; no context was made to hold it.
+                    if let Some(c) = capture {
+                        drop(unsafe { Box::from_raw(c) });
+                    }
+                    return Err(e);
+                }
+            },
         };
         Ok(Context {
             model: self,
@@ -238,7 +257,7 @@ impl LlamaCppModel {
     fn new_context(
         &self,
         n_ctx: u32,
-        capture: Option<&mut Capture>,
+        capture: Option<*mut Capture>,
     ) -> Result<*mut sys::llama_context, TeacherError> {
         let mut params = unsafe { sys::llama_context_default_params() };
         params.n_ctx = n_ctx;
@@ -250,7 +269,7 @@ impl LlamaCppModel {
         params.no_perf = true;
         if let Some(capture) = capture {
             params.cb_eval = Some(observe);
-            params.cb_eval_user_data = std::ptr::from_mut(capture).cast();
+            params.cb_eval_user_data = capture.cast();
         }
         take_log();
         let ctx = unsafe { sys::llama_init_from_model(self.model, params) };
@@ -300,8 +319,11 @@ struct Context<'a> {
     n_ctx: u32,
     batch: sys::llama_batch,
     pos: i32,
-    /// The routing being recorded. Boxed: llama.cpp holds its address while the context lives.
-    capture: Option<Box<Capture>>,
+    /// The routing being recorded. llama.cpp holds its address (the eval callback's user data)
+    /// and writes through it while the context lives, so it is owned as the raw pointer
+    /// `Box::into_raw` gave — never a `Box` or a `&mut` that could claim it while llama.cpp
+    /// writes — and freed in `Drop` after the context.
+    capture: Option<*mut Capture>,
     /// A decode failed: the context is freed, not lent again.
     failed: bool,
     compute: MutexGuard<'a, Option<Idle>>,
@@ -309,14 +331,21 @@ struct Context<'a> {
 
 impl Drop for Context<'_> {
     fn drop(&mut self) {
+        // SAFETY: the batch was made by `llama_batch_init` for this context and is freed once.
         unsafe { sys::llama_batch_free(self.batch) };
         let idle = Idle {
             ctx: self.ctx,
             n_ctx: self.n_ctx,
         };
         // A recording context keeps the callback's pointer to its capture: never lent again.
-        if self.capture.is_none() && !self.failed {
-            *self.compute = Some(idle);
+        match self.capture {
+            None if !self.failed => *self.compute = Some(idle),
+            _ => drop(idle), // frees the context
+        }
+        if let Some(capture) = self.capture.take() {
+            // SAFETY: from `Box::into_raw` in `context`; the context that held its address is
+            // freed above, so nothing writes through it any more.
+            drop(unsafe { Box::from_raw(capture) });
         }
     }
 }
@@ -338,6 +367,7 @@ impl Session for Context<'_> {
             b.n_tokens = n as i32;
         }
         take_log();
+        // SAFETY: this context and batch are this session's, under the compute lock it holds.
         let status = unsafe { sys::llama_decode(self.ctx, self.batch) };
         if status != 0 {
             self.failed = true;
@@ -351,6 +381,8 @@ impl Session for Context<'_> {
         let vocab = self.model.n_vocab;
         let mut logits = Vec::with_capacity(n * vocab);
         for i in 0..n {
+            // SAFETY: position i was decoded with logits requested; a row holds `vocab` floats
+            // and stays valid until the next decode.
             let row = unsafe { sys::llama_get_logits_ith(self.ctx, i as i32) };
             if row.is_null() {
                 self.failed = true;
@@ -366,9 +398,11 @@ impl Session for Context<'_> {
 
     fn routing(&mut self) -> Result<Option<Routing>, TeacherError> {
         let tokens = self.pos as usize;
-        match self.capture.as_mut() {
+        match self.capture {
             None => Ok(None),
-            Some(capture) => capture.finish(tokens).map_err(|e| {
+            // SAFETY: llama.cpp writes through the pointer only from its eval callback, which
+            // runs inside `llama_decode` on this thread; no decode runs while this borrow lives.
+            Some(capture) => unsafe { &mut *capture }.finish(tokens).map_err(|e| {
                 TeacherError::Request(format!(
                     "{}: llama.cpp's routing: {e}",
                     self.model.path.display()

@@ -228,7 +228,7 @@ mod scoring {
                 tokenizer_sha256: t.tokenizer.fingerprint(),
                 k: 8,
                 temperature: 1.0,
-                vocab: None,
+                vocab: Some(t.vocab_size()),
             },
             storage: Storage::Exact,
             seq_len: 6, // several segments per line
