@@ -83,18 +83,23 @@ fn shards_round_trip_losslessly_with_metadata() {
 
 const COMPACT: Storage = Storage::Quantised { step: 1.0 / 32.0 };
 
-#[test]
-fn compact_shards_keep_ids_exactly_and_logprobs_within_a_step() {
-    let dir = std::env::temp_dir().join(format!("k3mini-shards-v2-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let k = 8;
-    let meta = ShardMeta {
+/// A compact shard's metadata: top-`k` of a SmolLM2-sized vocabulary.
+fn compact_meta(k: usize) -> ShardMeta {
+    ShardMeta {
         teacher: "t".into(),
         tokenizer_sha256: "ab".repeat(32),
         k,
         temperature: 1.0,
         vocab: Some(49152),
-    };
+    }
+}
+
+#[test]
+fn compact_shards_keep_ids_exactly_and_logprobs_within_a_step() {
+    let dir = std::env::temp_dir().join(format!("k3mini-shards-v2-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let k = 8;
+    let meta = compact_meta(k);
     let mut exact = rows(k);
     // Make the next id the top-k's third entry at every even position (its target logprob is
     // then that entry's), and shuffle one top-k out of order (the writer sorts it).
@@ -375,13 +380,7 @@ fn a_compact_shard_with_no_vocabulary_an_impossible_one_or_damaged_ids_is_refuse
     let dir = std::env::temp_dir().join(format!("k3mini-shard-vocab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let k = 8;
-    let meta = ShardMeta {
-        teacher: "t".into(),
-        tokenizer_sha256: "ab".repeat(32),
-        k,
-        temperature: 1.0,
-        vocab: Some(49152),
-    };
+    let meta = compact_meta(k);
     let path = dir.join("shard-00000.parquet");
     // The compact schema always records the vocabulary.
     let e = write_shard(
