@@ -1,11 +1,12 @@
 //! Heavy ops the K3 Mini student calls, kept apart from the layers (as in flash-linear-attention):
 //! every fast form is tested against its naive twin.
 //!
-//! - [`kda`]: Kimi Delta Attention, as a naive recurrence, a chunkwise-parallel (WY/UT) form and a
-//!   single-token decode step.
+//! - [`kda`]: Kimi Delta Attention, as a naive recurrence, a chunkwise-parallel (WY/UT) form
+//!   composed of tensor ops, the same form as one op that recomputes in its backward (the
+//!   training path), and a single-token decode step.
 //! - [`norm`]: RMS normalisation without a weight (the student's layers and the llama teacher).
 
 pub mod kda;
 pub mod norm;
 
-pub use kda::{KdaInputs, KdaOutput, chunk_kda, kda_step, naive_recurrent_kda};
+pub use kda::{KdaInputs, KdaOutput, chunk_kda, fused_chunk_kda, kda_step, naive_recurrent_kda};

@@ -7,7 +7,8 @@
 #    (per-step loss; with 2+ GPUs also cuda:0,1 data-parallel against cuda:0);
 # 2. speed and memory: `k3mini bench train` on smoke-300m in f32, f32 with activation
 #    checkpointing, and bf16 matmuls: tokens/s, peak GPU memory (nvidia-smi, sampled every 0.2 s),
-#    and model FLOPs utilisation (6 · params · tokens/s over the device's dense peak);
+#    and model FLOPs utilisation (model FLOPs per token, as `k3mini_student::info::train_flops_per_token`
+#    counts them, × tokens/s over the device's dense peak);
 # 3. the 3B recipe (recipes/k3-mini-3b.toml: checkpointing, 1 x 4096 micro-batches) in bf16 for
 #    two optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`.
 #
@@ -124,7 +125,7 @@ for name, label, prec in [("smoke", "smoke-300m, f32", "f32"),
     r = json.load(open(p))
     peak_mib = open(os.path.join(out, name + ".peak")).read().strip()
     mem = f"{int(peak_mib) / 1024:.1f} GiB" if peak_mib.isdigit() else "- (peak RSS %.2f GB)" % (r["peak_rss_bytes"] / 1e9)
-    mfu = 6 * r["params"] * r["median_tokens_per_s"] / (peak * 1e12) if device != "cpu" else None
+    mfu = r["flops_per_token"] * r["median_tokens_per_s"] / (peak * 1e12) if device != "cpu" else None
     rows.append(f"| {label} | {device} | {r['params']/1e6:.0f}M | {r['median_tokens_per_s']:.0f} | {mem} | "
                 + (f"{100 * mfu:.1f}% of {prec} peak" if mfu is not None else "-") + " |")
 table = "\n".join(rows)

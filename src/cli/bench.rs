@@ -10,6 +10,7 @@ use k3mini::train::bench::bench_recipe;
 use k3mini_gguf::mix::FileType;
 use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
 use k3mini_student::config::KdaKernel;
+use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{Footprint, training_memory};
 use k3mini_student::precision::Precision;
 use k3mini_student::presets::preset;
@@ -64,6 +65,12 @@ pub enum BenchCommand {
         /// Overrides model.precision (f32 or bf16).
         #[arg(long)]
         precision: Option<Precision>,
+        /// Overrides train.head_chunk (0: the whole micro-batch's logits at once, the reference).
+        #[arg(long)]
+        head_chunk: Option<usize>,
+        /// Overrides model.kda.kernel (`composed`: the chunk form without its own backward).
+        #[arg(long, value_enum)]
+        kda_kernel: Option<Kernel>,
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
@@ -150,7 +157,8 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The README's table: tiny and ~50M, chunked and naive, each in its own process.
+    /// The README's table: tiny and ~50M, the training path against the composed kernel and whole
+    /// head, A B A B, each in its own process.
     All {
         #[arg(long, default_value_t = 3)]
         steps: usize,
@@ -158,9 +166,20 @@ pub enum BenchCommand {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-enum Kernel {
+pub enum Kernel {
     Chunk,
+    Composed,
     Naive,
+}
+
+impl From<Kernel> for KdaKernel {
+    fn from(k: Kernel) -> Self {
+        match k {
+            Kernel::Chunk => KdaKernel::Chunk,
+            Kernel::Composed => KdaKernel::Composed,
+            Kernel::Naive => KdaKernel::Naive,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -176,6 +195,10 @@ pub struct ModelArgs {
     steps: usize,
     #[arg(long, value_enum, default_value = "chunk")]
     kernel: Kernel,
+    /// Tokens per chunk of the LM head and loss (0: the whole batch at once); default: the
+    /// training default for the vocabulary.
+    #[arg(long)]
+    head_chunk: Option<usize>,
     #[arg(long)]
     json: bool,
     /// cpu or cuda:N.
@@ -207,7 +230,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("{}", row(&r, a.batch, a.seq_len, &a.preset));
+                println!("{}", row(&r));
             }
             Ok(())
         }
@@ -225,6 +248,8 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             device,
             activation_checkpointing,
             precision,
+            head_chunk,
+            kda_kernel,
         } => {
             let mut plan = k3mini::recipe::load(&recipe)?;
             if let Some(d) = device {
@@ -233,6 +258,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             plan.train.activation_checkpointing |= activation_checkpointing;
             if let Some(p) = precision {
                 plan.model.precision = p;
+            }
+            if head_chunk.is_some() {
+                plan.train.head_chunk = head_chunk;
+            }
+            if let Some(k) = kda_kernel {
+                plan.model.kda.kernel = k.into();
             }
             train(&plan, steps, json)
         }
@@ -327,17 +358,24 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
         return Ok(());
     }
     println!(
-        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS |\n|---|---|---|---|---|---|---|"
+        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS | activations (measured) | activations (model info) |\n|---|---|---|---|---|---|---|---|---|"
     );
+    // Peak less what was resident before and the f32 weights, gradients and AdamW moments.
+    let measured = r
+        .peak_rss_bytes
+        .zip(r.baseline_rss_bytes)
+        .map(|(peak, base)| peak.saturating_sub(base + 16 * r.params));
     println!(
-        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} |",
+        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} | {} | {} |",
         r.recipe,
         r.params as f64 / 1e6,
         r.tokens_per_step,
         r.steps,
         r.median_tokens_per_s,
         r.median_step_s,
-        r.peak_rss_bytes.map_or("n/a".into(), bytes)
+        r.peak_rss_bytes.map_or("n/a".into(), bytes),
+        measured.map_or("n/a".into(), bytes),
+        bytes(plan.training_memory().activations),
     );
     Ok(())
 }
@@ -522,43 +560,62 @@ fn print_shard_sizes(sizes: &[k3mini_teacher::bench::ShardSize], vocab: usize) {
 }
 
 fn model(a: &ModelArgs) -> Result<TrainStepBench> {
+    if a.seq_len < 2 {
+        bail!(
+            "--seq-len {}: a next-token step needs at least 2 tokens",
+            a.seq_len
+        );
+    }
     let mut config = match a.preset.as_str() {
         "bench-50m" => bench_50m(),
         name => preset(name)?,
     };
-    config.kda.kernel = match a.kernel {
-        Kernel::Chunk => KdaKernel::Chunk,
-        Kernel::Naive => KdaKernel::Naive,
-    };
+    config.kda.kernel = a.kernel.into();
+    let head = HeadChunks::resolve(a.head_chunk, config.vocab_size);
     Ok(bench_train_step(
         &a.preset,
         &config,
         a.batch,
         a.seq_len,
         a.steps,
+        head,
         &a.device.open_main()?,
     ))
 }
 
 fn header() -> &'static str {
-    "| shape | params | batch x seq | KDA kernel | tokens/s (fwd+bwd) | ms/step | peak RSS | estimate (info) |\n|---|---|---|---|---|---|---|---|"
+    "| shape | params | batch x seq | KDA kernel | LM head | tokens/s (fwd+bwd) | ms/step | model GFLOP/s (of matmul peak) | peak RSS | estimate (info) |\n|---|---|---|---|---|---|---|---|---|---|"
 }
 
-fn row(r: &TrainStepBench, batch: usize, seq_len: usize, name: &str) -> String {
-    let config = match name {
+fn row(r: &TrainStepBench) -> String {
+    let mut config = match r.name.as_str() {
         "bench-50m" => bench_50m(),
         other => preset(other).expect("benchmarked preset"),
     };
-    let estimate = training_memory(&config, &Footprint::new(batch, seq_len)).total();
+    config.kda.kernel = r.kernel;
+    let positions = r.batch * (r.seq_len - 1);
+    let (head, head_chunk) = match r.head {
+        HeadChunks::Tokens(n) if r.head.cuts(positions) => (format!("chunks of {n}"), n),
+        HeadChunks::Tokens(n) => ("whole (one chunk)".to_string(), n),
+        HeadChunks::Whole => ("whole".to_string(), 0),
+    };
+    let footprint = Footprint {
+        head_chunk: Some(head_chunk),
+        ..Footprint::new(r.batch, r.seq_len)
+    };
+    let estimate = training_memory(&config, &footprint).total();
     format!(
-        "| {} | {:.1}M | {} x {} | {} | {:.0} | {:.0} | {} | {} |",
+        "| {} | {:.1}M | {} x {} | {} | {head} | {:.0} | {:.0} | {:.1} ({:.0}% of {:.0}) | {} | {} |",
         r.name,
         r.params as f64 / 1e6,
         r.batch,
         r.seq_len,
-        r.kernel,
+        format!("{:?}", r.kernel).to_lowercase(),
         r.tokens_per_s,
         r.ms_per_step,
+        r.model_gflops,
+        100.0 * r.mfu(),
+        r.peak_gflops,
         r.peak_rss_bytes.map_or("n/a".into(), bytes),
         bytes(estimate)
     )
@@ -568,17 +625,27 @@ fn row(r: &TrainStepBench, batch: usize, seq_len: usize, name: &str) -> String {
 fn all(steps: usize) -> Result<()> {
     let exe = std::env::current_exe().context("locating k3mini")?;
     println!("{}", header());
-    let runs: [(&str, usize, usize, &str); 4] = [
-        ("tiny", 8, 256, "chunk"),
-        ("tiny", 8, 256, "naive"),
-        ("bench-50m", 4, 256, "chunk"),
-        ("bench-50m", 4, 256, "naive"),
-    ];
-    for (name, batch, seq, kernel) in runs {
+    // The training path (the fused KDA op, the head in chunks where a micro-batch is cut) against
+    // the composed kernel with the whole head, A B A B.
+    let ab = [("chunk", None), ("composed", Some("0"))];
+    let runs = [("tiny", 8, 256), ("bench-50m", 4, 256)]
+        .into_iter()
+        .flat_map(|shape| {
+            std::iter::repeat_n(ab, 2)
+                .flatten()
+                .map(move |side| (shape, side))
+        });
+    for ((name, batch, seq), (kernel, head_chunk)) in runs {
         let out = std::process::Command::new(&exe)
             .args([
                 "bench", "model", "--preset", name, "--kernel", kernel, "--json",
             ])
+            .args(
+                head_chunk
+                    .map(|h| ["--head-chunk", h])
+                    .into_iter()
+                    .flatten(),
+            )
             .args([
                 "--batch",
                 &batch.to_string(),
@@ -596,7 +663,7 @@ fn all(steps: usize) -> Result<()> {
             );
         }
         let r: TrainStepBench = serde_json::from_slice(&out.stdout)?;
-        println!("{}", row(&r, batch, seq, name));
+        println!("{}", row(&r));
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
+use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{
     CHECKPOINTED_ACTIVATIONS, Footprint, GPUS, ModelInfo, USABLE_SHARE, model_info,
 };
@@ -147,13 +148,41 @@ fn render(info: &ModelInfo) -> String {
             let _ = writeln!(s, "  {name:<14} {:>12}", bytes(v));
         }
     }
+    let p = &m.parts;
+    let tokens = f.batch * f.seq_len;
+    let chunks = HeadChunks::resolve(f.head_chunk, c.vocab_size);
+    let head = if chunks.cuts(tokens) {
+        format!("head, chunks of {} tokens", chunks.tokens_at_once(tokens))
+    } else {
+        "head, whole".to_string()
+    };
+    let trunk = if f.activation_checkpointing {
+        format!("trunk, x {CHECKPOINTED_ACTIVATIONS} kept")
+    } else {
+        "trunk".to_string()
+    };
+    let kept = m.activations - p.head - p.kda_recompute;
+    // The trunk's parts (before checkpointing), then what is kept of each kind.
+    for (indent, name, v) in [
+        ("      ", "KDA", p.kda),
+        ("      ", "MLA", p.mla),
+        ("      ", "FFN", p.ffn),
+        ("      ", "residual", p.residual),
+        ("    ", &*trunk, kept),
+        ("    ", &*head, p.head),
+        ("    ", "KDA backward recompute", p.kda_recompute),
+    ] {
+        if v > 0 {
+            let _ = writeln!(s, "{indent}{name:<30} {:>12}", bytes(v));
+        }
+    }
     let _ = writeln!(
         s,
         "  {:<14} {:>12}   (*estimate from the layer formulas{})",
         "total",
         bytes(info.training_memory_total),
         if f.activation_checkpointing {
-            format!(" x {CHECKPOINTED_ACTIVATIONS} kept, as measured")
+            format!("; the trunk's x {CHECKPOINTED_ACTIVATIONS} kept, as measured")
         } else {
             String::new()
         }

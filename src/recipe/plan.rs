@@ -12,6 +12,7 @@ use k3mini_data::shards::{DEFAULT_LOGPROB_STEP, Storage};
 use k3mini_data::{ChatFormat, LossParts, SourceFormat, Tokenizer};
 use k3mini_student::ModelConfig;
 use k3mini_student::distill::Objective;
+use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{Footprint, TrainingMemory, training_memory};
 use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
@@ -337,6 +338,11 @@ impl RunPlan {
         changes
     }
 
+    /// How many tokens' logits the LM head and loss hold at once (`train.head_chunk`).
+    pub fn head_chunks(&self) -> HeadChunks {
+        HeadChunks::resolve(self.train.head_chunk, self.model.vocab_size)
+    }
+
     /// How a training step of this plan lays out on its devices.
     pub fn footprint(&self) -> Footprint {
         Footprint {
@@ -344,6 +350,7 @@ impl RunPlan {
             seq_len: self.data.seq_len,
             activation_checkpointing: self.train.activation_checkpointing,
             replicas: self.devices.replicas(),
+            head_chunk: self.train.head_chunk,
         }
     }
 

@@ -415,6 +415,11 @@ pub struct TrainConfig {
     /// Quantisation-aware training: fake-quantised linear weights from a step on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qat: Option<QatConfig>,
+    /// Tokens whose LM-head logits exist at once: the head and the loss run over the micro-batch
+    /// in chunks of this many (default: as many as fit 2^26 logits). `0`: the whole micro-batch
+    /// under the step's graph, the unchunked reference (for A/B benchmarks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_chunk: Option<usize>,
 }
 
 /// `[train.qat]`: from `start_step` on, the forward pass sees every linear weight quantised to

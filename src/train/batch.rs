@@ -56,13 +56,12 @@ pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
     }
 }
 
-/// The student's logits at every predicting position, `[rows, T] → [rows·(T−1), V]`, and the
-/// forward's router terms.
-pub fn position_logits(model: &K3Mini, tokens: Tensor<2, Int>) -> (Tensor<2>, RouterTerms) {
-    let (logits, routers) = RouterTerms::split(model.forward_with(tokens, None)); // [rows, T, V]
-    let [rows, t, v] = logits.dims();
-    (
-        logits.narrow(1, 0, t - 1).reshape([rows * (t - 1), v]),
-        routers,
-    )
+/// The LM head's input at every predicting position, `[rows, T] → [rows·(T−1), d]` (documents
+/// packed with `starts`), and the forward's router terms.
+pub fn position_hidden(
+    model: &K3Mini,
+    tokens: Tensor<2, Int>,
+    starts: Option<&Tensor<2>>,
+) -> (Tensor<2>, RouterTerms) {
+    RouterTerms::split(model.trunk(tokens, starts))
 }

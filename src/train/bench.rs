@@ -21,6 +21,10 @@ pub struct RecipeBench {
     pub median_step_s: f64,
     /// Peak resident memory of the process over the run.
     pub peak_rss_bytes: Option<usize>,
+    /// Resident memory before the run began (the binary, its libraries, the allocator's pools).
+    pub baseline_rss_bytes: Option<usize>,
+    /// Model FLOPs of one training token (`k3mini_student::info::train_flops_per_token`).
+    pub flops_per_token: f64,
 }
 
 /// Runs `steps` optimizer steps of `recipe` in a scratch directory (removed afterwards).
@@ -30,6 +34,7 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     }
     let out = std::env::temp_dir().join(format!("k3mini-bench-{}", std::process::id()));
     std::fs::remove_dir_all(&out).ok();
+    let baseline_rss_bytes = k3mini_student::bench::rss_bytes();
     let opts = TrainOptions {
         out_dir: Some(out.clone()),
         stop_after: Some(steps),
@@ -58,6 +63,11 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
         median_tokens_per_s: median,
         median_step_s: tokens as f64 / median,
         peak_rss_bytes: lines.iter().filter_map(|m| m.peak_rss_bytes).max(),
+        baseline_rss_bytes,
+        flops_per_token: k3mini_student::info::train_flops_per_token(
+            &plan.model,
+            plan.data.seq_len,
+        ),
     })
 }
 

@@ -14,7 +14,7 @@ use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
 use crate::run_dir::DataCursor;
-use crate::train::batch::{flatten, position_logits};
+use crate::train::batch::{flatten, position_hidden};
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{MicroBatch, TrainingObjective};
 use burn::tensor::{Tensor, TensorData};
@@ -27,8 +27,10 @@ use k3mini_data::signals::{
 use k3mini_data::stream::is_held_out;
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
-    Objective, masked_mean, objective_per_position, router_kl, sample_targets, teacher_buckets,
+    Objective, masked_count, masked_mean, masked_share, objective_per_position, router_kl,
+    sample_targets, teacher_buckets,
 };
+use k3mini_student::head::{HeadChunks, head_loss};
 use k3mini_student::moe::Route;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
@@ -327,18 +329,19 @@ fn router_kl_loss(
     total / rk.design.layers.len() as f64
 }
 
-/// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`. `seed`
-/// draws the sampled-KD targets.
+/// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`, the LM head
+/// and the objectives run `chunks` of positions at a time. `seed` draws the sampled-KD targets.
 pub fn distill_loss(
     model: &K3Mini,
     batch: &SignalBatch,
     distill: &DistillPlan,
     temperature: f64,
+    chunks: HeadChunks,
     seed: u64,
 ) -> MicroBatch {
     let device = model.lm_head.weight.device();
     let mut flat = flatten(batch, &device);
-    let (logits, routers) = position_logits(model, flat.tokens.clone());
+    let (hidden, routers) = position_hidden(model, flat.tokens.clone(), None);
     let sampled = distill.objectives.iter().find_map(|o| match o.objective {
         Objective::Sampled { samples } => Some(samples),
         _ => None,
@@ -355,21 +358,29 @@ pub fn distill_loss(
         let freq = sample_targets(&probs, k1, samples, &mut || uniform(&mut state));
         flat.teacher.sampled = Some(Tensor::from_data(TensorData::new(freq, [n, k1]), &device));
     }
-    let loss = distill
-        .objectives
-        .iter()
-        .map(|o| {
-            let per = objective_per_position(
-                o.objective,
-                logits.clone(),
-                flat.targets.clone(),
-                &flat.teacher,
-                temperature,
-                distill.tau,
-            );
-            masked_mean(per, flat.mask.clone()) * o.weight
-        })
-        .fold(Tensor::zeros([1], &device), |a, b| a + b);
+    let count = masked_count(flat.mask.clone());
+    let loss = head_loss(model, hidden, chunks, |logits, rows| {
+        let (targets, mask) = (
+            flat.targets.clone().narrow(0, rows.start, rows.len()),
+            flat.mask.clone().narrow(0, rows.start, rows.len()),
+        );
+        let teacher = flat.teacher.rows(rows);
+        distill
+            .objectives
+            .iter()
+            .map(|o| {
+                let per = objective_per_position(
+                    o.objective,
+                    logits.clone(),
+                    targets.clone(),
+                    &teacher,
+                    temperature,
+                    distill.tau,
+                );
+                masked_share(per, mask.clone(), count.clone()) * o.weight
+            })
+            .fold(Tensor::zeros([1], &device), |a, b| a + b)
+    });
     let loss = match &distill.router_kl {
         Some(rk) => loss + router_kl_loss(&routers.routing, batch, rk, &device) * rk.weight,
         None => loss,
@@ -387,6 +398,7 @@ pub struct Shards {
     distill: DistillPlan,
     temperature: f64,
     rows: usize,
+    chunks: HeadChunks,
     held: HeldOut,
 }
 
@@ -408,6 +420,7 @@ impl Shards {
             distill: distill.clone(),
             temperature: signals.temperature,
             rows,
+            chunks: plan.head_chunks(),
         })
     }
 }
@@ -420,6 +433,7 @@ impl TrainingObjective for Shards {
             &batch,
             &self.distill,
             self.temperature,
+            self.chunks,
             seed,
         ))
     }

@@ -8,7 +8,7 @@
 
 use crate::error::Result;
 use crate::recipe::RunPlan;
-use crate::train::batch::{flatten, packed_tensors, position_logits};
+use crate::train::batch::{flatten, packed_tensors, position_hidden};
 use burn::tensor::Device;
 use k3mini_data::signals::SignalBatch;
 use k3mini_data::stream::Split;
@@ -162,7 +162,7 @@ fn signals_eval(
     let (mut ce, mut kl, mut agree, mut count) = (0.0, 0.0, 0.0, 0.0);
     for b in batches {
         let flat = flatten(b, device);
-        let logits = position_logits(model, flat.tokens.clone()).0;
+        let logits = model.head(position_hidden(model, flat.tokens.clone(), None).0);
         let weight = flat.mask.clone().sum().into_scalar::<f32>() as f64;
         let per = |o| {
             let v = objective_per_position(

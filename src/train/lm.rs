@@ -4,18 +4,21 @@
 use crate::error::Result;
 use crate::recipe::RunPlan;
 use crate::run_dir::DataCursor;
-use crate::train::batch::packed_tensors;
+use crate::train::batch::{packed_tensors, position_hidden};
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, RouterTerms, TrainingObjective};
+use crate::train::objective::{MicroBatch, TrainingObjective};
 use k3mini_data::signals::SignalCursor;
 use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{PackCursor, Packer, Tokenizer};
 use k3mini_student::K3Mini;
-use k3mini_student::loss::next_token_cross_entropy;
+use k3mini_student::distill::{masked_count, masked_share};
+use k3mini_student::head::{HeadChunks, head_loss};
+use k3mini_student::loss::cross_entropy;
 
 pub struct Lm {
     packer: Packer<DocStream>,
     rows: usize,
+    chunks: HeadChunks,
     held: HeldOut,
 }
 
@@ -30,6 +33,7 @@ impl Lm {
         Ok(Self {
             packer: crate::corpus::row_packer(data, tokenizer, plan.seed, Split::Train, cursor)?,
             rows,
+            chunks: plan.head_chunks(),
             held: HeldOut::documents(plan, tokenizer, rows, plan.train.eval_batches)?,
         })
     }
@@ -39,9 +43,19 @@ impl TrainingObjective for Lm {
     fn micro_batch(&mut self, model: &K3Mini, _seed: u64) -> Result<MicroBatch> {
         let batch = self.packer.next_batch(self.rows)?;
         let (tokens, starts, mask) = packed_tensors(&batch, &model.lm_head.weight.device());
-        let (logits, routers) = RouterTerms::split(model.forward_packed(tokens.clone(), starts));
+        let (hidden, routers) = position_hidden(model, tokens.clone(), Some(&starts));
+        // Position t predicts token t + 1: [rows, T] → [rows·(T−1)].
+        let (n, t) = (hidden.dims()[0], batch.seq_len);
+        let targets = tokens.narrow(1, 1, t - 1).reshape([n]);
+        let mask = mask.narrow(1, 0, t - 1).reshape([n]);
+        let count = masked_count(mask.clone());
+        let loss = head_loss(model, hidden, self.chunks, |logits, rows| {
+            let targets = targets.clone().narrow(0, rows.start, rows.len());
+            let mask = mask.clone().narrow(0, rows.start, rows.len());
+            masked_share(cross_entropy(logits, targets), mask, count.clone())
+        });
         Ok(MicroBatch {
-            loss: next_token_cross_entropy(logits, tokens, Some(mask)),
+            loss,
             routers,
             on_policy: None,
         })

@@ -16,7 +16,7 @@ use crate::train::held_out::HeldOut;
 use burn::tensor::Tensor;
 use k3mini_data::signals::SignalCursor;
 use k3mini_student::moe::{ExpertLoad, Route};
-use k3mini_student::{K3Mini, ModelOutput};
+use k3mini_student::{K3Mini, Trunk};
 
 /// What one micro-batch gave.
 pub struct MicroBatch {
@@ -38,14 +38,16 @@ pub struct RouterTerms {
 }
 
 impl RouterTerms {
-    /// Splits a forward into its logits `[B, T, V]` and its routers' terms.
-    pub fn split(out: ModelOutput) -> (Tensor<3>, Self) {
+    /// Splits a forward into the LM head's input at the predicting positions `[B·(T−1), d]`
+    /// and its routers' terms.
+    pub fn split(out: Trunk) -> (Tensor<2>, Self) {
+        let hidden = out.predicting();
         let terms = Self {
             expert_load: out.expert_load,
             balance_loss: out.balance_loss,
             routing: out.routing,
         };
-        (out.logits, terms)
+        (hidden, terms)
     }
 }
 

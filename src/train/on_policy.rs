@@ -1,6 +1,6 @@
 //! On-policy distillation: the student samples continuations of the recipe's prompts, the teacher
 //! scores the student's own tokens, and the student follows the per-token reverse-KL advantage
-//! `A_t = log p(x_t) − log q(x_t)` (`k3mini_student::distill::on_policy_loss`). A recipe mixes
+//! `A_t = log p(x_t) − log q(x_t)` (`k3mini_student::distill::on_policy_per_position`). A recipe mixes
 //! these micro-batches with offline ones (`[distill.on_policy] mix`).
 //!
 //! Prompts are taken in a seeded per-epoch order from a cursor stored in checkpoints; sampling is
@@ -10,16 +10,19 @@ use crate::bail;
 use crate::error::Result;
 use crate::recipe::{DistillPlan, ModePlan, RunPlan};
 use crate::run_dir::DataCursor;
+use crate::train::batch::position_hidden;
 use crate::train::distill::Shards;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, OnPolicyStats, RouterTerms, TrainingObjective};
+use crate::train::objective::{MicroBatch, OnPolicyStats, TrainingObjective};
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
 use k3mini_data::rng::uniform;
 use k3mini_data::signals::{SignalCursor, take_in_epoch_order};
 use k3mini_student::K3Mini;
-use k3mini_student::distill::on_policy_loss;
+use k3mini_student::distill::{masked_count, masked_share, on_policy_per_position};
 use k3mini_student::generate::{argmax, decode};
+use k3mini_student::head::{HeadChunks, head_loss};
+use k3mini_student::loss::cross_entropy;
 use k3mini_teacher::generate::PromptIds;
 use k3mini_teacher::score::score_many;
 use k3mini_teacher::{Teacher, sample};
@@ -61,6 +64,7 @@ pub struct Sampler {
     pub concurrency: usize,
     pub seed: u64,
     pub cursor: SignalCursor,
+    pub chunks: HeadChunks,
 }
 
 impl Sampler {
@@ -115,22 +119,22 @@ impl Sampler {
                 .reshape([n])
         };
         let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
-        let (logits, routers) = RouterTerms::split(model.forward_with(tokens.clone(), None)); // [rows, T, V]
-        let v = logits.dims()[2];
-        let logits = logits.narrow(1, 0, t - 1).reshape([n, v]);
+        let (hidden, routers) = position_hidden(model, tokens.clone(), None); // [n, d]
         let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
-        let loss = on_policy_loss(
-            logits.clone(),
-            sampled.clone(),
-            teacher_lp.clone(),
-            mask.clone(),
-        );
-        // The statistics, from the same logits (no gradient needed).
-        let log_q = burn::tensor::activation::log_softmax(logits.detach(), 1)
-            .gather(1, sampled.reshape([n, 1]))
-            .reshape([n]);
-        let count = mask.clone().sum().into_scalar::<f32>() as f64;
-        let gap = ((log_q - teacher_lp) * mask).sum().into_scalar::<f32>() as f64;
+        let count = masked_count(mask.clone());
+        let mut gap = Tensor::<1>::zeros([1], &device).inner();
+        let loss = head_loss(model, hidden, self.chunks, |logits, rows| {
+            let at = |x: Tensor<1>| x.narrow(0, rows.start, rows.len());
+            let (mask, teacher_lp) = (at(mask.clone()), at(teacher_lp.clone()));
+            let sampled = sampled.clone().narrow(0, rows.start, rows.len());
+            // The statistics, from the same logits (no gradient needed).
+            let log_q = -cross_entropy(logits.clone().detach(), sampled.clone());
+            gap = gap.clone() + ((log_q - teacher_lp.clone()) * mask.clone()).sum().inner();
+            let per = on_policy_per_position(logits, sampled, teacher_lp);
+            masked_share(per, mask, count.clone())
+        });
+        let gap = gap.into_scalar::<f32>() as f64;
+        let count = mask.sum().into_scalar::<f32>() as f64;
         Ok(MicroBatch {
             loss,
             routers,
@@ -193,6 +197,7 @@ impl OnPolicy {
             concurrency: distill.teacher.concurrency,
             seed: plan.seed,
             cursor: prompts,
+            chunks: plan.head_chunks(),
         };
         Ok(Self {
             offline,

@@ -18,6 +18,7 @@ use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble};
 use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{TokenDoc, Tokenizer};
 use k3mini_student::K3Mini;
+use k3mini_student::head::HeadChunks;
 use k3mini_teacher::score::score_many;
 use k3mini_teacher::{LOGPROB_TEMPERATURE, Teacher};
 use std::sync::Arc;
@@ -236,6 +237,7 @@ pub fn held_out(
 pub struct Online {
     stream: OnlineStream,
     distill: DistillPlan,
+    chunks: HeadChunks,
     held: HeldOut,
 }
 
@@ -259,6 +261,7 @@ impl Online {
         Ok(Self {
             stream: OnlineStream::new(teacher, train, spec, plan.train.micro_batch),
             distill: distill.clone(),
+            chunks: plan.head_chunks(),
             held,
         })
     }
@@ -272,6 +275,7 @@ impl TrainingObjective for Online {
             &batch,
             &self.distill,
             LOGPROB_TEMPERATURE,
+            self.chunks,
             seed,
         ))
     }

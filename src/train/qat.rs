@@ -223,4 +223,51 @@ mod tests {
             assert!(w.iter().zip(&wq).any(|(x, y)| x != y));
         }
     }
+
+    #[test]
+    fn a_chunked_head_gives_the_fake_quantised_heads_gradients() {
+        use k3mini_student::head::{HeadChunks, head_loss};
+        use k3mini_student::loss::cross_entropy;
+        let device = Device::default().autodiff();
+        let cfg = k3mini_student::presets::from_recipe_toml(
+            "[model]\npreset = \"tiny\"\nvocab_size = 256\nd_model = 64\n",
+        )
+        .unwrap();
+        device.seed(7);
+        let model = K3Mini::new(&cfg, &device).unwrap();
+        let ids = Tensor::<2, Int>::from_data(
+            TensorData::new((0..48).map(|i| (i * 11 % 256) as i64).collect(), [2, 24]),
+            &device,
+        );
+        let targets = ids.clone().narrow(1, 1, 23).reshape([46]);
+        let mut quantizer = FakeQuantizer::new(QatFormat::Q4_0);
+        // Gradients reaching the f32 weights: the head's (through the STE) and the embedding's.
+        let mut grads = |chunks| {
+            // A fake-quantised model per backward, as training makes one per micro-batch.
+            let fq = quantizer.apply(&model);
+            let hidden = fq.trunk(ids.clone(), None).predicting();
+            let loss = head_loss(&fq, hidden, chunks, |logits, r| {
+                cross_entropy(logits, targets.clone().narrow(0, r.start, r.len())).sum() / 46.0
+            });
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let take = |g: Tensor<2>| -> Vec<f32> { g.into_data().try_into_vec().unwrap() };
+            (
+                take(grads.get::<2>(model.lm_head.weight.id).unwrap()),
+                take(grads.get::<2>(model.model.embed_tokens.weight.id).unwrap()),
+            )
+        };
+        let (head, embed) = grads(HeadChunks::Whole);
+        let (head_c, embed_c) = grads(HeadChunks::Tokens(5));
+        for (name, a, b) in [("lm_head", head_c, head), ("embed", embed_c, embed)] {
+            let scale = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = a
+                .iter()
+                .zip(&b)
+                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(
+                scale > 0.0 && worst <= 1e-5 * scale,
+                "{name}: {worst} of {scale}"
+            );
+        }
+    }
 }

@@ -1,11 +1,13 @@
 //! Throughput and memory measurements behind `k3mini bench` (numbers go in the README, not in tests).
 
 use crate::config::{KdaKernel, ModelConfig};
-use crate::loss::next_token_cross_entropy;
+use crate::head::{HeadChunks, head_loss};
+use crate::info::train_flops_per_token;
+use crate::loss::cross_entropy;
 use crate::model::K3Mini;
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData, activation};
-use k3mini_kernels::{KdaInputs, chunk_kda, kda::default_scale, naive_recurrent_kda};
+use k3mini_kernels::{KdaInputs, kda::default_scale};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
@@ -20,6 +22,11 @@ fn proc_kib(file: &str, key: &str) -> Option<usize> {
 /// Peak resident memory of this process (VmHWM), in bytes; `None` off Linux.
 pub fn peak_rss_bytes() -> Option<usize> {
     proc_kib("/proc/self/status", "VmHWM:")
+}
+
+/// Resident memory of this process now (VmRSS), in bytes; `None` off Linux.
+pub fn rss_bytes() -> Option<usize> {
+    proc_kib("/proc/self/status", "VmRSS:")
 }
 
 /// This machine's memory (MemTotal), in bytes; `None` off Linux.
@@ -39,13 +46,49 @@ pub struct TrainStepBench {
     pub params: usize,
     pub batch: usize,
     pub seq_len: usize,
-    pub kernel: String,
+    pub kernel: KdaKernel,
+    /// How the LM head and loss ran.
+    pub head: HeadChunks,
     pub steps: usize,
     /// Tokens per second through forward + backward (no optimizer step).
     pub tokens_per_s: f64,
     pub ms_per_step: f64,
     /// Peak RSS during the measured steps (weights included), when the OS reports it.
     pub peak_rss_bytes: Option<usize>,
+    /// Model FLOPs per second ([`crate::info::train_flops_per_token`] × tokens/s).
+    pub model_gflops: f64,
+    /// This device's f32 peak as measured in the same process: the best of [`matmul_gflops`].
+    pub peak_gflops: f64,
+}
+
+impl TrainStepBench {
+    /// Model FLOPs utilisation: the share of the measured f32 peak the step reaches.
+    pub fn mfu(&self) -> f64 {
+        self.model_gflops / self.peak_gflops
+    }
+}
+
+/// Square f32 matmuls `n × n · n × n` on `device`: the best GFLOP/s of `reps` (after a warm-up),
+/// the practical peak a training step's FLOPs are measured against.
+pub fn matmul_gflops(n: usize, reps: usize, device: &Device) -> f64 {
+    let a = Tensor::<2>::random([n, n], Distribution::Normal(0.0, 1.0), device);
+    let b = Tensor::<2>::random([n, n], Distribution::Normal(0.0, 1.0), device);
+    let run = || {
+        let start = Instant::now();
+        // Reading one value waits for the product on asynchronous backends.
+        let _ = a
+            .clone()
+            .matmul(b.clone())
+            .narrow(0, 0, 1)
+            .narrow(1, 0, 1)
+            .into_scalar::<f32>();
+        start.elapsed().as_secs_f64()
+    };
+    run();
+    let best = (0..reps.max(1))
+        .map(|_| run())
+        .fold(f64::INFINITY, f64::min);
+    2.0 * (n as f64).powi(3) / best / 1e9
 }
 
 fn random_tokens(batch: usize, seq_len: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {
@@ -55,20 +98,28 @@ fn random_tokens(batch: usize, seq_len: usize, vocab: usize, device: &Device) ->
     Tensor::from_data(TensorData::new(ids, [batch, seq_len]), device)
 }
 
-/// Forward + backward of the next-token loss, `steps` times after one warm-up step.
+/// Forward + backward of the next-token loss, the head in `head`'s chunks, `steps` times after
+/// one warm-up step.
 pub fn bench_train_step(
     name: &str,
     config: &ModelConfig,
     batch: usize,
     seq_len: usize,
     steps: usize,
+    head: HeadChunks,
     device: &Device,
 ) -> TrainStepBench {
+    let peak_gflops = matmul_gflops(1024, 10, device);
     let device = device.clone().autodiff();
     let model = K3Mini::new(config, &device).expect("valid bench config");
     let tokens = random_tokens(batch, seq_len, config.vocab_size, &device);
+    let n = batch * (seq_len - 1);
+    let targets = tokens.clone().narrow(1, 1, seq_len - 1).reshape([n]);
     let step = || {
-        let loss = next_token_cross_entropy(model.forward(tokens.clone()), tokens.clone(), None);
+        let hidden = model.trunk(tokens.clone(), None).predicting();
+        let loss = head_loss(&model, hidden, head, |logits, r| {
+            cross_entropy(logits, targets.clone().narrow(0, r.start, r.len())).sum() / n as f64
+        });
         let grads = loss.backward();
         drop(grads);
     };
@@ -79,16 +130,20 @@ pub fn bench_train_step(
         step();
     }
     let secs = start.elapsed().as_secs_f64();
+    let tokens_per_s = (batch * seq_len * steps) as f64 / secs;
     TrainStepBench {
         name: name.into(),
         params: model.num_params(),
         batch,
         seq_len,
-        kernel: format!("{:?}", config.kda.kernel).to_lowercase(),
+        kernel: config.kda.kernel,
+        head,
         steps,
-        tokens_per_s: (batch * seq_len * steps) as f64 / secs,
+        tokens_per_s,
         ms_per_step: 1e3 * secs / steps as f64,
         peak_rss_bytes: peak_rss_bytes(),
+        model_gflops: train_flops_per_token(config, seq_len) * tokens_per_s / 1e9,
+        peak_gflops,
     }
 }
 
@@ -130,19 +185,22 @@ pub fn bench_kda(
         starts: None,
     };
     let scale = default_scale(head_dim);
-    [KdaKernel::Naive, KdaKernel::Chunk]
+    [KdaKernel::Naive, KdaKernel::Composed, KdaKernel::Chunk]
         .into_iter()
         .map(|kernel| {
             let run = |backward: bool| {
-                let q = x.q.clone().require_grad();
+                // With a backward every input is a leaf, as in a layer: each form computes all
+                // five gradients. The forward alone records no graph.
+                let leaf = |t: &Tensor<4>| t.clone().set_require_grad(backward);
                 let inputs = KdaInputs {
-                    q: q.clone(),
-                    ..x.clone()
+                    q: leaf(&x.q),
+                    k: leaf(&x.k),
+                    v: leaf(&x.v),
+                    g: leaf(&x.g),
+                    beta: x.beta.clone().set_require_grad(backward),
+                    starts: None,
                 };
-                let out = match kernel {
-                    KdaKernel::Naive => naive_recurrent_kda(&inputs, scale, None),
-                    KdaKernel::Chunk => chunk_kda(&inputs, scale, None, 64),
-                };
+                let out = kernel.apply(&inputs, scale, None, 64);
                 if backward {
                     let _ = out.o.sum().backward();
                 } else {

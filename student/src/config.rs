@@ -51,9 +51,13 @@ pub struct KdaConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum KdaKernel {
-    /// Chunkwise-parallel WY/UT form.
+    /// Chunkwise-parallel WY/UT form as one op that keeps its inputs and the chunk-boundary
+    /// states and recomputes the rest in its backward (`k3mini_kernels::fused_chunk_kda`).
     #[default]
     Chunk,
+    /// The same form composed of tensor ops, every intermediate kept for the backward
+    /// (reference; the same forward values, more memory).
+    Composed,
     /// Token-by-token recurrence (reference; slow).
     Naive,
 }

@@ -71,6 +71,18 @@ pub struct TeacherTopK {
     pub sampled: Option<Tensor<2>>,
 }
 
+impl TeacherTopK {
+    /// The positions `rows` of every field.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        let take = |x: Tensor<2>| x.narrow(0, rows.start, rows.len());
+        Self {
+            ids: self.ids.clone().narrow(0, rows.start, rows.len()),
+            logprobs: take(self.logprobs.clone()),
+            sampled: self.sampled.clone().map(take),
+        }
+    }
+}
+
 /// `log(a e^x + b e^y)` elementwise, stably (mixtures of distributions given as logs).
 fn log_mix(a: f64, x: Tensor<2>, b: f64, y: Tensor<2>) -> Tensor<2> {
     let m = x.clone().max_pair(y.clone());
@@ -110,7 +122,19 @@ pub fn student_buckets(log_q: Tensor<2>, ids: Tensor<2, Int>) -> (Tensor<2>, Ten
 
 /// Masked mean of per-position losses `[N]` (an all-zero mask gives 0 with zero gradient).
 pub fn masked_mean(per_position: Tensor<1>, mask: Tensor<1>) -> Tensor<1> {
-    (per_position * mask.clone()).sum() / mask.sum().clamp_min(1.0)
+    masked_share(per_position, mask.clone(), masked_count(mask))
+}
+
+/// The denominator of [`masked_mean`]: `max(Σ_n m_n, 1)`, `[1]`.
+pub fn masked_count(mask: Tensor<1>) -> Tensor<1> {
+    mask.sum().clamp_min(1.0)
+}
+
+/// A chunk of positions' share of a masked mean whose denominator `count` ([`masked_count`]) is
+/// the whole batch's: `Σ_{n ∈ chunk} m_n L_n / count`. The shares of a batch's chunks sum to its
+/// masked mean.
+pub fn masked_share(per_position: Tensor<1>, mask: Tensor<1>, count: Tensor<1>) -> Tensor<1> {
+    (per_position * mask).sum() / count
 }
 
 /// Per-position loss `[N]` of one objective. `logits [N, V]`, `targets [N]` (the actual next ids,
@@ -125,8 +149,7 @@ pub fn objective_per_position(
 ) -> Tensor<1> {
     let [n, _] = logits.dims();
     if objective == Objective::CrossEntropy {
-        let log_q = activation::log_softmax(logits, 1);
-        return -log_q.gather(1, targets.reshape([n, 1])).reshape([n]);
+        return crate::loss::cross_entropy(logits, targets);
     }
     let log_q = activation::log_softmax(logits / tau, 1);
     let (q_hat, q_k) = student_buckets(log_q, teacher.ids.clone());
@@ -194,7 +217,8 @@ pub fn sample_targets(
     out
 }
 
-/// On-policy distillation's policy-gradient loss on the student's own samples `x_t`:
+/// On-policy distillation's policy-gradient loss on the student's own samples `x_t`, per position
+/// (the loss is their [`masked_mean`]):
 ///
 /// ```text
 /// A_t = −(log q(x_t) − log p(x_t))        per-token reverse-KL advantage, held constant
@@ -203,16 +227,12 @@ pub fn sample_targets(
 /// Its gradient is the REINFORCE estimate of `∇ KL(q ‖ p)` along the sampled path (Thinking
 /// Machines, "On-Policy Distillation"). `logits [N, V]` at the positions that predicted `sampled [N]`;
 /// `teacher_logprobs [N]` = `log p(x_t)` from scoring the student's sequence.
-pub fn on_policy_loss(
+pub fn on_policy_per_position(
     logits: Tensor<2>,
     sampled: Tensor<1, Int>,
     teacher_logprobs: Tensor<1>,
-    mask: Tensor<1>,
 ) -> Tensor<1> {
-    let n = logits.dims()[0];
-    let log_q = activation::log_softmax(logits, 1)
-        .gather(1, sampled.reshape([n, 1]))
-        .reshape([n]);
+    let log_q = -crate::loss::cross_entropy(logits, sampled);
     let advantage = (teacher_logprobs - log_q.clone()).detach();
-    masked_mean(-(advantage * log_q), mask)
+    -(advantage * log_q)
 }

@@ -2,7 +2,8 @@
 //! exact parameter counts per component, a training-memory estimate and inference-state sizes.
 //! `tests/it/config_and_info.rs` checks the counts against instantiated models.
 
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::{KdaKernel, LayerKind, ModelConfig};
+use crate::head::HeadChunks;
 use serde::Serialize;
 
 /// Parameters per component. Every field is an exact count.
@@ -137,6 +138,37 @@ pub fn active_params(c: &ModelConfig) -> usize {
     }
 }
 
+/// Model FLOPs of one training token (forward + backward, the convention of PaLM's MFU): `6` per
+/// weight a token multiplies by (active parameters less the embedding table, which is a lookup),
+/// and the token mixers' sequence terms, forward `×3`:
+///
+/// ```text
+/// MLA, causal (a token attends to (T + 1)/2 on average):  2 · h · (d_qk + d_v) · (T + 1)/2
+/// KDA, chunk C: intra-chunk scores and their use          2 · h · C · (2 d_k + d_v)
+///               state read, write and output               2 · h · 3 · d_k · d_v
+/// ```
+/// (KDA's `d_k = d_v`: one `kda.head_dim`.)
+pub fn train_flops_per_token(c: &ModelConfig, seq_len: usize) -> f64 {
+    let kinds = c.layer_kinds().expect("validated config");
+    let (h, m) = (c.n_heads as f64, &c.mla);
+    let (dk, chunk) = (c.kda.head_dim as f64, c.kda.chunk_size.min(seq_len) as f64);
+    let mla = 2.0
+        * h
+        * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) as f64
+        * (seq_len as f64 + 1.0)
+        / 2.0;
+    let kda = 2.0 * h * chunk * 3.0 * dk + 2.0 * h * 3.0 * dk * dk;
+    let mixers: f64 = kinds
+        .iter()
+        .map(|k| match k {
+            LayerKind::Kda => kda,
+            LayerKind::Mla => mla,
+        })
+        .sum();
+    let matmul_params = (active_params(c) - param_breakdown(c).embedding) as f64;
+    6.0 * matmul_params + 3.0 * mixers
+}
+
 /// How a training step is laid out on devices, for [`training_memory`].
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Footprint {
@@ -147,6 +179,8 @@ pub struct Footprint {
     pub activation_checkpointing: bool,
     /// Data-parallel replicas (1: one device).
     pub replicas: usize,
+    /// `train.head_chunk` (see [`HeadChunks::resolve`]); unset, the default.
+    pub head_chunk: Option<usize>,
 }
 
 impl Footprint {
@@ -156,9 +190,14 @@ impl Footprint {
             seq_len,
             activation_checkpointing: false,
             replicas: 1,
+            head_chunk: None,
         }
     }
 }
+
+/// `[c, V]` tensors a chunk of the head holds at its peak: the logits, the log-softmax the loss
+/// keeps, and in the chunk's backward the gradients of both.
+pub const HEAD_CHUNK_COPIES: usize = 4;
 
 /// The share of the activation estimate that balanced checkpointing keeps. Measured: smoke-300m
 /// at 2 x 256 (`k3mini bench train recipes/smoke-300m.toml --steps 2`, with and without
@@ -177,8 +216,39 @@ pub struct TrainingMemory {
     pub adamw: usize,
     /// One other replica's gradients, moved to the main device to be summed (0 on one device).
     pub replica_grads: usize,
-    /// Values the autodiff graph keeps for backward (an estimate from the layer formulas).
+    /// Values the autodiff graph keeps for backward (an estimate from the layer formulas): the
+    /// trunk's parts (× [`CHECKPOINTED_ACTIVATIONS`] with checkpointing), the head's and the
+    /// fused KDA backward's.
     pub activations: usize,
+    /// The activations by part, before checkpointing.
+    pub parts: ActivationParts,
+}
+
+/// A micro-batch's activation bytes by where they are kept.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ActivationParts {
+    /// KDA token mixers, all layers.
+    pub kda: usize,
+    /// Gated MLA token mixers, all layers.
+    pub mla: usize,
+    /// Dense and MoE FFNs, all layers.
+    pub ffn: usize,
+    /// Norms and residual streams of every layer, the embedding output.
+    pub residual: usize,
+    /// The LM head and its loss: with chunks, the gradient of the head's input per token, one
+    /// chunk's `[c, V]` tensors ([`HEAD_CHUNK_COPIES`]) and the head weight's gradient twice
+    /// (accumulated and arriving); whole, the logits and their log-softmax for every token.
+    pub head: usize,
+    /// The fused KDA op's backward: one layer's intra-chunk terms recomputed, and their
+    /// gradients, while that layer is differentiated.
+    pub kda_recompute: usize,
+}
+
+impl ActivationParts {
+    /// Everything but the head: what activation checkpointing recomputes from.
+    pub fn trunk(&self) -> usize {
+        self.kda + self.mla + self.ffn + self.residual
+    }
 }
 
 impl TrainingMemory {
@@ -209,53 +279,67 @@ pub fn training_memory(c: &ModelConfig, f: &Footprint) -> TrainingMemory {
     let chunk = c.kda.chunk_size.min(seq_len.max(1));
     let m = &c.mla;
     // Saved values per token.
-    // KDA: projections, conv, gates and norms; the chunk kernel's decays within and across
-    // sub-chunks (k3mini_kernels::kda::chunk); the UT inverse's blocks; A_kk and A_qk.
+    // KDA: projections, conv, gates and norms; then the kernel. The fused op keeps its output
+    // and the state entering each chunk (dk·dv per head per chunk). The composed forms keep the
+    // chunk kernel's decays within and across sub-chunks (k3mini_kernels::kda::chunk), the UT
+    // inverse's blocks, A_kk and A_qk (the naive recurrence: more, not modelled).
     let sub = k3mini_kernels::kda::sub_chunk(chunk);
-    let kda = 15 * inner
-        + 3 * sub * inner
-        + 3 * (chunk / sub) * inner
-        + sub * sub * h
-        + 2 * chunk * h
-        + 3 * c.kda.head_dim
-        + h;
+    let composed_kernel =
+        3 * sub * inner + 3 * (chunk / sub) * inner + sub * sub * h + 2 * chunk * h;
+    let kernel = match c.kda.kernel {
+        KdaKernel::Chunk => inner + inner * c.kda.head_dim / chunk,
+        KdaKernel::Composed | KdaKernel::Naive => composed_kernel,
+    };
+    let kda = 15 * inner + kernel + 3 * c.kda.head_dim + h;
     let mla = h * (m.qk_nope_head_dim + m.qk_rope_head_dim) * 2
         + 2 * (m.kv_lora_rank + m.qk_rope_head_dim)
         + h * (m.qk_nope_head_dim + m.v_head_dim)
         + 2 * h * seq_len // scores and softmax
         + 3 * h * m.v_head_dim;
-    let per_token: usize = kinds
-        .iter()
-        .enumerate()
-        .map(|(i, kind)| {
-            let mixer = match kind {
-                LayerKind::Kda => kda,
-                LayerKind::Mla => mla,
-            };
-            let ffn = match &c.moe {
-                Some(moe) if c.is_moe_layer(i) => {
-                    4 * moe.expert_hidden * (moe.top_k + moe.num_shared_experts)
-                        + 2 * moe.num_experts
-                }
-                _ => 4 * c.ffn_hidden,
-            };
-            6 * d + mixer + ffn
-        })
-        .sum::<usize>()
-        + 2 * c.vocab_size
-        + 2 * d;
-    let activations = per_token * batch * seq_len * F32;
+    let tokens = batch * seq_len;
+    let bytes = |per_token: usize| per_token * tokens * F32;
+    let mut parts = ActivationParts::default();
+    for (i, kind) in kinds.iter().enumerate() {
+        match kind {
+            LayerKind::Kda => parts.kda += bytes(kda),
+            LayerKind::Mla => parts.mla += bytes(mla),
+        }
+        parts.ffn += bytes(match &c.moe {
+            Some(moe) if c.is_moe_layer(i) => {
+                4 * moe.expert_hidden * (moe.top_k + moe.num_shared_experts) + 2 * moe.num_experts
+            }
+            _ => 4 * c.ffn_hidden,
+        });
+        parts.residual += bytes(6 * d);
+    }
+    // The final norm's input and output.
+    parts.residual += bytes(2 * d);
+    // The fused op's backward recomputes one layer's composed-kernel terms at a time, with their
+    // gradients on the backward's own graph.
+    if c.kda.kernel == KdaKernel::Chunk && kinds.contains(&LayerKind::Kda) {
+        parts.kda_recompute = 2 * bytes(composed_kernel);
+    }
+    let v = c.vocab_size;
+    let chunks = HeadChunks::resolve(f.head_chunk, v);
+    parts.head = if chunks.cuts(tokens) {
+        bytes(d) + HEAD_CHUNK_COPIES * chunks.tokens_at_once(tokens) * v * F32 + 2 * d * v * F32
+    } else {
+        bytes(2 * v)
+    };
+    let trunk = parts.trunk();
+    let trunk = if f.activation_checkpointing {
+        (trunk as f64 * CHECKPOINTED_ACTIVATIONS) as usize
+    } else {
+        trunk
+    };
     TrainingMemory {
         footprint: *f,
         weights: params * F32,
         grads: params * F32,
         adamw: 2 * params * F32,
         replica_grads: if f.replicas > 1 { params * F32 } else { 0 },
-        activations: if f.activation_checkpointing {
-            (activations as f64 * CHECKPOINTED_ACTIVATIONS) as usize
-        } else {
-            activations
-        },
+        activations: trunk + parts.head + parts.kda_recompute,
+        parts,
     }
 }
 

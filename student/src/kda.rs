@@ -20,7 +20,10 @@ use crate::precision::Precision;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Distribution, Tensor, activation};
-use k3mini_kernels::{KdaInputs, chunk_kda, kda::default_scale, kda_step, naive_recurrent_kda};
+use k3mini_kernels::{
+    KdaInputs, KdaOutput, chunk_kda, fused_chunk_kda, kda::default_scale, kda_step,
+    naive_recurrent_kda,
+};
 
 /// Epsilon of the q/k L2 normalisation (as fla and transformers).
 const L2_EPS: f64 = 1e-6;
@@ -305,10 +308,7 @@ impl KimiDeltaAttention {
                 (o.unsqueeze_dim::<4>(1), s)
             }
             (_, s0) => {
-                let out = match self.kernel {
-                    KdaKernel::Chunk => chunk_kda(&inputs, scale, s0, self.chunk_size),
-                    KdaKernel::Naive => naive_recurrent_kda(&inputs, scale, s0),
-                };
+                let out = self.kernel.apply(&inputs, scale, s0, self.chunk_size);
                 (out.o, out.state)
             }
         };
@@ -324,5 +324,22 @@ impl KimiDeltaAttention {
             .reshape([b, t, h, hd]);
         let o = (self.o_norm.forward(o) * gate).reshape([b, t, inner]);
         self.precision.linear(&self.o_proj, o)
+    }
+}
+
+impl KdaKernel {
+    /// This kernel over a whole sequence (chunk length `chunk` where it chunks).
+    pub fn apply(
+        self,
+        x: &KdaInputs,
+        scale: f64,
+        initial_state: Option<Tensor<4>>,
+        chunk: usize,
+    ) -> KdaOutput {
+        match self {
+            KdaKernel::Chunk => fused_chunk_kda(x, scale, initial_state, chunk),
+            KdaKernel::Composed => chunk_kda(x, scale, initial_state, chunk),
+            KdaKernel::Naive => naive_recurrent_kda(x, scale, initial_state),
+        }
     }
 }

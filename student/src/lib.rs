@@ -2,7 +2,8 @@
 //! Attention Residuals and a small MoE variant.
 //!
 //! One file per layer, each with its equations: [`kda`], [`mla`], [`mlp`], [`moe`], [`norm`],
-//! [`attnres`]; the stack in [`model`]; shapes and validation in [`config`]; named shapes in
+//! [`attnres`]; the stack in [`model`]; the LM head and its loss in token chunks in [`head`];
+//! shapes and validation in [`config`]; named shapes in
 //! [`presets`]; analytic parameter/memory accounting in [`info`].
 
 pub mod attnres;
@@ -10,6 +11,7 @@ pub mod bench;
 pub mod config;
 pub mod distill;
 pub mod generate;
+pub mod head;
 pub mod hf;
 pub mod info;
 pub mod kda;
@@ -23,7 +25,7 @@ pub mod precision;
 pub mod presets;
 
 pub use config::{ConfigError, LayerKind, ModelConfig};
-pub use model::{InferenceState, K3Mini, ModelOutput};
+pub use model::{InferenceState, K3Mini, ModelOutput, Trunk};
 pub use presets::{PRESETS, preset};
 
 use burn::nn::{Initializer, Linear, LinearConfig};

@@ -1,6 +1,15 @@
-//! The language-modelling loss (the distillation losses arrive with the distillation issue).
+//! The language-modelling loss (the distillation losses are in [`crate::distill`]).
 
 use burn::tensor::{Int, Tensor, activation};
+
+/// Per-position cross-entropy `− log softmax(logits[n])[targets[n]]` `[N]`, for `logits [N, V]`
+/// and `targets [N]`.
+pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
+    let n = logits.dims()[0];
+    -activation::log_softmax(logits, 1)
+        .gather(1, targets.reshape([n, 1]))
+        .reshape([n])
+}
 
 /// Mean next-token cross-entropy over the positions `mask` keeps:
 ///

@@ -110,6 +110,29 @@ pub struct ModelOutput {
     pub balance_loss: Option<Tensor<1>>,
 }
 
+/// A forward without the LM head: what [`crate::head`] turns into a loss chunk by chunk.
+#[derive(Clone, Debug)]
+pub struct Trunk {
+    /// The final norm's output `[B, T, d_model]`, the LM head's input.
+    pub hidden: Tensor<3>,
+    pub expert_load: Vec<ExpertLoad>,
+    pub routing: Vec<Route>,
+    pub balance_loss: Option<Tensor<1>>,
+}
+
+impl Trunk {
+    /// The head's input at the positions that predict a next token (all but each row's last):
+    /// `[B, T, d] → [B·(T−1), d]`.
+    pub fn predicting(&self) -> Tensor<2> {
+        let [b, t, d] = self.hidden.dims();
+        assert!(t >= 2, "next-token losses need at least two tokens per row");
+        self.hidden
+            .clone()
+            .narrow(1, 0, t - 1)
+            .reshape([b * (t - 1), d])
+    }
+}
+
 impl K3Mini {
     /// Builds a randomly initialised model; the config is validated first.
     pub fn new(config: &ModelConfig, device: &Device) -> Result<Self, ConfigError> {
@@ -225,12 +248,38 @@ impl K3Mini {
         self.run(tokens, None, state)
     }
 
+    /// The training forward without the LM head: `tokens [B, T]` (packed documents with
+    /// `starts`) → the head's input `[B, T, d]`, for [`crate::head::head_loss`].
+    pub fn trunk(&self, tokens: Tensor<2, Int>, starts: Option<&Tensor<2>>) -> Trunk {
+        self.run_trunk(tokens, starts, None)
+    }
+
+    /// The LM head: `hidden [.., d]` → logits `[.., vocab]`.
+    pub fn head<const D: usize>(&self, hidden: Tensor<D>) -> Tensor<D> {
+        self.config.precision.linear(&self.lm_head, hidden)
+    }
+
     fn run(
         &self,
         tokens: Tensor<2, Int>,
         starts: Option<&Tensor<2>>,
-        mut state: Option<&mut InferenceState>,
+        state: Option<&mut InferenceState>,
     ) -> ModelOutput {
+        let trunk = self.run_trunk(tokens, starts, state);
+        ModelOutput {
+            logits: self.head(trunk.hidden),
+            expert_load: trunk.expert_load,
+            routing: trunk.routing,
+            balance_loss: trunk.balance_loss,
+        }
+    }
+
+    fn run_trunk(
+        &self,
+        tokens: Tensor<2, Int>,
+        starts: Option<&Tensor<2>>,
+        mut state: Option<&mut InferenceState>,
+    ) -> Trunk {
         let t = tokens.dims()[1];
         let embedded = self.model.embed_tokens.forward(tokens);
         let block = self.config.attn_res.as_ref().map(|a| a.block_size);
@@ -299,11 +348,8 @@ impl K3Mini {
         if let Some(s) = state {
             s.position += t;
         }
-        ModelOutput {
-            logits: self
-                .config
-                .precision
-                .linear(&self.lm_head, self.model.norm.forward(h)),
+        Trunk {
+            hidden: self.model.norm.forward(h),
             expert_load,
             routing,
             balance_loss,

@@ -52,12 +52,19 @@ impl Precision {
     pub fn linear<const D: usize>(self, l: &Linear, x: Tensor<D>) -> Tensor<D> {
         match self {
             Precision::F32 => l.forward(x),
-            Precision::Bf16 => burn::tensor::module::linear(
-                x.cast(DType::BF16),
-                l.weight.val().cast(DType::BF16),
-                None,
-            )
-            .cast(DType::F32),
+            Precision::Bf16 => self.project(x, l.weight.val()),
+        }
+    }
+
+    /// `x · w` for a weight given as a tensor (`w: [d_in, d_out]`): what [`Self::linear`] computes
+    /// for a bias-free `Linear` whose weight is `w`.
+    pub fn project<const D: usize>(self, x: Tensor<D>, w: Tensor<2>) -> Tensor<D> {
+        match self {
+            Precision::F32 => burn::tensor::module::linear(x, w, None),
+            Precision::Bf16 => {
+                burn::tensor::module::linear(x.cast(DType::BF16), w.cast(DType::BF16), None)
+                    .cast(DType::F32)
+            }
         }
     }
 }

@@ -30,92 +30,146 @@ use burn::tensor::Tensor;
 /// Chunk length used for training (as flash-linear-attention).
 pub const DEFAULT_CHUNK: usize = 64;
 
-/// Chunkwise KDA. Same contract as [`super::naive_recurrent_kda`].
+/// Chunkwise KDA. Same contract as [`super::naive_recurrent_kda`]. Composed of tensor ops, so
+/// under autodiff every intra-chunk intermediate is kept for the backward pass: the reference twin
+/// of [`super::fused::fused_chunk_kda`], which computes the same forward.
 pub fn chunk_kda(
     x: &KdaInputs,
     scale: f64,
     initial_state: Option<Tensor<4>>,
     chunk: usize,
 ) -> KdaOutput {
-    assert!(chunk > 0, "chunk size must be positive");
-    let [b, t, h, dk, dv] = x.dims();
-    let n = t.div_ceil(chunk);
-    let padded = n * chunk;
-    let bhn = b * h * n;
+    let terms = ChunkTerms::new(x, scale, chunk);
+    let state = initial_state.unwrap_or_else(|| zero_state(x));
+    let (o, state, _) = terms.carry(state, false);
+    KdaOutput { o, state }
+}
 
-    // [B,T,H,X] -> [B*H*N, C, X], zero-padded in time.
-    let blocks = |x: Tensor<4>| -> Tensor<3> {
-        let d = x.dims()[3];
-        let x = x.swap_dims(1, 2); // [B,H,T,X]
-        let x = if padded > t {
-            let pad = Tensor::zeros([b, h, padded - t, d], &x.device());
-            Tensor::cat(vec![x, pad], 2)
-        } else {
-            x
+/// What every chunk computes from its own tokens alone (no state), per chunk:
+/// `[B·H, N, C, ·]` (`decay_last`: `[B·H, N, dk, 1]`).
+pub(super) struct ChunkTerms {
+    /// `W = M (exp(Γ) ⊙ K)`.
+    pub w: Tensor<4>,
+    /// `U = M V`.
+    pub u: Tensor<4>,
+    /// `Q ⊙ exp(Γ)` (scaled queries).
+    pub q_decayed: Tensor<4>,
+    /// `A_qk`, masked.
+    pub a_qk: Tensor<4>,
+    /// `K ⊙ exp(Γ_C − Γ)`, masked.
+    pub k_to_end: Tensor<4>,
+    /// `exp(Γ_C)`, masked.
+    pub decay_last: Tensor<4>,
+    /// `[B, T, H, dk, dv]` and the number of chunks.
+    pub dims: [usize; 5],
+    pub n: usize,
+}
+
+impl ChunkTerms {
+    pub(super) fn new(x: &KdaInputs, scale: f64, chunk: usize) -> Self {
+        assert!(chunk > 0, "chunk size must be positive");
+        let [b, t, h, dk, dv] = x.dims();
+        let n = t.div_ceil(chunk);
+        let padded = n * chunk;
+        let blocks = |x: Tensor<4>| blocks(x, chunk);
+        let q = blocks(x.q.clone() * scale);
+        let k = blocks(x.k.clone());
+        let v = blocks(x.v.clone());
+        let g = blocks(x.g.clone());
+        let beta = blocks(x.beta.clone().unsqueeze_dim::<4>(3)); // [BHN, C, 1]
+
+        let gamma = g.cumsum(1); // Γ: [BHN, C, dk]
+        let scores = DecayedKeys::new(k.clone(), gamma.clone());
+        let mut a_kk = scores.contract(k.clone()) * beta.clone(); // row-scaled by β_i
+        let mut a_qk = scores.contract(q.clone());
+        let mut decay_in = gamma.clone().exp(); // exp(Γ) ≤ 1: decay from the chunk start
+        let gamma_last = gamma.clone().narrow(1, chunk - 1, 1); // Γ_C: [BHN, 1, dk]
+        let mut k_to_end = k.clone() * (gamma_last.clone() - gamma).exp(); // [BHN, C, dk]
+        let mut decay_last = gamma_last.exp().swap_dims(1, 2); // [BHN, dk, 1]
+        if let Some(starts) = &x.starts {
+            let docs = DocumentMasks::new(starts.clone(), h, chunk, padded);
+            a_kk = a_kk * docs.same.clone();
+            a_qk = a_qk * docs.same;
+            decay_in = decay_in * docs.from_start.clone();
+            k_to_end = k_to_end * docs.to_end;
+            decay_last = decay_last * docs.from_start.narrow(1, chunk - 1, 1);
+        }
+        let a_kk = a_kk.tril(-1);
+        let a_qk = a_qk.tril(0);
+
+        let m = unit_lower_inverse(a_kk) * beta.swap_dims(1, 2); // (I + A)⁻¹ Diag(β)
+        let w = m.clone().matmul(k * decay_in.clone()); // [BHN, C, dk]
+        let u = m.matmul(v); // [BHN, C, dv]
+        let q_decayed = q * decay_in;
+
+        // [BHN, ...] → [B·H, N, ...] for the pass over chunks.
+        let per_chunk = |x: Tensor<3>| {
+            let [_, c, d] = x.dims();
+            x.reshape([b * h, n, c, d])
         };
-        x.reshape([bhn, chunk, d])
+        Self {
+            w: per_chunk(w),
+            u: per_chunk(u),
+            q_decayed: per_chunk(q_decayed),
+            a_qk: per_chunk(a_qk),
+            k_to_end: per_chunk(k_to_end),
+            decay_last: per_chunk(decay_last),
+            dims: [b, t, h, dk, dv],
+            n,
+        }
+    }
+
+    /// The sequential pass over chunks from `state [B, H, dk, dv]`, batched over `B·H`:
+    /// `o [B, T, H, dv]`, the final state `[B, H, dk, dv]` and, with `keep`, the state entering
+    /// each chunk `[B·H, N, dk, dv]`.
+    pub(super) fn carry(
+        &self,
+        state: Tensor<4>,
+        keep: bool,
+    ) -> (Tensor<4>, Tensor<4>, Option<Tensor<4>>) {
+        let [b, _, h, dk, dv] = self.dims;
+        let mut state = state.reshape([b * h, dk, dv]);
+        let mut outs = Vec::with_capacity(self.n);
+        let mut entering = Vec::with_capacity(if keep { self.n } else { 0 });
+        for c in 0..self.n {
+            let at = |x: &Tensor<4>| x.clone().narrow(1, c, 1).squeeze_dim::<3>(1);
+            if keep {
+                entering.push(state.clone());
+            }
+            let v_new = at(&self.u) - at(&self.w).matmul(state.clone()); // Ṽ: [BH, C, dv]
+            outs.push(
+                at(&self.q_decayed).matmul(state.clone()) + at(&self.a_qk).matmul(v_new.clone()),
+            );
+            state = state * at(&self.decay_last) + at(&self.k_to_end).swap_dims(1, 2).matmul(v_new);
+        }
+        let o = self.unblock(Tensor::cat(outs, 1)); // [BH, N*C, dv] → [B, T, H, dv]
+        (
+            o,
+            state.reshape([b, h, dk, dv]),
+            keep.then(|| Tensor::stack(entering, 1)),
+        )
+    }
+
+    /// `[B·H, N·C, X]` → `[B, T, H, X]`, dropping the padding.
+    pub(super) fn unblock(&self, x: Tensor<3>) -> Tensor<4> {
+        let [b, t, h, _, _] = self.dims;
+        let d = x.dims()[2];
+        x.narrow(1, 0, t).reshape([b, h, t, d]).swap_dims(1, 2)
+    }
+}
+
+/// `[B, T, H, X]` → `[B·H·N, C, X]`, zero-padded in time to a multiple of `chunk`.
+pub(super) fn blocks(x: Tensor<4>, chunk: usize) -> Tensor<3> {
+    let [b, t, h, d] = x.dims();
+    let padded = t.div_ceil(chunk) * chunk;
+    let x = x.swap_dims(1, 2); // [B,H,T,X]
+    let x = if padded > t {
+        let pad = Tensor::zeros([b, h, padded - t, d], &x.device());
+        Tensor::cat(vec![x, pad], 2)
+    } else {
+        x
     };
-    let q = blocks(x.q.clone() * scale);
-    let k = blocks(x.k.clone());
-    let v = blocks(x.v.clone());
-    let g = blocks(x.g.clone());
-    let beta = blocks(x.beta.clone().unsqueeze_dim::<4>(3)); // [BHN, C, 1]
-
-    let gamma = g.cumsum(1); // Γ: [BHN, C, dk]
-    let scores = DecayedKeys::new(k.clone(), gamma.clone());
-    let mut a_kk = scores.contract(k.clone()) * beta.clone(); // row-scaled by β_i
-    let mut a_qk = scores.contract(q.clone());
-    let mut decay_in = gamma.clone().exp(); // exp(Γ) ≤ 1: decay from the chunk start
-    let gamma_last = gamma.clone().narrow(1, chunk - 1, 1); // Γ_C: [BHN, 1, dk]
-    let mut k_to_end = k.clone() * (gamma_last.clone() - gamma).exp(); // [BHN, C, dk]
-    let mut decay_last = gamma_last.exp().swap_dims(1, 2); // [BHN, dk, 1]
-    if let Some(starts) = &x.starts {
-        let docs = DocumentMasks::new(starts.clone(), h, chunk, padded);
-        a_kk = a_kk * docs.same.clone();
-        a_qk = a_qk * docs.same;
-        decay_in = decay_in * docs.from_start.clone();
-        k_to_end = k_to_end * docs.to_end;
-        decay_last = decay_last * docs.from_start.narrow(1, chunk - 1, 1);
-    }
-    let a_kk = a_kk.tril(-1);
-    let a_qk = a_qk.tril(0);
-
-    let m = unit_lower_inverse(a_kk) * beta.swap_dims(1, 2); // (I + A)⁻¹ Diag(β)
-    let w = m.clone().matmul(k * decay_in.clone()); // [BHN, C, dk]
-    let u = m.matmul(v); // [BHN, C, dv]
-    let q_decayed = q * decay_in;
-
-    // Sequential pass over chunks, batched over B*H: [B*H, N, ...].
-    let per_chunk = |x: Tensor<3>| {
-        let [_, c, d] = x.dims();
-        x.reshape([b * h, n, c, d])
-    };
-    let (w, u, q_decayed, a_qk, k_to_end, decay_last) = (
-        per_chunk(w),
-        per_chunk(u),
-        per_chunk(q_decayed),
-        per_chunk(a_qk),
-        per_chunk(k_to_end),
-        per_chunk(decay_last),
-    );
-    let mut state = initial_state
-        .unwrap_or_else(|| zero_state(x))
-        .reshape([b * h, dk, dv]);
-    let mut outs = Vec::with_capacity(n);
-    for c in 0..n {
-        let at = |x: &Tensor<4>| x.clone().narrow(1, c, 1).squeeze_dim::<3>(1);
-        let v_new = at(&u) - at(&w).matmul(state.clone()); // Ṽ: [BH, C, dv]
-        outs.push(at(&q_decayed).matmul(state.clone()) + at(&a_qk).matmul(v_new.clone()));
-        state = state * at(&decay_last) + at(&k_to_end).swap_dims(1, 2).matmul(v_new);
-    }
-    let o = Tensor::cat(outs, 1) // [BH, N*C, dv]
-        .narrow(1, 0, t)
-        .reshape([b, h, t, dv])
-        .swap_dims(1, 2);
-    KdaOutput {
-        o,
-        state: state.reshape([b, h, dk, dv]),
-    }
+    x.reshape([b * h * (padded / chunk), chunk, d])
 }
 
 /// Per-chunk document masks for packed sequences, from `starts [B, T]`.

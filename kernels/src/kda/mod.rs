@@ -15,9 +15,11 @@
 //! state `[B, H, dk, dv]`, output `[B, T, H, dv]`.
 
 mod chunk;
+mod fused;
 mod recurrent;
 
 pub use chunk::{DEFAULT_CHUNK, SUB_CHUNK, chunk_kda, sub_chunk};
+pub use fused::fused_chunk_kda;
 pub use recurrent::{kda_step, naive_recurrent_kda};
 
 use burn::tensor::Tensor;

@@ -3,7 +3,7 @@
 //! student's logits against the reference's central finite differences.
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_student::distill::{
-    Objective, TeacherTopK, masked_mean, objective_per_position, on_policy_loss, router_kl,
+    Objective, TeacherTopK, masked_mean, objective_per_position, on_policy_per_position, router_kl,
     sample_targets,
 };
 use serde_json::Value;
@@ -112,15 +112,15 @@ fn objectives_match_the_numpy_reference_in_value_and_gradient() {
     // On-policy: the advantage is a constant; only log q(x_t) carries gradient.
     let op = &g["on_policy"];
     let logits = Tensor::<2>::from_data(logits_data, &device).require_grad();
-    let loss = on_policy_loss(
+    let per = on_policy_per_position(
         logits.clone(),
         Tensor::from_data(TensorData::new(ints(&op["sampled"]), [n]), &device),
         Tensor::from_data(
             TensorData::new(floats(&op["teacher_logprobs"]), [n]),
             &device,
         ),
-        mask,
     );
+    let loss = masked_mean(per, mask);
     let value = loss.clone().into_scalar::<f32>() as f64;
     assert!((value - op["loss"].as_f64().unwrap()).abs() < 1e-5);
     let grad: Vec<f32> = logits

@@ -5,6 +5,7 @@ mod decode;
 mod distill;
 mod golden_references;
 mod gradcheck;
+mod head;
 mod moe_balance;
 mod packing;
 mod precision;
