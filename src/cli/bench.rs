@@ -47,7 +47,7 @@ impl ScoringInput {
 pub enum BenchCommand {
     /// Forward+backward tokens/s and peak memory of one model shape.
     Model(ModelArgs),
-    /// Naive vs chunked KDA op, forward and forward+backward.
+    /// The KDA op's three forms (naive, composed chunk, fused chunk), forward and forward+backward.
     Kda(KdaArgs),
     /// Real optimizer steps of a recipe (data, forward, backward, AdamW): tokens/s and peak RSS.
     Train {

@@ -158,7 +158,8 @@ pub struct KdaBench {
     pub forward_backward_ms: f64,
 }
 
-/// Forward and forward+backward time of the naive and chunked KDA ops on random inputs.
+/// Forward and forward+backward time of the KDA op's three forms (naive, composed, fused chunk)
+/// on random inputs.
 pub fn bench_kda(
     batch: usize,
     seq_len: usize,
