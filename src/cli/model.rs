@@ -4,7 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{
-    CHECKPOINTED_ACTIVATIONS, Footprint, GPUS, ModelInfo, USABLE_SHARE, model_info,
+    CHECKPOINTED_ACTIVATIONS, Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info,
 };
 use k3mini_student::presets::{from_recipe_toml, preset};
 use std::path::PathBuf;
@@ -148,34 +148,7 @@ fn render(info: &ModelInfo) -> String {
             let _ = writeln!(s, "  {name:<14} {:>12}", bytes(v));
         }
     }
-    let p = &m.parts;
-    let tokens = f.batch * f.seq_len;
-    let chunks = HeadChunks::resolve(f.head_chunk, c.vocab_size);
-    let head = if chunks.cuts(tokens) {
-        format!("head, chunks of {} tokens", chunks.tokens_at_once(tokens))
-    } else {
-        "head, whole".to_string()
-    };
-    let trunk = if f.activation_checkpointing {
-        format!("trunk, x {CHECKPOINTED_ACTIVATIONS} kept")
-    } else {
-        "trunk".to_string()
-    };
-    let kept = m.activations - p.head - p.kda_recompute;
-    // The trunk's parts (before checkpointing), then what is kept of each kind.
-    for (indent, name, v) in [
-        ("      ", "KDA", p.kda),
-        ("      ", "MLA", p.mla),
-        ("      ", "FFN", p.ffn),
-        ("      ", "residual", p.residual),
-        ("    ", &*trunk, kept),
-        ("    ", &*head, p.head),
-        ("    ", "KDA backward recompute", p.kda_recompute),
-    ] {
-        if v > 0 {
-            let _ = writeln!(s, "{indent}{name:<30} {:>12}", bytes(v));
-        }
-    }
+    write_activation_parts(&mut s, m, c.vocab_size);
     let _ = writeln!(
         s,
         "  {:<14} {:>12}   (*estimate from the layer formulas{})",
@@ -217,4 +190,39 @@ fn render(info: &ModelInfo) -> String {
         );
     }
     s
+}
+
+/// The activation estimate's parts under `model info`'s memory lines: the trunk's (before
+/// checkpointing), what is kept of it, the head in its chunks and the fused KDA backward's recompute.
+fn write_activation_parts(s: &mut String, m: &TrainingMemory, vocab: usize) {
+    use std::fmt::Write;
+    let f = &m.footprint;
+    let p = &m.parts;
+    let tokens = f.batch * f.seq_len;
+    let chunks = HeadChunks::resolve(f.head_chunk, vocab);
+    let head = if chunks.cuts(tokens) {
+        format!("head, chunks of {} tokens", chunks.tokens_at_once(tokens))
+    } else {
+        "head, whole".to_string()
+    };
+    let trunk = if f.activation_checkpointing {
+        format!("trunk, x {CHECKPOINTED_ACTIVATIONS} kept")
+    } else {
+        "trunk".to_string()
+    };
+    let kept = m.activations - p.head - p.kda_recompute;
+    // The trunk's parts (before checkpointing), then what is kept of each kind.
+    for (indent, name, v) in [
+        ("      ", "KDA", p.kda),
+        ("      ", "MLA", p.mla),
+        ("      ", "FFN", p.ffn),
+        ("      ", "residual", p.residual),
+        ("    ", &*trunk, kept),
+        ("    ", &*head, p.head),
+        ("    ", "KDA backward recompute", p.kda_recompute),
+    ] {
+        if v > 0 {
+            let _ = writeln!(s, "{indent}{name:<30} {:>12}", bytes(v));
+        }
+    }
 }
