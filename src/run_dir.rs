@@ -75,6 +75,11 @@ pub struct StepMetrics {
     pub expert_load_min: Vec<usize>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_rss_bytes: Option<usize>,
+    /// The most heap bytes live during this step (its held-out evaluation included, the
+    /// checkpoint after it not), where the binary counts them
+    /// (`k3mini_student::bench::CountingAlloc`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub step_peak_heap_bytes: Option<usize>,
 }
 
 fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {

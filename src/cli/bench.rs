@@ -8,12 +8,14 @@ use k3mini::device::DeviceList;
 use k3mini::export::bench_export;
 use k3mini::train::bench::bench_recipe;
 use k3mini_gguf::mix::FileType;
-use k3mini_student::bench::{TrainStepBench, bench_50m, bench_kda, bench_train_step};
+use k3mini_student::bench::{
+    BENCH_SHAPES, StepSpec, TrainStepBench, bench_kda, bench_shape, bench_train_step,
+};
+use k3mini_kernels::recompute::ComposedRegions;
 use k3mini_student::config::KdaKernel;
 use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{Footprint, training_memory};
 use k3mini_student::precision::Precision;
-use k3mini_student::presets::preset;
 
 /// What a teacher benchmark scores: the first `segments` windows of `seq_len` tokens of a text.
 #[derive(clap::Args)]
@@ -71,6 +73,9 @@ pub enum BenchCommand {
         /// Overrides model.kda.kernel (`composed`: the chunk form without its own backward).
         #[arg(long, value_enum)]
         kda_kernel: Option<Kernel>,
+        /// Every recompute region composed: the reference.
+        #[arg(long)]
+        composed_regions: bool,
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
@@ -157,10 +162,18 @@ pub enum BenchCommand {
         #[arg(long)]
         json: bool,
     },
-    /// The README's table: tiny and ~50M, the training path against the composed kernel and whole
-    /// head, A B A B, each in its own process.
+    /// The README's table: tiny and ~50M, the training path against the composed kernel, whole
+    /// head and composed regions, A B A B, each in its own process.
     All {
         #[arg(long, default_value_t = 3)]
+        steps: usize,
+    },
+    /// The memory model against measurement: at four sizes (tiny to smoke-300m) and on the 3B
+    /// preset's layers at small width, with and without activation checkpointing, the heap bytes
+    /// a forward + backward keeps and peaks at against `model info`'s estimate, each in its own
+    /// process.
+    Memory {
+        #[arg(long, default_value_t = 1)]
         steps: usize,
     },
 }
@@ -184,7 +197,7 @@ impl From<Kernel> for KdaKernel {
 
 #[derive(Args)]
 pub struct ModelArgs {
-    /// A preset, or `bench-50m`.
+    /// A preset, or `bench-50m`, `bench-150m`, `bench-k3` (`k3mini_student::bench::bench_shape`).
     #[arg(long, default_value = "tiny")]
     preset: String,
     #[arg(long, default_value_t = 4)]
@@ -199,6 +212,13 @@ pub struct ModelArgs {
     /// training default for the vocabulary.
     #[arg(long)]
     head_chunk: Option<usize>,
+    /// Activation checkpointing (`train.activation_checkpointing`): each sub-layer keeps its input.
+    #[arg(long)]
+    activation_checkpointing: bool,
+    /// Every recompute region composed (norms, gates, the gated FFN product, attention scores
+    /// kept as their ops keep them): the reference.
+    #[arg(long)]
+    composed_regions: bool,
     #[arg(long)]
     json: bool,
     /// cpu or cuda:N.
@@ -250,6 +270,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             precision,
             head_chunk,
             kda_kernel,
+            composed_regions,
         } => {
             let mut plan = k3mini::recipe::load(&recipe)?;
             if let Some(d) = device {
@@ -265,6 +286,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             if let Some(k) = kda_kernel {
                 plan.model.kda.kernel = k.into();
             }
+            let _composed = composed_regions.then(ComposedRegions::new);
             train(&plan, steps, json)
         }
         BenchCommand::Teacher {
@@ -286,6 +308,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             rows_per_file,
         } => shards(&dir, &k, step, rows_per_file),
         BenchCommand::All { steps } => all(steps),
+        BenchCommand::Memory { steps } => memory(steps),
         BenchCommand::Data {
             out,
             sizes,
@@ -358,15 +381,10 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
         return Ok(());
     }
     println!(
-        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS | activations (measured) | activations (model info) |\n|---|---|---|---|---|---|---|---|---|"
+        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS | peak heap | activations (measured) | activations (model info) |\n|---|---|---|---|---|---|---|---|---|---|"
     );
-    // Peak less what was resident before and the f32 weights, gradients and AdamW moments.
-    let measured = r
-        .peak_rss_bytes
-        .zip(r.baseline_rss_bytes)
-        .map(|(peak, base)| peak.saturating_sub(base + 16 * r.params));
     println!(
-        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} | {} | {} |",
+        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} |",
         r.recipe,
         r.params as f64 / 1e6,
         r.tokens_per_step,
@@ -374,7 +392,8 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
         r.median_tokens_per_s,
         r.median_step_s,
         r.peak_rss_bytes.map_or("n/a".into(), bytes),
-        measured.map_or("n/a".into(), bytes),
+        r.peak_heap_bytes.map_or("n/a".into(), bytes),
+        r.measured_activations().map_or("n/a".into(), bytes),
         bytes(plan.training_memory().activations),
     );
     Ok(())
@@ -566,104 +585,141 @@ fn model(a: &ModelArgs) -> Result<TrainStepBench> {
             a.seq_len
         );
     }
-    let mut config = match a.preset.as_str() {
-        "bench-50m" => bench_50m(),
-        name => preset(name)?,
-    };
+    let mut config = bench_shape(&a.preset)?;
     config.kda.kernel = a.kernel.into();
-    let head = HeadChunks::resolve(a.head_chunk, config.vocab_size);
-    Ok(bench_train_step(
-        &a.preset,
-        &config,
-        a.batch,
-        a.seq_len,
-        a.steps,
-        head,
-        &a.device.open_main()?,
-    ))
+    let spec = StepSpec {
+        name: a.preset.clone(),
+        head: HeadChunks::resolve(a.head_chunk, config.vocab_size),
+        config,
+        batch: a.batch,
+        seq_len: a.seq_len,
+        steps: a.steps,
+        checkpointing: a.activation_checkpointing,
+        composed_regions: a.composed_regions,
+    };
+    Ok(bench_train_step(&spec, &a.device.open_main()?))
 }
 
 fn header() -> &'static str {
-    "| shape | params | batch x seq | KDA kernel | LM head | tokens/s (fwd+bwd) | ms/step | model GFLOP/s (of matmul peak) | peak RSS | estimate (info) |\n|---|---|---|---|---|---|---|---|---|---|"
+    "| shape | params | batch x seq | KDA kernel | LM head | regions | tokens/s (fwd+bwd) | ms/step | model GFLOP/s (of matmul peak) | peak RSS | kept after forward (heap) | step peak (heap) |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 }
 
 fn row(r: &TrainStepBench) -> String {
-    let mut config = match r.name.as_str() {
-        "bench-50m" => bench_50m(),
-        other => preset(other).expect("benchmarked preset"),
-    };
-    config.kda.kernel = r.kernel;
     let positions = r.batch * (r.seq_len - 1);
-    let (head, head_chunk) = match r.head {
-        HeadChunks::Tokens(n) if r.head.cuts(positions) => (format!("chunks of {n}"), n),
-        HeadChunks::Tokens(n) => ("whole (one chunk)".to_string(), n),
-        HeadChunks::Whole => ("whole".to_string(), 0),
+    let head = match r.head {
+        HeadChunks::Tokens(n) if r.head.cuts(positions) => format!("chunks of {n}"),
+        HeadChunks::Tokens(_) => "whole (one chunk)".to_string(),
+        HeadChunks::Whole => "whole".to_string(),
     };
-    let footprint = Footprint {
-        head_chunk: Some(head_chunk),
-        ..Footprint::new(r.batch, r.seq_len)
-    };
-    let estimate = training_memory(&config, &footprint).total();
+    let heap = |b: Option<usize>| b.map_or("n/a".into(), bytes);
     format!(
-        "| {} | {:.1}M | {} x {} | {} | {head} | {:.0} | {:.0} | {:.1} ({:.0}% of {:.0}) | {} | {} |",
+        "| {} | {:.1}M | {} x {} | {} | {head} | {} | {:.0} | {:.0} | {:.1} ({:.0}% of {:.0}) | {} | {} | {} |",
         r.name,
         r.params as f64 / 1e6,
         r.batch,
         r.seq_len,
         format!("{:?}", r.kernel).to_lowercase(),
+        if r.composed_regions { "composed" } else { "recompute" },
         r.tokens_per_s,
         r.ms_per_step,
         r.model_gflops,
         100.0 * r.mfu(),
         r.peak_gflops,
         r.peak_rss_bytes.map_or("n/a".into(), bytes),
-        bytes(estimate)
+        heap(r.kept_bytes),
+        heap(r.step_peak_bytes),
     )
 }
 
-/// Runs each configuration in a fresh process so each peak RSS is its own.
-fn all(steps: usize) -> Result<()> {
+/// `model info`'s activation estimate for a measured step: (kept after the forward, kept plus
+/// the largest transient and the weights' gradients: what a forward + backward may peak at).
+fn estimate(r: &TrainStepBench) -> Result<(usize, usize)> {
+    let mut config = bench_shape(&r.name)?;
+    config.kda.kernel = r.kernel;
+    let footprint = Footprint {
+        head_chunk: Some(match r.head {
+            HeadChunks::Tokens(n) => n,
+            HeadChunks::Whole => 0,
+        }),
+        activation_checkpointing: r.checkpointing,
+        ..Footprint::new(r.batch, r.seq_len)
+    };
+    let m = training_memory(&config, &footprint);
+    Ok((m.kept(), m.activations + m.grads))
+}
+
+/// One `bench model` in a child process (so each peak RSS is its own).
+fn model_child(args: &[&str]) -> Result<TrainStepBench> {
     let exe = std::env::current_exe().context("locating k3mini")?;
-    println!("{}", header());
-    // The training path (the fused KDA op, the head in chunks where a micro-batch is cut) against
-    // the composed kernel with the whole head, A B A B.
-    let ab = [("chunk", None), ("composed", Some("0"))];
-    let runs = [("tiny", 8, 256), ("bench-50m", 4, 256)]
+    let out = std::process::Command::new(&exe)
+        .args(["bench", "model", "--json"])
+        .args(args)
+        .output()
+        .context("running a benchmark child")?;
+    if !out.status.success() {
+        bail!(
+            "bench model {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The memory model's validation table.
+fn memory(steps: usize) -> Result<()> {
+    println!(
+        "| shape | params | batch x seq | checkpointing | kept after forward (heap) | estimate | error | step peak (heap) | bound: estimate with the largest transient, and the gradients |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    let shapes = [("tiny", 4, 128), (BENCH_SHAPES[0], 4, 256)]
         .into_iter()
-        .flat_map(|shape| {
-            std::iter::repeat_n(ab, 2)
-                .flatten()
-                .map(move |side| (shape, side))
-        });
-    for ((name, batch, seq), (kernel, head_chunk)) in runs {
-        let out = std::process::Command::new(&exe)
-            .args([
-                "bench", "model", "--preset", name, "--kernel", kernel, "--json",
-            ])
-            .args(
-                head_chunk
-                    .map(|h| ["--head-chunk", h])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args([
-                "--batch",
-                &batch.to_string(),
-                "--seq-len",
-                &seq.to_string(),
-                "--steps",
-                &steps.to_string(),
-            ])
-            .output()
-            .context("running a benchmark child")?;
-        if !out.status.success() {
-            bail!(
-                "bench {name} {kernel} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+        .chain([(BENCH_SHAPES[1], 2, 512), ("smoke-300m", 2, 256)])
+        .chain([(BENCH_SHAPES[2], 1, 1024)]);
+    for (name, batch, seq) in shapes {
+        for checkpointing in [false, true] {
+            let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
+            let mut args = vec![
+                "--preset", name, "--batch", &b, "--seq-len", &t, "--steps", &n,
+            ];
+            if checkpointing {
+                args.push("--activation-checkpointing");
+            }
+            let r = model_child(&args)?;
+            let (kept, bound) = estimate(&r)?;
+            let measured = r.kept_bytes.context("the heap is not counted in this build")?;
+            println!(
+                "| {name} | {:.1}M | {batch} x {seq} | {} | {} | {} | {:+.0}% | {} | {} |",
+                r.params as f64 / 1e6,
+                if checkpointing { "yes" } else { "no" },
+                bytes(measured),
+                bytes(kept),
+                100.0 * (kept as f64 / measured.max(1) as f64 - 1.0),
+                r.step_peak_bytes.map_or("n/a".into(), bytes),
+                bytes(bound),
             );
         }
-        let r: TrainStepBench = serde_json::from_slice(&out.stdout)?;
-        println!("{}", row(&r));
+    }
+    Ok(())
+}
+
+/// The training path against the reference, each in a fresh process so each peak RSS is its own.
+fn all(steps: usize) -> Result<()> {
+    println!("{}", header());
+    // The training path (the fused KDA op, the head in chunks where a micro-batch is cut, the
+    // recompute regions) against the composed kernel, the whole head and composed regions, A B A B.
+    let ab: [&[&str]; 2] = [
+        &["--kernel", "chunk"],
+        &["--kernel", "composed", "--head-chunk", "0", "--composed-regions"],
+    ];
+    for (name, batch, seq) in [("tiny", 8, 256), (BENCH_SHAPES[0], 4, 256)] {
+        for side in std::iter::repeat_n(ab, 2).flatten() {
+            let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
+            let mut args = vec![
+                "--preset", name, "--batch", &b, "--seq-len", &t, "--steps", &n,
+            ];
+            args.extend_from_slice(side);
+            println!("{}", row(&model_child(&args)?));
+        }
     }
     Ok(())
 }

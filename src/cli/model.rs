@@ -4,7 +4,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{
-    CHECKPOINTED_ACTIVATIONS, Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info,
+    Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info,
 };
 use k3mini_student::presets::{from_recipe_toml, preset};
 use std::path::PathBuf;
@@ -151,14 +151,9 @@ fn render(info: &ModelInfo) -> String {
     write_activation_parts(&mut s, m, c.vocab_size);
     let _ = writeln!(
         s,
-        "  {:<14} {:>12}   (*estimate from the layer formulas{})",
+        "  {:<14} {:>12}   (*estimate from the layer formulas, checked by `k3mini bench memory`)",
         "total",
         bytes(info.training_memory_total),
-        if f.activation_checkpointing {
-            format!("; the trunk's x {CHECKPOINTED_ACTIVATIONS} kept, as measured")
-        } else {
-            String::new()
-        }
     );
     let _ = writeln!(
         s,
@@ -193,7 +188,7 @@ fn render(info: &ModelInfo) -> String {
 }
 
 /// The activation estimate's parts under `model info`'s memory lines: the trunk's (before
-/// checkpointing), what is kept of it, the head in its chunks and the fused KDA backward's recompute.
+/// checkpointing), what is kept of it, the head and the largest transient.
 fn write_activation_parts(s: &mut String, m: &TrainingMemory, vocab: usize) {
     use std::fmt::Write;
     let f = &m.footprint;
@@ -206,20 +201,19 @@ fn write_activation_parts(s: &mut String, m: &TrainingMemory, vocab: usize) {
         "head, whole".to_string()
     };
     let trunk = if f.activation_checkpointing {
-        format!("trunk, x {CHECKPOINTED_ACTIVATIONS} kept")
+        "trunk, checkpointed"
     } else {
-        "trunk".to_string()
+        "trunk"
     };
-    let kept = m.activations - p.head - p.kda_recompute;
     // The trunk's parts (before checkpointing), then what is kept of each kind.
     for (indent, name, v) in [
         ("      ", "KDA", p.kda),
         ("      ", "MLA", p.mla),
         ("      ", "FFN", p.ffn),
         ("      ", "residual", p.residual),
-        ("    ", &*trunk, kept),
+        ("    ", trunk, p.trunk_kept),
         ("    ", &*head, p.head),
-        ("    ", "KDA backward recompute", p.kda_recompute),
+        ("    ", "largest transient", p.transient),
     ] {
         if v > 0 {
             let _ = writeln!(s, "{indent}{name:<30} {:>12}", bytes(v));

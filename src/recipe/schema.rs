@@ -408,8 +408,9 @@ pub struct TrainConfig {
         skip_serializing_if = "is_default_shard_bytes"
     )]
     pub weights_shard_bytes: u64,
-    /// Recompute memory-bound activations in the backward pass instead of keeping them (burn's
-    /// balanced gradient checkpointing): the same gradients, less activation memory.
+    /// Each sub-layer (a mixer, a dense FFN) keeps only its input and runs again in the backward
+    /// pass (`K3Mini::with_checkpointing`): the same gradients, a fraction of the activation
+    /// memory, about a third more compute for the trunk.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub activation_checkpointing: bool,
     /// Quantisation-aware training: fake-quantised linear weights from a step on.

@@ -23,8 +23,27 @@ pub struct RecipeBench {
     pub peak_rss_bytes: Option<usize>,
     /// Resident memory before the run began (the binary, its libraries, the allocator's pools).
     pub baseline_rss_bytes: Option<usize>,
+    /// The most heap bytes live at once during a step (checkpoints written between steps
+    /// excluded), and those live before the run, where the binary counts them
+    /// (`k3mini_student::bench::CountingAlloc`): unlike resident memory, not inflated by what the
+    /// allocator keeps after a free.
+    pub peak_heap_bytes: Option<usize>,
+    pub baseline_heap_bytes: Option<usize>,
     /// Model FLOPs of one training token (`k3mini_student::info::train_flops_per_token`).
     pub flops_per_token: f64,
+}
+
+impl RecipeBench {
+    /// Activation memory as the issue tracker measures it: the peak less what was live before and
+    /// the f32 weights, gradients and AdamW moments (16 bytes a parameter); from the heap where it
+    /// is counted, else from resident memory.
+    pub fn measured_activations(&self) -> Option<usize> {
+        let (peak, base) = match (self.peak_heap_bytes, self.baseline_heap_bytes) {
+            (Some(p), Some(b)) => (p, b),
+            _ => (self.peak_rss_bytes?, self.baseline_rss_bytes?),
+        };
+        Some(peak.saturating_sub(base + 16 * self.params))
+    }
 }
 
 /// Runs `steps` optimizer steps of `recipe` in a scratch directory (removed afterwards).
@@ -35,6 +54,9 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     let out = std::env::temp_dir().join(format!("k3mini-bench-{}", std::process::id()));
     std::fs::remove_dir_all(&out).ok();
     let baseline_rss_bytes = k3mini_student::bench::rss_bytes();
+    let main = plan.devices.open()?.into_iter().next();
+    let counted = main.is_some_and(|d| k3mini_student::bench::counts_heap(&d));
+    let baseline_heap_bytes = k3mini_student::bench::heap_live_bytes().filter(|_| counted);
     let opts = TrainOptions {
         out_dir: Some(out.clone()),
         stop_after: Some(steps),
@@ -64,6 +86,12 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
         median_step_s: tokens as f64 / median,
         peak_rss_bytes: lines.iter().filter_map(|m| m.peak_rss_bytes).max(),
         baseline_rss_bytes,
+        peak_heap_bytes: lines
+            .iter()
+            .filter_map(|m| m.step_peak_heap_bytes)
+            .max()
+            .filter(|_| counted),
+        baseline_heap_bytes,
         flops_per_token: k3mini_student::info::train_flops_per_token(
             &plan.model,
             plan.data.seq_len,

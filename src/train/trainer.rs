@@ -83,6 +83,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
     let last = opts.stop_after.map_or(total, |n| (first + n).min(total));
     while state.step < last {
         let started = Instant::now();
+        k3mini_student::bench::reset_heap_peak();
         let lr = lr_at(&plan.schedule, plan.optim.lr, state.step, total);
         let step;
         (model, step) = match train_step(
@@ -154,9 +155,12 @@ fn begin(
     opts: &TrainOptions,
 ) -> Result<(Tokenizer, K3Mini, ModuleOptimizer, TrainState, Vec<Device>)> {
     // Opened first: a device this build or machine lacks is refused before anything else.
+    // Checkpointing is the model's recompute regions where the backend runs them; elsewhere
+    // (burn's CubeCL backends) burn's balanced gradient checkpointing stands in.
     let mut devices = plan.devices.open()?.into_iter().map(|d| {
+        let regions = k3mini_kernels::implemented_on(&d);
         let d = d.autodiff();
-        if plan.train.activation_checkpointing {
+        if plan.train.activation_checkpointing && !regions {
             d.gradient_checkpointing()
         } else {
             d
@@ -203,6 +207,7 @@ fn begin(
             plan.train.steps
         );
     }
+    let model = model.with_checkpointing(plan.train.activation_checkpointing);
     Ok((tokenizer, model, optim, state, replicas))
 }
 
@@ -429,6 +434,7 @@ impl Step {
             expert_load_max: per_layer(|l| l.iter().copied().max().unwrap_or(0)),
             expert_load_min: per_layer(|l| l.iter().copied().min().unwrap_or(0)),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
+            step_peak_heap_bytes: k3mini_student::bench::heap_peak_bytes(),
         }
     }
 }

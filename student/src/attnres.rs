@@ -9,7 +9,8 @@
 //! blocks…, the partial current block]`, a block summing `block_size` sub-layer outputs
 //! (`block_size = 1` is the full form). The layer wiring follows fla's `KDABlock`.
 
-use crate::norm::RmsNorm;
+use crate::norm::{RmsNorm, rms_normalize};
+use k3mini_kernels::recompute::{MAX_INPUTS, recompute};
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, activation};
 
@@ -35,15 +36,35 @@ impl DepthAttention {
     }
 }
 
-/// `Σ_i softmax_i(w · RMSNorm(v_i)) v_i` (fla's `naive_attnres` with scale 1).
+/// `Σ_i softmax_i(w · RMSNorm(v_i)) v_i` (fla's `naive_attnres` with scale 1), one recompute
+/// region: the backward keeps the sources (already alive as the depth stream), not their stack,
+/// keys and weights.
 pub fn attn_res(query: Tensor<1>, sources: &[Tensor<3>], key_norm: &RmsNorm) -> Tensor<3> {
     assert!(!sources.is_empty(), "AttnRes needs at least one source");
-    let values: Tensor<4> = Tensor::stack(sources.to_vec(), 0); // [L, B, T, d]
-    let keys = key_norm.forward(values.clone());
     let d = query.dims()[0];
-    let logits = keys.matmul(query.reshape([1, 1, d, 1])); // [L, B, T, 1]
-    let weights = activation::softmax(logits, 0);
-    (weights * values).sum_dim(0).squeeze_dim::<3>(0)
+    let eps = key_norm.eps;
+    let mut inputs = vec![
+        query.reshape([1, 1, 1, d]),
+        key_norm.weight.val().reshape([1, 1, 1, d]),
+    ];
+    // Past the region's inputs, the sources go in stacked (a copy).
+    let one_by_one = sources.len() + inputs.len() <= MAX_INPUTS;
+    if one_by_one {
+        inputs.extend(sources.iter().map(|s| s.clone().unsqueeze_dim::<4>(0)));
+    } else {
+        inputs.push(Tensor::stack(sources.to_vec(), 0));
+    }
+    recompute(inputs, move |x| {
+        let values = match one_by_one {
+            true => Tensor::cat(x[2..].to_vec(), 0), // [L, B, T, d]
+            false => x[2].clone(),
+        };
+        let keys = rms_normalize(values.clone(), eps) * x[1].clone();
+        let logits = keys.matmul(x[0].clone().reshape([1, 1, d, 1])); // [L, B, T, 1]
+        let weights = activation::softmax(logits, 0);
+        (weights * values).sum_dim(0)
+    })
+    .squeeze_dim::<3>(0)
 }
 
 /// The running depth sources of one token stream.

@@ -1,14 +1,17 @@
 //! Throughput and memory measurements behind `k3mini bench` (numbers go in the README, not in tests).
 
-use crate::config::{KdaKernel, ModelConfig};
+use crate::config::{ConfigError, KdaKernel, ModelConfig};
 use crate::head::{HeadChunks, head_loss};
 use crate::info::train_flops_per_token;
 use crate::loss::cross_entropy;
 use crate::model::K3Mini;
 use burn::module::Module;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData, activation};
+use k3mini_kernels::recompute::ComposedRegions;
 use k3mini_kernels::{KdaInputs, kda::default_scale};
 use serde::{Deserialize, Serialize};
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// A `KEY: N kB` line of a /proc file, in bytes; `None` off Linux.
@@ -39,6 +42,106 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// A global allocator that counts the bytes live on the heap and their peak, around another
+/// (the binary installs it over mimalloc). Resident memory (VmHWM) also counts what the allocator
+/// keeps after a free, so it overstates a peak by however much the allocator retains; live bytes
+/// are what the estimate in [`crate::info`] predicts.
+pub struct CountingAlloc<A>(pub A);
+
+static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
+static HEAP_PEAK: AtomicUsize = AtomicUsize::new(0);
+static COUNTING: AtomicBool = AtomicBool::new(false);
+
+// SAFETY: every call goes to the inner allocator unchanged; the counters are only arithmetic.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for CountingAlloc<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { self.0.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { self.0.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { self.0.dealloc(ptr, layout) };
+        HEAP_LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            // Both buffers may be live while a moving realloc copies: counted first, then freed.
+            grew(new_size);
+            HEAP_LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+fn grew(size: usize) {
+    if !COUNTING.load(Ordering::Relaxed) {
+        COUNTING.store(true, Ordering::Relaxed);
+    }
+    let live = HEAP_LIVE.fetch_add(size, Ordering::Relaxed) + size;
+    if live > HEAP_PEAK.load(Ordering::Relaxed) {
+        HEAP_PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+}
+
+/// Whether [`CountingAlloc`] sees `device`'s tensors: flex's buffers are Rust allocations;
+/// libtorch's and the GPUs' are not.
+pub fn counts_heap(device: &Device) -> bool {
+    let probe = Tensor::<1>::zeros([1], device).inner();
+    matches!(
+        probe.into_dispatch().kind,
+        burn::backend::DispatchTensorKind::Flex(_)
+    )
+}
+
+/// Bytes live on the heap now; `None` where [`CountingAlloc`] is not the global allocator.
+pub fn heap_live_bytes() -> Option<usize> {
+    COUNTING
+        .load(Ordering::Relaxed)
+        .then(|| HEAP_LIVE.load(Ordering::Relaxed))
+}
+
+/// The most bytes live on the heap at once since the last [`reset_heap_peak`].
+pub fn heap_peak_bytes() -> Option<usize> {
+    COUNTING
+        .load(Ordering::Relaxed)
+        .then(|| HEAP_PEAK.load(Ordering::Relaxed))
+}
+
+/// Starts a new heap peak from what is live now.
+pub fn reset_heap_peak() {
+    HEAP_PEAK.store(HEAP_LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// What [`bench_train_step`] runs: a model shape, its micro-batch and how the step keeps memory.
+#[derive(Clone, Debug)]
+pub struct StepSpec {
+    pub name: String,
+    pub config: ModelConfig,
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Measured steps, after one warm-up step.
+    pub steps: usize,
+    pub head: HeadChunks,
+    /// Activation checkpointing (`train.activation_checkpointing`, [`K3Mini::with_checkpointing`]).
+    pub checkpointing: bool,
+    /// Every recompute region composed, its reference twin
+    /// ([`k3mini_kernels::recompute::ComposedRegions`]).
+    pub composed_regions: bool,
+}
+
 /// One forward+backward measurement of a whole model.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainStepBench {
@@ -49,12 +152,20 @@ pub struct TrainStepBench {
     pub kernel: KdaKernel,
     /// How the LM head and loss ran.
     pub head: HeadChunks,
+    pub checkpointing: bool,
+    pub composed_regions: bool,
     pub steps: usize,
     /// Tokens per second through forward + backward (no optimizer step).
     pub tokens_per_s: f64,
     pub ms_per_step: f64,
     /// Peak RSS during the measured steps (weights included), when the OS reports it.
     pub peak_rss_bytes: Option<usize>,
+    /// Heap bytes the graph holds at the end of the forward, over those live before it (the
+    /// most of the measured steps), where [`CountingAlloc`] counts them ([`counts_heap`]).
+    pub kept_bytes: Option<usize>,
+    /// The most heap bytes live during a step (forward, backward, the gradients), over those
+    /// live before it.
+    pub step_peak_bytes: Option<usize>,
     /// Model FLOPs per second ([`crate::info::train_flops_per_token`] × tokens/s).
     pub model_gflops: f64,
     /// This device's f32 peak as measured in the same process: the best of [`matmul_gflops`].
@@ -98,50 +209,63 @@ fn random_tokens(batch: usize, seq_len: usize, vocab: usize, device: &Device) ->
     Tensor::from_data(TensorData::new(ids, [batch, seq_len]), device)
 }
 
-/// Forward + backward of the next-token loss, the head in `head`'s chunks, `steps` times after
-/// one warm-up step.
-pub fn bench_train_step(
-    name: &str,
-    config: &ModelConfig,
-    batch: usize,
-    seq_len: usize,
-    steps: usize,
-    head: HeadChunks,
-    device: &Device,
-) -> TrainStepBench {
+/// Forward + backward of the next-token loss, `spec.steps` times after one warm-up step.
+pub fn bench_train_step(spec: &StepSpec, device: &Device) -> TrainStepBench {
+    let StepSpec {
+        config,
+        batch,
+        seq_len,
+        steps,
+        head,
+        ..
+    } = spec;
+    let (batch, seq_len, steps, head) = (*batch, *seq_len, *steps, *head);
     let peak_gflops = matmul_gflops(1024, 10, device);
+    let counted = counts_heap(device);
     let device = device.clone().autodiff();
-    let model = K3Mini::new(config, &device).expect("valid bench config");
+    let _composed = spec.composed_regions.then(ComposedRegions::new);
+    let model = K3Mini::new(config, &device)
+        .expect("valid bench config")
+        .with_checkpointing(spec.checkpointing);
     let tokens = random_tokens(batch, seq_len, config.vocab_size, &device);
     let n = batch * (seq_len - 1);
     let targets = tokens.clone().narrow(1, 1, seq_len - 1).reshape([n]);
+    // (kept at the end of the forward, the step's peak), over what was live before it.
     let step = || {
+        let before = heap_live_bytes();
+        reset_heap_peak();
         let hidden = model.trunk(tokens.clone(), None).predicting();
         let loss = head_loss(&model, hidden, head, |logits, r| {
             cross_entropy(logits, targets.clone().narrow(0, r.start, r.len())).sum() / n as f64
         });
+        let kept = heap_live_bytes();
         let grads = loss.backward();
         drop(grads);
+        let peak = heap_peak_bytes();
+        let heap = before.zip(kept).zip(peak).filter(|_| counted);
+        heap.map(|((b, k), p)| (k.saturating_sub(b), p.saturating_sub(b)))
     };
     step();
     reset_peak_rss();
     let start = Instant::now();
-    for _ in 0..steps {
-        step();
-    }
+    let heap: Vec<_> = (0..steps).filter_map(|_| step()).collect();
     let secs = start.elapsed().as_secs_f64();
     let tokens_per_s = (batch * seq_len * steps) as f64 / secs;
     TrainStepBench {
-        name: name.into(),
+        name: spec.name.clone(),
         params: model.num_params(),
         batch,
         seq_len,
         kernel: config.kda.kernel,
         head,
+        checkpointing: spec.checkpointing,
+        composed_regions: spec.composed_regions,
         steps,
         tokens_per_s,
         ms_per_step: 1e3 * secs / steps as f64,
         peak_rss_bytes: peak_rss_bytes(),
+        kept_bytes: heap.iter().map(|h| h.0).max(),
+        step_peak_bytes: heap.iter().map(|h| h.1).max(),
         model_gflops: train_flops_per_token(config, seq_len) * tokens_per_s / 1e9,
         peak_gflops,
     }
@@ -228,14 +352,42 @@ pub fn bench_kda(
         .collect()
 }
 
-/// The ~50M-parameter shape the benchmarks use alongside `tiny`: smoke-300m's layer recipe at width 512.
-pub fn bench_50m() -> ModelConfig {
+/// Benchmark shapes between the presets: on smoke-300m's layer recipe and vocabulary,
+/// `bench-50m` (width 512, 8 layers) and `bench-150m` (width 768, 12 layers); `bench-k3`, the
+/// 3B preset's layers (safe gate, full-rank gate, q-LoRA, Gated MLA, AttnRes) at width 384 over 8
+/// layers and a 24,576 vocabulary.
+pub const BENCH_SHAPES: [&str; 3] = ["bench-50m", "bench-150m", "bench-k3"];
+
+/// A preset or one of [`BENCH_SHAPES`] by name.
+pub fn bench_shape(name: &str) -> Result<ModelConfig, ConfigError> {
     let mut c = crate::presets::smoke_300m();
-    c.vocab_size = 24_576;
-    c.d_model = 512;
-    c.n_layers = 8;
-    c.n_heads = 4;
-    c.ffn_hidden = 1408;
-    c.mla.kv_lora_rank = 256;
-    c
+    match name {
+        "bench-k3" => {
+            c = crate::presets::k3_mini_3b();
+            c.vocab_size = 24_576;
+            c.d_model = 384;
+            c.n_layers = 8;
+            c.n_heads = 3;
+            c.ffn_hidden = 1024;
+            c.mla.q_lora_rank = Some(192);
+            c.mla.kv_lora_rank = 128;
+        }
+        "bench-50m" => {
+            c.vocab_size = 24_576;
+            c.d_model = 512;
+            c.n_layers = 8;
+            c.n_heads = 4;
+            c.ffn_hidden = 1408;
+            c.mla.kv_lora_rank = 256;
+        }
+        "bench-150m" => {
+            c.d_model = 768;
+            c.n_layers = 12;
+            c.n_heads = 6;
+            c.ffn_hidden = 2048;
+            c.mla.kv_lora_rank = 384;
+        }
+        name => return crate::presets::preset(name),
+    }
+    Ok(c)
 }

@@ -175,7 +175,7 @@ pub struct Footprint {
     /// Sequences per micro-batch.
     pub batch: usize,
     pub seq_len: usize,
-    /// Recompute memory-bound activations in the backward pass (burn's balanced checkpointing).
+    /// Activation checkpointing: each sub-layer keeps its input ([`crate::K3Mini::with_checkpointing`]).
     pub activation_checkpointing: bool,
     /// Data-parallel replicas (1: one device).
     pub replicas: usize,
@@ -199,12 +199,6 @@ impl Footprint {
 /// keeps, and in the chunk's backward the gradients of both.
 pub const HEAD_CHUNK_COPIES: usize = 4;
 
-/// The share of the activation estimate that balanced checkpointing keeps. Measured: smoke-300m
-/// at 2 x 256 (`k3mini bench train recipes/smoke-300m.toml --steps 2`, with and without
-/// `--activation-checkpointing`, A B A B) peaked at 9.14 / 9.16 GB against 6.90 / 6.99 GB, about
-/// 2.2 GB of the 2.86 GB estimated: 0.23 kept, rounded up.
-pub const CHECKPOINTED_ACTIVATIONS: f64 = 0.25;
-
 /// Training memory of the busiest device (the main one, where AdamW steps), in bytes: f32 master
 /// weights, gradients and AdamW moments; with replicas, the gradients arriving from another
 /// replica before they are summed; the activations of one micro-batch.
@@ -216,42 +210,53 @@ pub struct TrainingMemory {
     pub adamw: usize,
     /// One other replica's gradients, moved to the main device to be summed (0 on one device).
     pub replica_grads: usize,
-    /// Values the autodiff graph keeps for backward (an estimate from the layer formulas): the
-    /// trunk's parts (× [`CHECKPOINTED_ACTIVATIONS`] with checkpointing), the head's and the
-    /// fused KDA backward's.
+    /// Values the autodiff graph keeps for backward (an estimate from the layer formulas): what
+    /// is kept of the trunk and the head's, then the largest transient.
     pub activations: usize,
-    /// The activations by part, before checkpointing.
+    /// The activations by part: each kind before checkpointing, what is kept of the trunk, the
+    /// head and the largest transient.
     pub parts: ActivationParts,
 }
 
 /// A micro-batch's activation bytes by where they are kept.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct ActivationParts {
+    /// What the graph keeps of the trunk: all of it, or with activation checkpointing each
+    /// sub-layer's input (a mixer or a dense FFN is one recompute region, `crate::model`) and a
+    /// MoE FFN's activations.
+    pub trunk_kept: usize,
     /// KDA token mixers, all layers.
     pub kda: usize,
     /// Gated MLA token mixers, all layers.
     pub mla: usize,
     /// Dense and MoE FFNs, all layers.
     pub ffn: usize,
-    /// Norms and residual streams of every layer, the embedding output.
+    /// Norms and residual streams of every layer (AttnRes's partial sums), the final norm.
     pub residual: usize,
-    /// The LM head and its loss: with chunks, the gradient of the head's input per token, one
-    /// chunk's `[c, V]` tensors ([`HEAD_CHUNK_COPIES`]) and the head weight's gradient twice
-    /// (accumulated and arriving); whole, the logits and their log-softmax for every token.
+    /// The LM head and its loss, kept after the forward: with chunks, the gradient of the head's
+    /// input per token and the head weight's gradient; whole, the log-softmax of every token's
+    /// logits.
     pub head: usize,
-    /// The fused KDA op's backward: one layer's intra-chunk terms recomputed, and their
-    /// gradients, while that layer is differentiated.
-    pub kda_recompute: usize,
+    /// The largest transient on top of what is kept: one chunk of the head (its `[c, V]` tensors,
+    /// [`HEAD_CHUNK_COPIES`], and the weight gradient arriving), or a region the backward
+    /// recomputes with its gradients (one layer's KDA chunk terms for a group of chunks, one FFN's
+    /// gated product, one chunk of attention scores).
+    pub transient: usize,
 }
 
 impl ActivationParts {
-    /// Everything but the head: what activation checkpointing recomputes from.
+    /// Everything but the head, before checkpointing.
     pub fn trunk(&self) -> usize {
         self.kda + self.mla + self.ffn + self.residual
     }
 }
 
 impl TrainingMemory {
+    /// What the graph holds at the end of the forward: the activations but the transient.
+    pub fn kept(&self) -> usize {
+        self.activations - self.parts.transient
+    }
+
     pub fn total(&self) -> usize {
         self.weights + self.grads + self.adamw + self.replica_grads + self.activations
     }
@@ -278,67 +283,115 @@ pub fn training_memory(c: &ModelConfig, f: &Footprint) -> TrainingMemory {
     let inner = h * c.kda.head_dim;
     let chunk = c.kda.chunk_size.min(seq_len.max(1));
     let m = &c.mla;
-    // Saved values per token.
-    // KDA: projections, conv, gates and norms; then the kernel. The fused op keeps its output
-    // and the state entering each chunk (dk·dv per head per chunk). The composed forms keep the
+    // Saved values per token (recompute regions keep their inputs, not their intermediates).
+    // KDA: the padded conv input (conv, silu and L2 norms are one region), q, k, v, the forget
+    // gate's input and g, β, the kernel, its output and the output gate's input (norm and gate:
+    // one region), and the region's output; the low-rank gate inputs (dk each). The fused op
+    // keeps the state entering each chunk (dk·dv per head per chunk). The composed forms keep the
     // chunk kernel's decays within and across sub-chunks (k3mini_kernels::kda::chunk), the UT
     // inverse's blocks, A_kk and A_qk (the naive recurrence: more, not modelled).
     let sub = k3mini_kernels::kda::sub_chunk(chunk);
     let composed_kernel =
         3 * sub * inner + 3 * (chunk / sub) * inner + sub * sub * h + 2 * chunk * h;
     let kernel = match c.kda.kernel {
-        KdaKernel::Chunk => inner + inner * c.kda.head_dim / chunk,
+        KdaKernel::Chunk => inner * c.kda.head_dim / chunk,
         KdaKernel::Composed | KdaKernel::Naive => composed_kernel,
     };
-    let kda = 15 * inner + kernel + 3 * c.kda.head_dim + h;
+    let kda = 11 * inner + kernel + 2 * c.kda.head_dim + h;
+    // MLA: q (with q-LoRA also its latent, into and out of its norm), the latents (into and out
+    // of their norm), k_n | v as projected, k, then the
+    // attention's output, the gate and their product; the scores are recomputed (a chunk of
+    // queries at a time, [`crate::mla::SCORES_AT_ONCE`]).
     let mla = h * (m.qk_nope_head_dim + m.qk_rope_head_dim) * 2
         + 2 * (m.kv_lora_rank + m.qk_rope_head_dim)
         + h * (m.qk_nope_head_dim + m.v_head_dim)
-        + 2 * h * seq_len // scores and softmax
-        + 3 * h * m.v_head_dim;
+        + 3 * h * m.v_head_dim
+        + m.q_lora_rank.map_or(0, |r| 2 * r);
     let tokens = batch * seq_len;
     let bytes = |per_token: usize| per_token * tokens * F32;
     let mut parts = ActivationParts::default();
+    let mut widest_ffn = 0;
+    // With checkpointing, one sub-layer recomputed while it is differentiated.
+    let mut widest_layer = 0;
     for (i, kind) in kinds.iter().enumerate() {
+        let mixer = match kind {
+            LayerKind::Kda => bytes(kda),
+            LayerKind::Mla => bytes(mla),
+        };
         match kind {
-            LayerKind::Kda => parts.kda += bytes(kda),
-            LayerKind::Mla => parts.mla += bytes(mla),
+            LayerKind::Kda => parts.kda += mixer,
+            LayerKind::Mla => parts.mla += mixer,
         }
-        parts.ffn += bytes(match &c.moe {
-            Some(moe) if c.is_moe_layer(i) => {
-                4 * moe.expert_hidden * (moe.top_k + moe.num_shared_experts) + 2 * moe.num_experts
-            }
-            _ => 4 * c.ffn_hidden,
-        });
-        parts.residual += bytes(6 * d);
+        // The gated product is a region: gate and up, and the product the down projection reads.
+        let moe = c.moe.as_ref().filter(|_| c.is_moe_layer(i));
+        let hidden = match moe {
+            Some(moe) => moe.expert_hidden * (moe.top_k + moe.num_shared_experts),
+            None => c.ffn_hidden,
+        };
+        widest_ffn = widest_ffn.max(hidden);
+        // Router scores of a MoE layer.
+        let ffn = bytes(3 * hidden) + moe.map_or(0, |m| bytes(2 * m.num_experts));
+        parts.ffn += ffn;
+        // Per sub-layer: its input and its norm's output (regions), with AttnRes also the depth
+        // stream's partial sum (the aggregation is a region reading it).
+        let stream = if c.attn_res.is_some() { 3 } else { 2 };
+        parts.residual += bytes(2 * stream * d);
+        // With checkpointing a sub-layer (a mixer, a dense FFN) is one region keeping its input
+        // (and, with AttnRes, the partial sum); a MoE FFN keeps what it did.
+        parts.trunk_kept += if f.activation_checkpointing {
+            let input = bytes((stream - 1) * d);
+            widest_layer = widest_layer.max(mixer + bytes(d));
+            input
+                + match moe {
+                    Some(_) => ffn + bytes(stream * d),
+                    None => {
+                        widest_layer = widest_layer.max(ffn + bytes(d));
+                        input
+                    }
+                }
+        } else {
+            mixer + ffn + bytes(2 * stream * d)
+        };
     }
     // The final norm's input and output.
     parts.residual += bytes(2 * d);
-    // The fused op's backward recomputes one layer's composed-kernel terms at a time, with their
-    // gradients on the backward's own graph.
-    if c.kda.kernel == KdaKernel::Chunk && kinds.contains(&LayerKind::Kda) {
-        parts.kda_recompute = 2 * bytes(composed_kernel);
-    }
+    parts.trunk_kept += bytes(2 * d);
+    // The largest transient: the fused op's chunk terms for one group of chunks of one layer,
+    // one FFN's gated product (its activation's three intermediates), one chunk of attention
+    // scores (scores, probabilities, their gradient), or one chunk of the head.
+    let n_chunks = seq_len.max(1).div_ceil(chunk);
+    let kda_group = if c.kda.kernel == KdaKernel::Chunk && kinds.contains(&LayerKind::Kda) {
+        2 * bytes(composed_kernel) / n_chunks * k3mini_kernels::kda::group_chunks(n_chunks)
+    } else {
+        0
+    };
+    let attention = if kinds.contains(&LayerKind::Mla) {
+        let per_row = batch * h * seq_len;
+        3 * F32 * per_row * crate::mla::query_rows(per_row, seq_len, crate::mla::SCORES_AT_ONCE)
+    } else {
+        0
+    };
+    let within = kda_group.max(bytes(3 * widest_ffn)).max(attention);
+    let mut transient = widest_layer + within;
     let v = c.vocab_size;
     let chunks = HeadChunks::resolve(f.head_chunk, v);
     parts.head = if chunks.cuts(tokens) {
-        bytes(d) + HEAD_CHUNK_COPIES * chunks.tokens_at_once(tokens) * v * F32 + 2 * d * v * F32
+        let chunk = HEAD_CHUNK_COPIES * chunks.tokens_at_once(tokens) * v * F32 + d * v * F32;
+        transient = transient.max(chunk);
+        bytes(d) + d * v * F32
     } else {
-        bytes(2 * v)
+        // Forming the log-softmax and, in the backward, the logits' gradient: a few more copies.
+        transient = transient.max((HEAD_CHUNK_COPIES - 1) * bytes(v));
+        bytes(v)
     };
-    let trunk = parts.trunk();
-    let trunk = if f.activation_checkpointing {
-        (trunk as f64 * CHECKPOINTED_ACTIVATIONS) as usize
-    } else {
-        trunk
-    };
+    parts.transient = transient;
     TrainingMemory {
         footprint: *f,
         weights: params * F32,
         grads: params * F32,
         adamw: 2 * params * F32,
         replica_grads: if f.replicas > 1 { params * F32 } else { 0 },
-        activations: trunk + parts.head + parts.kda_recompute,
+        activations: parts.trunk_kept + parts.head + parts.transient,
         parts,
     }
 }

@@ -12,14 +12,20 @@
 //! ```
 //!
 //! Parameter names follow transformers' Kimi Linear so checkpoints map one to one.
+//!
+//! For the backward pass the layer keeps its projections' outputs and the kernel's inputs: the
+//! conv with SiLU and the L2 norms, the forget gate after its projections, and the output norm
+//! with its gate are each one recompute region (`k3mini_kernels::recompute`), and the kernel is
+//! the fused chunk op.
 
 use crate::config::{KdaConfig, KdaKernel};
 use crate::linear;
-use crate::norm::RmsNorm;
+use crate::norm::{RmsNorm, rms_normalize};
 use crate::precision::Precision;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Distribution, Tensor, activation};
+use k3mini_kernels::recompute::recompute;
 use k3mini_kernels::{
     KdaInputs, KdaOutput, chunk_kda, fused_chunk_kda, kda::default_scale, kda_step,
     naive_recurrent_kda,
@@ -54,46 +60,67 @@ impl ShortConv {
 
     /// `x [B, T, C]`, `tail [B, K−1, C]` (the previous K−1 inputs, zeros at the start). With
     /// `starts` (packed documents, see [`crate::model::K3Mini::forward_packed`]) a tap never reads a
-    /// token of another document. Returns `(y [B, T, C], new tail)`.
+    /// token of another document. Returns `(post(y) [B, T, C'], new tail)`: the conv and `post`
+    /// are one recompute region, so the backward keeps the padded input alone.
     fn forward(
         &self,
         x: Tensor<3>,
         tail: Tensor<3>,
         starts: Option<&Tensor<2>>,
+        post: impl Fn(Tensor<3>) -> Tensor<3> + Send + Sync + 'static,
     ) -> (Tensor<3>, Tensor<3>) {
         let [b, t, _] = x.dims();
         let k = self.kernel();
         let padded = Tensor::cat(vec![tail, x], 1); // [B, K−1+T, C]
-        // Document index per padded position; the tail belongs to the document open before `x`.
-        let docs = starts.map(|s| {
-            let doc = s.clone().cumsum(1); // [B, T]
-            (
-                Tensor::cat(
-                    vec![Tensor::zeros([b, k - 1], &doc.device()), doc.clone()],
-                    1,
-                ),
-                doc,
-            )
-        });
+        let new_tail = padded.clone().narrow(1, t, k - 1);
         let w = self.weight.val().squeeze_dim::<2>(1).swap_dims(0, 1); // [K, C]
-        let mut y = Tensor::zeros(padded.clone().narrow(1, 0, t).dims(), &padded.device());
-        for j in 0..k {
-            let mut tap = padded.clone().narrow(1, j, t);
-            if let Some((padded_doc, doc)) = &docs
-                && j + 1 < k
-            {
-                let same = padded_doc
-                    .clone()
-                    .narrow(1, j, t)
-                    .equal(doc.clone())
-                    .float();
-                tap = tap * same.unsqueeze_dim::<3>(2);
-            }
-            y = y + tap * w.clone().narrow(0, j, 1).unsqueeze::<3>();
+        let mut inputs = vec![padded.unsqueeze_dim::<4>(0), w.unsqueeze::<4>()];
+        if let Some(s) = starts {
+            // Document index per padded position; the tail belongs to the document open before `x`.
+            let doc = s.clone().cumsum(1); // [B, T]
+            let padded_doc = Tensor::cat(vec![Tensor::zeros([b, k - 1], &doc.device()), doc], 1);
+            inputs.push(padded_doc.unsqueeze::<4>());
         }
-        let new_tail = padded.narrow(1, t, k - 1);
-        (y, new_tail)
+        let y = recompute(inputs, move |x| {
+            let doc = x.get(2).map(|d| d.clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0));
+            let w = x[1].clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0);
+            post(taps(x[0].clone().squeeze_dim::<3>(0), w, doc, t)).unsqueeze_dim::<4>(0)
+        });
+        (y.squeeze_dim::<3>(0), new_tail)
     }
+}
+
+/// The depthwise causal conv: `y_t = Σ_j w_j ⊙ padded_{t+j}` over `padded [B, K−1+T, C]` and
+/// `w [K, C]`; with the document index of every padded position `[B, K−1+T]`, a tap reading
+/// another document's token reads zero.
+fn taps(padded: Tensor<3>, w: Tensor<2>, padded_doc: Option<Tensor<2>>, t: usize) -> Tensor<3> {
+    let k = w.dims()[0];
+    let mut y = Tensor::zeros(padded.clone().narrow(1, 0, t).dims(), &padded.device());
+    for j in 0..k {
+        let mut tap = padded.clone().narrow(1, j, t);
+        if let Some(padded_doc) = &padded_doc
+            && j + 1 < k
+        {
+            let doc = padded_doc.clone().narrow(1, k - 1, t);
+            let same = padded_doc.clone().narrow(1, j, t).equal(doc).float();
+            tap = tap * same.unsqueeze_dim::<3>(2);
+        }
+        y = y + tap * w.clone().narrow(0, j, 1).unsqueeze::<3>();
+    }
+    y
+}
+
+/// After the conv: `silu`, then q and k L2-normalised per head (`[B, T, 3·H·dk]`, q | k | v).
+fn activated(mixed: Tensor<3>, heads: usize, head_dim: usize) -> Tensor<3> {
+    let [b, t, _] = mixed.dims();
+    let inner = heads * head_dim;
+    let mixed = activation::silu(mixed);
+    let part = |i: usize| mixed.clone().narrow(2, i * inner, inner);
+    let l2 = |x: Tensor<3>| {
+        let x = x.reshape([b, t, heads, head_dim]);
+        (x.clone() / (x.square().sum_dim(3) + L2_EPS).sqrt()).reshape([b, t, inner])
+    };
+    Tensor::cat(vec![l2(part(0)), l2(part(1)), part(2)], 2)
 }
 
 /// The per-channel forget gate producing the log-decay `g`.
@@ -150,18 +177,27 @@ impl ForgetGate {
         }
     }
 
-    /// `x [B, T, d]` → `g [B, T, H, dk]`, every entry ≤ 0.
+    /// `x [B, T, d]` → `g [B, T, H, dk]`, every entry ≤ 0. After the projections, a recompute
+    /// region: the backward keeps their output.
     fn forward(&self, x: Tensor<3>) -> Tensor<4> {
         let [b, t, _] = x.dims();
         let [_, _, h, _] = self.a_log.dims();
-        let f =
-            self.f_b_proj.forward(self.f_a_proj.forward(x)) + self.dt_bias.val().unsqueeze::<3>();
-        let f = f.reshape([b, t, h, self.dt_bias.dims()[0] / h]);
-        let rate = self.a_log.val().exp(); // [1,1,H,1]
-        match self.lower_bound {
-            None => -rate * activation::softplus_with_threshold(f, 1.0, 20.0),
-            Some(lb) => activation::sigmoid(rate * f) * lb,
-        }
+        let dk = self.dt_bias.dims()[0] / h;
+        let f = self.f_b_proj.forward(self.f_a_proj.forward(x));
+        let inputs = vec![
+            f.reshape([b, t, h, dk]),
+            self.dt_bias.val().reshape([1, 1, h, dk]),
+            self.a_log.val(), // [1,1,H,1]
+        ];
+        let lower_bound = self.lower_bound;
+        recompute(inputs, move |x| {
+            let f = x[0].clone() + x[1].clone();
+            let rate = x[2].clone().exp();
+            match lower_bound {
+                None => -rate * activation::softplus_with_threshold(f, 1.0, 20.0),
+                Some(lb) => activation::sigmoid(rate * f) * lb,
+            }
+        })
     }
 }
 
@@ -273,18 +309,18 @@ impl KimiDeltaAttention {
                 None,
             ),
         };
-        let (mixed, new_tail) = self.conv1d.forward(mixed, conv_tail, starts);
-        let mixed = activation::silu(mixed);
+        let (mixed, new_tail) =
+            self.conv1d
+                .forward(mixed, conv_tail, starts, move |y| activated(y, h, hd));
         let heads = |i: usize| {
             mixed
                 .clone()
                 .narrow(2, i * inner, inner)
                 .reshape([b, t, h, hd])
         };
-        let l2 = |x: Tensor<4>| x.clone() / (x.square().sum_dim(3) + L2_EPS).sqrt();
         let inputs = KdaInputs {
-            q: l2(heads(0)),
-            k: l2(heads(1)),
+            q: heads(0),
+            k: heads(1),
             v: heads(2),
             g: self.forget_gate.forward(x.clone()),
             beta: activation::sigmoid(self.precision.linear(&self.b_proj, x.clone())),
@@ -320,9 +356,17 @@ impl KimiDeltaAttention {
             Some(a) => self.precision.linear(a, x),
             None => x,
         };
-        let gate = activation::sigmoid(self.precision.linear(&self.g_b_proj, gate_in))
+        let gate = self
+            .precision
+            .linear(&self.g_b_proj, gate_in)
             .reshape([b, t, h, hd]);
-        let o = (self.o_norm.forward(o) * gate).reshape([b, t, inner]);
+        // `RMSNorm(o) ⊙ σ(gate)`, one recompute region: the backward keeps o and the gate's input.
+        let eps = self.o_norm.eps;
+        let w = self.o_norm.weight.val().unsqueeze::<4>();
+        let o = recompute(vec![o, gate, w], move |x| {
+            rms_normalize(x[0].clone(), eps) * x[2].clone() * activation::sigmoid(x[1].clone())
+        })
+        .reshape([b, t, inner]);
         self.precision.linear(&self.o_proj, o)
     }
 }

@@ -11,6 +11,8 @@
 //! ```
 //!
 //! The inference cache holds only `c` and `k_r` per token (kv_lora + rope values): the compressed form.
+//! Training keeps `q`, `k` and `v` for the attention's backward, which recomputes the scores a
+//! chunk of queries at a time ([`SCORES_AT_ONCE`]).
 
 use crate::config::MlaConfig;
 use crate::linear;
@@ -19,6 +21,7 @@ use crate::precision::Precision;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Bool, Device, Tensor, activation};
+use k3mini_kernels::recompute::recompute;
 
 /// Epsilon of the latent RMSNorms (transformers' `KimiLinearRMSNorm` default).
 pub const LATENT_NORM_EPS: f64 = 1e-6;
@@ -62,6 +65,9 @@ pub struct GatedMla {
     /// Of the projections and the attention products (softmax stays f32).
     #[module(skip)]
     pub precision: Precision,
+    /// Scores one chunk of queries may hold ([`SCORES_AT_ONCE`]).
+    #[module(skip)]
+    pub scores_at_once: usize,
 }
 
 impl GatedMla {
@@ -95,6 +101,7 @@ impl GatedMla {
             heads,
             dims: cfg.clone(),
             precision: Precision::F32,
+            scores_at_once: SCORES_AT_ONCE,
         }
     }
 
@@ -156,29 +163,64 @@ impl GatedMla {
         let k = Tensor::cat(vec![k_nope, k_rope], 3); // [B, H, S, nope+rope]
 
         let scale = ((nope + rope) as f64).powf(-0.5);
-        let scores = mm.matmul(q, k.swap_dims(2, 3)) * scale; // [B, H, T, S]
-        let future = Tensor::<2, Bool>::tril_mask([t, s], past as i64, &x.device()); // true where j > i+past
-        let mut scores = scores.mask_fill(future.unsqueeze::<4>(), f32::NEG_INFINITY);
-        if let Some(starts) = starts {
+        // Document ids `[B, 1, T, 1]` of the queries and `[B, 1, 1, S]` of the keys (cached
+        // tokens belong to the document open before `x`: id 0).
+        let docs = starts.map(|starts| {
             let doc = starts.clone().cumsum(1); // [B, T]
             let doc_k = Tensor::cat(
                 vec![Tensor::zeros([b, past], &doc.device()), doc.clone()],
                 1,
-            ); // [B, S]
-            let other = doc
-                .unsqueeze_dim::<3>(2)
-                .expand([b, t, s])
-                .not_equal(doc_k.unsqueeze_dim::<3>(1).expand([b, t, s]));
-            scores = scores.mask_fill(
-                other.unsqueeze_dim::<4>(1).expand([b, h, t, s]),
-                f32::NEG_INFINITY,
             );
-        }
-        let o = mm.matmul(activation::softmax(scores, 3), v); // [B, H, T, v]
+            (doc.reshape([b, 1, t, 1]), doc_k.reshape([b, 1, 1, s]))
+        });
+        // Queries in chunks, each a recompute region: the backward keeps q, k and v, never the
+        // `[B, H, T, S]` scores and probabilities.
+        let rows = query_rows(b * h * s, t, self.scores_at_once);
+        let parts = (0..t)
+            .step_by(rows)
+            .map(|i| {
+                let n = rows.min(t - i);
+                let mut inputs = vec![q.clone().narrow(2, i, n), k.clone(), v.clone()];
+                if let Some((doc_q, doc_k)) = &docs {
+                    inputs.extend([doc_q.clone().narrow(2, i, n), doc_k.clone()]);
+                }
+                recompute(inputs, move |x| attend(x, scale, past + i, mm))
+            })
+            .collect();
+        let o = Tensor::cat(parts, 2); // [B, H, T, v]
         let mut o = o.swap_dims(1, 2).reshape([b, t, h * vd]);
         if let Some(g) = &self.g_proj {
             o = o * activation::sigmoid(mm.linear(g, x));
         }
         mm.linear(&self.o_proj, o)
     }
+}
+
+/// Scores one attention region holds at a time (`[B, H, rows, S]`, f32): 64 MiB.
+pub const SCORES_AT_ONCE: usize = 1 << 24;
+
+/// Queries a chunk of attention takes: as many as keep its `[B, H, rows, S]` scores within
+/// `budget` (`per_row = B·H·S`), at least one, at most all `t`.
+pub fn query_rows(per_row: usize, t: usize, budget: usize) -> usize {
+    (budget / per_row.max(1)).clamp(1, t.max(1))
+}
+
+/// `softmax(q kᵀ · scale + causal + documents) v` for `[q, k, v]` or `[q, k, v, doc_q, doc_k]`:
+/// queries `[B, H, Tq, ·]` at key positions `offset..offset + Tq` of keys and values `[B, H, S, ·]`.
+fn attend(x: &[Tensor<4>], scale: f64, offset: usize, mm: Precision) -> Tensor<4> {
+    let (q, k, v) = (x[0].clone(), x[1].clone(), x[2].clone());
+    let [b, h, tq, _] = q.dims();
+    let s = k.dims()[2];
+    let device = q.device();
+    let scores = mm.matmul(q, k.swap_dims(2, 3)) * scale; // [B, H, Tq, S]
+    let future = Tensor::<2, Bool>::tril_mask([tq, s], offset as i64, &device); // true where j > i+offset
+    let mut scores = scores.mask_fill(future.unsqueeze::<4>(), f32::NEG_INFINITY);
+    if let [_, _, _, doc_q, doc_k] = x {
+        let other = doc_q
+            .clone()
+            .expand([b, 1, tq, s])
+            .not_equal(doc_k.clone().expand([b, 1, tq, s]));
+        scores = scores.mask_fill(other.expand([b, h, tq, s]), f32::NEG_INFINITY);
+    }
+    mm.matmul(activation::softmax(scores, 3), v)
 }

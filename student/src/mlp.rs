@@ -8,10 +8,12 @@
 
 use crate::config::Activation;
 use crate::linear;
+use crate::norm::rows;
 use crate::precision::Precision;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, activation};
+use k3mini_kernels::recompute::recompute;
 
 /// SiTU's cap on the gate branch.
 pub const SITU_BETA: f64 = 4.0;
@@ -48,8 +50,18 @@ impl Mlp {
     }
 }
 
-/// The gated product `act(gate) ⊙ up` shared by dense FFNs and experts.
+/// The gated product `act(gate) ⊙ up` shared by dense FFNs and experts: a recompute region, so
+/// the backward keeps `gate` and `up` (not the activation's intermediates, `[.., hidden]` each).
 pub fn glu<const D: usize>(act: Activation, gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+    let dims = gate.dims();
+    recompute(vec![rows(gate), rows(up)], move |x| {
+        gated(act, x[0].clone(), x[1].clone())
+    })
+    .reshape(dims)
+}
+
+/// [`glu`]'s arithmetic.
+fn gated<const D: usize>(act: Activation, gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
     match act {
         Activation::Swiglu => activation::silu(gate) * up,
         Activation::Situ => {

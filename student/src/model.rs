@@ -19,9 +19,10 @@ use crate::mlp::Mlp;
 use crate::moe::{ExpertLoad, Moe, Route};
 use crate::norm::RmsNorm;
 use crate::precision::Precision;
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, Linear};
 use burn::tensor::{Device, Int, Tensor};
+use k3mini_kernels::recompute::recompute;
 
 /// The token mixer of a layer.
 #[derive(Module, Debug)]
@@ -49,6 +50,67 @@ pub struct DecoderLayer {
     pub mlp_res: Option<DepthAttention>,
 }
 
+/// `Mixer(RMSNorm(x))` over a whole sequence.
+fn mix(parts: &(RmsNorm, Mixer), x: Tensor<3>, starts: Option<&Tensor<2>>) -> Tensor<3> {
+    let x = parts.0.forward(x);
+    match &parts.1 {
+        Mixer::Kda(k) => k.forward(x, None, starts),
+        Mixer::Mla(m) => m.forward(x, None, starts),
+    }
+}
+
+/// `FFN(RMSNorm(x))` of a dense FFN.
+fn feed_forward(parts: &(RmsNorm, Mlp), x: Tensor<3>, _: Option<&Tensor<2>>) -> Tensor<3> {
+    parts.1.forward(parts.0.forward(x))
+}
+
+/// `f(module, x, starts)`, with `checkpointing` as one recompute region: the backward keeps
+/// `x [B, T, d]`, the starts and the module's weights, and runs `f` again.
+fn sublayer<M: Module + Sync + 'static>(
+    module: M,
+    x: Tensor<3>,
+    starts: Option<&Tensor<2>>,
+    checkpointing: bool,
+    f: fn(&M, Tensor<3>, Option<&Tensor<2>>) -> Tensor<3>,
+) -> Tensor<3> {
+    if !checkpointing {
+        return f(&module, x, starts);
+    }
+    let mut inputs = vec![x.unsqueeze_dim::<4>(0)];
+    inputs.extend(starts.map(|s| s.clone().unsqueeze::<4>()));
+    let skip = inputs.len();
+    let mut weights = Weights(Vec::new());
+    module.visit(&mut weights);
+    inputs.extend(weights.0);
+    recompute(inputs, move |x| {
+        let starts = (skip == 2).then(|| x[1].clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0));
+        let module = module.clone().map(&mut Replace(x[skip..].iter()));
+        f(&module, x[0].clone().squeeze_dim::<3>(0), starts.as_ref()).unsqueeze_dim::<4>(0)
+    })
+    .squeeze_dim::<3>(0)
+}
+
+/// A module's float weights, each viewed as rank 4, in visiting order.
+struct Weights(Vec<Tensor<4>>);
+
+impl ModuleVisitor for Weights {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let w = param.val();
+        let n = w.dims().iter().product::<usize>();
+        self.0.push(w.reshape([1, 1, 1, n]));
+    }
+}
+
+/// Replaces a module's float weights, in visiting order, with the given tensors.
+struct Replace<'a, I: Iterator<Item = &'a Tensor<4>>>(I);
+
+impl<'a, I: Iterator<Item = &'a Tensor<4>>> ModuleMapper for Replace<'a, I> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let w = self.0.next().expect("one tensor per weight").clone();
+        param.map(|old| w.reshape(old.dims()))
+    }
+}
+
 #[derive(Module, Debug)]
 pub struct Backbone {
     pub embed_tokens: Embedding,
@@ -64,6 +126,10 @@ pub struct K3Mini {
     pub lm_head: Linear,
     #[module(skip)]
     pub config: ModelConfig,
+    /// Activation checkpointing (`train.activation_checkpointing`): each sub-layer of a training
+    /// forward is one recompute region (see [`K3Mini::with_checkpointing`]).
+    #[module(skip)]
+    pub checkpointing: bool,
 }
 
 /// Per-layer inference state: KDA recurrent state + conv tail, or the MLA compressed cache.
@@ -184,8 +250,17 @@ impl K3Mini {
             },
             lm_head: linear(d, config.vocab_size, device),
             config: config.clone(),
+            checkpointing: false,
         }
         .with_precision(config.precision))
+    }
+
+    /// With `on`, each sub-layer of a training forward (a mixer, a dense FFN) is one recompute
+    /// region: the graph keeps its input, and the backward runs the sub-layer again (one more
+    /// forward of the trunk's sub-layers for a fraction of the activations).
+    pub fn with_checkpointing(mut self, on: bool) -> Self {
+        self.checkpointing = on;
+        self
     }
 
     /// Every layer's matrix products at `p` (see [`crate::precision`]).
@@ -290,6 +365,7 @@ impl K3Mini {
             done: vec![embedded],
             partial: None,
         };
+        let checkpointing = state.is_none() && self.checkpointing;
         for (i, layer) in self.model.layers.iter().enumerate() {
             let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
             // Mixer sub-layer (global index 2i).
@@ -297,12 +373,20 @@ impl K3Mini {
                 (Some(bs), Some(res)) => res.forward(&depth.sources_for(2 * i, bs)),
                 _ => h.clone(),
             };
-            let x = layer.input_layernorm.forward(x);
             let mixed = match (&layer.self_attn, layer_state) {
-                (Mixer::Kda(k), Some(LayerState::Kda(s))) => k.forward(x, Some(s), starts),
-                (Mixer::Mla(m), Some(LayerState::Mla(c))) => m.forward(x, Some(c), starts),
-                (Mixer::Kda(k), None) => k.forward(x, None, starts),
-                (Mixer::Mla(m), None) => m.forward(x, None, starts),
+                (Mixer::Kda(k), Some(LayerState::Kda(s))) => {
+                    k.forward(layer.input_layernorm.forward(x), Some(s), starts)
+                }
+                (Mixer::Mla(m), Some(LayerState::Mla(c))) => {
+                    m.forward(layer.input_layernorm.forward(x), Some(c), starts)
+                }
+                (mixer, None) => sublayer(
+                    (layer.input_layernorm.clone(), mixer.clone()),
+                    x,
+                    starts,
+                    checkpointing,
+                    mix,
+                ),
                 _ => panic!("inference state does not match layer {i}'s mixer"),
             };
             // FFN sub-layer (global index 2i + 1).
@@ -316,11 +400,16 @@ impl K3Mini {
                     h.clone()
                 }
             };
-            let x = layer.post_attention_layernorm.forward(x);
             let out = match &layer.mlp {
-                Ffn::Dense(mlp) => mlp.forward(x),
+                Ffn::Dense(mlp) => sublayer(
+                    (layer.post_attention_layernorm.clone(), mlp.clone()),
+                    x,
+                    None,
+                    checkpointing,
+                    feed_forward,
+                ),
                 Ffn::Moe(moe) => {
-                    let out = moe.forward(x);
+                    let out = moe.forward(layer.post_attention_layernorm.forward(x));
                     expert_load.push(out.load);
                     routing.push(Route {
                         layer: i,

@@ -107,8 +107,9 @@ fn activation_checkpointing_changes_no_number() {
 
 #[test]
 fn the_fused_kda_op_and_a_chunked_head_train_as_the_composed_forms_do() {
-    // The training path (fused KDA, the head in chunks of 40 of a micro-batch's 126 positions)
-    // against the composed kernel with the whole head: every step's loss within 1e-5 relative
+    // The training path (fused KDA, the head in chunks of 40 of a micro-batch's 126 positions,
+    // the recompute regions) against the composed kernel with the whole head and composed
+    // regions: every step's loss within 1e-5 relative
     // over 4 steps (the backward's rounding differs, so AdamW's weights do not match to the bit).
     let (s, path) = setup("fused", 4, "");
     let mut fused = recipe::load(&path).unwrap();
@@ -119,7 +120,10 @@ fn the_fused_kda_op_and_a_chunked_head_train_as_the_composed_forms_do() {
     composed.train.head_chunk = Some(0);
     let (a, b) = (s.0.join("fused"), s.0.join("composed"));
     train(&fused, &opts(&a)).unwrap();
-    train(&composed, &opts(&b)).unwrap();
+    {
+        let _composed = k3mini_kernels::recompute::ComposedRegions::new();
+        train(&composed, &opts(&b)).unwrap();
+    }
     let (x, y) = (metrics(&a), metrics(&b));
     assert_eq!(x.len(), 4);
     for (x, y) in x.iter().zip(&y) {

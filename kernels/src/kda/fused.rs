@@ -17,9 +17,10 @@
 //!
 //! (`Q̃ = Q ⊙ e^Γ`, `K̃ = K ⊙ e^{Γ_C − Γ}`.) Given every `S_c` and `dS_{c+1}`, a chunk's inputs reach
 //! the loss only through `O_c` and `S_{c+1}`, so their gradients are those of
-//! `Σ_c ⟨O_c, dO_c⟩ + ⟨S_{c+1}, dS_{c+1}⟩` with the states held constant: all chunks at once,
-//! differentiated by burn on a graph of the backward's own (the intra-chunk terms, the UT inverse
-//! and the decayed scores are recomputed, used and freed there; nothing of them outlives the op).
+//! `Σ_c ⟨O_c, dO_c⟩ + ⟨S_{c+1}, dS_{c+1}⟩` with the states held constant, differentiated by burn on
+//! a graph of the backward's own, a group of chunks at a time, last group first
+//! ([`RECOMPUTE_GROUPS`]; the intra-chunk terms, the UT inverse and the decayed scores of one group
+//! are recomputed, used and freed there; nothing of them outlives the op).
 //!
 //! The op is a backend extension (SPEC.md, custom ops): implemented for flex and libtorch, whose
 //! primitives are wrapped as tensors to run the arithmetic above, and for `Autodiff<B>` with a
@@ -27,16 +28,14 @@
 
 use super::chunk::{ChunkTerms, blocks};
 use super::{KdaInputs, KdaOutput, zero_state};
+use crate::extension::{grad_or_zeros, implemented_for};
 use burn::backend::autodiff::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{
-    AutodiffBackend, Backend, BackendTensor, Dispatch, DispatchAutodiffContext, DispatchTensor,
-    DispatchTensorKind, ExtensionType, backend_extension,
-};
+use burn::backend::{AutodiffBackend, Backend, Dispatch, ExtensionType, backend_extension};
 use burn::tensor::Tensor;
 
 /// Chunkwise KDA as one op: same contract and forward values as [`super::chunk_kda`]; under
@@ -80,21 +79,6 @@ pub fn fused_chunk_kda(
     }
 }
 
-/// Whether the op runs on `x`'s backend (flex and libtorch); elsewhere (CubeCL's backends) the
-/// composed form, which every backend runs, takes its place.
-fn implemented_for(x: &Tensor<4>) -> bool {
-    let kind = match x.clone().into_dispatch().kind {
-        DispatchTensorKind::Autodiff(inner) => *inner,
-        kind => kind,
-    };
-    match kind {
-        DispatchTensorKind::Flex(_) => true,
-        #[cfg(feature = "tch")]
-        DispatchTensorKind::LibTorch(_) => true,
-        _ => false,
-    }
-}
-
 /// The op's arithmetic on tensors: `o` and the final state flattened and joined `[B·T·H·dv +
 /// B·H·dk·dv]`, and with `keep` the state entering each chunk `[B·H, N, dk, dv]`.
 fn forward(
@@ -123,8 +107,19 @@ struct Grads {
     initial: Tensor<4>,
 }
 
+/// The backward recomputes the chunk terms in at most this many groups of consecutive chunks,
+/// last group first, so one group's terms and their graph are alive at a time.
+pub const RECOMPUTE_GROUPS: usize = 8;
+
+/// Chunks per recomputed group, for `n` chunks.
+pub fn group_chunks(n: usize) -> usize {
+    n.div_ceil(RECOMPUTE_GROUPS).max(1)
+}
+
 /// The gradients from the joined output's gradient `grad` and the states `entering
-/// [B·H, N, dk, dv]` that [`forward`] kept.
+/// [B·H, N, dk, dv]` that [`forward`] kept, a group of chunks at a time (a group's chunk terms
+/// depend on its own tokens only: slicing at chunk boundaries is exact, packed documents
+/// included, since the document masks compare positions within a chunk).
 fn backward(
     x: &KdaInputs,
     entering: Tensor<4>,
@@ -136,65 +131,71 @@ fn backward(
     let n = t.div_ceil(chunk);
     let o_len = b * t * h * dv;
     let d_o = grad.clone().narrow(0, 0, o_len).reshape([b, t, h, dv]);
-    let d_final = grad
+    let mut d_state = grad
         .narrow(0, o_len, b * h * dk * dv)
-        .reshape([b * h, dk, dv]);
-    let d_o = blocks(d_o, chunk).reshape([b * h, n, chunk, dv]);
+        .reshape([b * h, dk, dv]); // dS_{c+1}, from the final state's gradient
+    let per_group = group_chunks(n);
+    let mut groups = Vec::with_capacity(n.div_ceil(per_group));
+    for first in (0..n).step_by(per_group).rev() {
+        let chunks = per_group.min(n - first);
+        let (t0, len) = (first * chunk, (chunks * chunk).min(t - first * chunk));
+        let slice = |x: &Tensor<4>| x.clone().narrow(1, t0, len);
+        // The group's inputs as leaves of a graph of the backward's own.
+        let leaf = |x: &Tensor<4>| slice(x).autodiff().require_grad();
+        let leaves = KdaInputs {
+            q: leaf(&x.q),
+            k: leaf(&x.k),
+            v: leaf(&x.v),
+            g: leaf(&x.g),
+            beta: x.beta.clone().narrow(1, t0, len).autodiff().require_grad(),
+            starts: x.starts.as_ref().map(|s| s.clone().narrow(1, t0, len)),
+        };
+        let terms = ChunkTerms::new(&leaves, scale, chunk);
+        let d_o = blocks(slice(&d_o), chunk).reshape([b * h, chunks, chunk, dv]);
 
-    // The inputs as leaves of a graph of the backward's own.
-    let leaves = KdaInputs {
-        q: x.q.clone().autodiff().require_grad(),
-        k: x.k.clone().autodiff().require_grad(),
-        v: x.v.clone().autodiff().require_grad(),
-        g: x.g.clone().autodiff().require_grad(),
-        beta: x.beta.clone().autodiff().require_grad(),
-        starts: x.starts.clone(),
-    };
-    let terms = ChunkTerms::new(&leaves, scale, chunk);
+        // The states' gradients, last chunk first, from the recomputed terms' values.
+        let value = |x: &Tensor<4>| x.clone().detach().inner();
+        let (w, q_decayed, a_qk, k_to_end, decay_last) = (
+            value(&terms.w),
+            value(&terms.q_decayed),
+            value(&terms.a_qk),
+            value(&terms.k_to_end),
+            value(&terms.decay_last),
+        );
+        let mut leaving = Vec::with_capacity(chunks);
+        for c in (0..chunks).rev() {
+            let at = |x: &Tensor<4>| x.clone().narrow(1, c, 1).squeeze_dim::<3>(1);
+            let d_oc = at(&d_o);
+            leaving.push(d_state.clone());
+            let d_v_new = at(&a_qk).swap_dims(1, 2).matmul(d_oc.clone())
+                + at(&k_to_end).matmul(d_state.clone()); // dṼ: [BH, C, dv]
+            d_state = at(&q_decayed).swap_dims(1, 2).matmul(d_oc)
+                - at(&w).swap_dims(1, 2).matmul(d_v_new)
+                + d_state * at(&decay_last);
+        }
+        leaving.reverse();
+        let leaving = Tensor::stack::<4>(leaving, 1); // dS_{c+1}: [BH, chunks, dk, dv]
 
-    // The states' gradients, last chunk first, from the recomputed terms' values.
-    let value = |x: &Tensor<4>| x.clone().detach().inner();
-    let (w, q_decayed, a_qk, k_to_end, decay_last) = (
-        value(&terms.w),
-        value(&terms.q_decayed),
-        value(&terms.a_qk),
-        value(&terms.k_to_end),
-        value(&terms.decay_last),
-    );
-    let mut d_state = d_final; // dS_{c+1}: [BH, dk, dv]
-    let mut leaving = Vec::with_capacity(n);
-    for c in (0..n).rev() {
-        let at = |x: &Tensor<4>| x.clone().narrow(1, c, 1).squeeze_dim::<3>(1);
-        let d_oc = at(&d_o);
-        leaving.push(d_state.clone());
-        let d_v_new =
-            at(&a_qk).swap_dims(1, 2).matmul(d_oc.clone()) + at(&k_to_end).matmul(d_state.clone()); // dṼ: [BH, C, dv]
-        d_state = at(&q_decayed).swap_dims(1, 2).matmul(d_oc)
-            - at(&w).swap_dims(1, 2).matmul(d_v_new)
-            + d_state * at(&decay_last);
+        // Σ_c ⟨O_c, dO_c⟩ + ⟨S_{c+1}, dS_{c+1}⟩ over the group's chunks, the states constant.
+        let entering = entering.clone().narrow(1, first, chunks);
+        let v_new = terms.u - terms.w.matmul(entering.clone()); // [BH, chunks, C, dv]
+        let o = terms.q_decayed.matmul(entering.clone()) + terms.a_qk.matmul(v_new.clone());
+        let next = entering * terms.decay_last + terms.k_to_end.swap_dims(2, 3).matmul(v_new);
+        let grads = ((o * d_o).sum() + (next * leaving).sum()).backward();
+        groups.push((
+            [&leaves.q, &leaves.k, &leaves.v, &leaves.g].map(|x| grad_or_zeros(x, &grads)),
+            grad_or_zeros(&leaves.beta, &grads),
+        ));
     }
-    leaving.reverse();
-    let leaving = Tensor::stack::<4>(leaving, 1); // dS_{c+1}: [BH, N, dk, dv]
-
-    // Σ_c ⟨O_c, dO_c⟩ + ⟨S_{c+1}, dS_{c+1}⟩ over all chunks at once, the states constant.
-    let v_new = terms.u - terms.w.matmul(entering.clone()); // [BH, N, C, dv]
-    let o = terms.q_decayed.matmul(entering.clone()) + terms.a_qk.matmul(v_new.clone());
-    let next = entering * terms.decay_last + terms.k_to_end.swap_dims(2, 3).matmul(v_new);
-    let surrogate = (o * d_o).sum() + (next * leaving).sum();
-    let grads = surrogate.backward();
-    let grad_of = |x: &Tensor<4>| {
-        x.grad(&grads)
-            .unwrap_or_else(|| Tensor::zeros(x.dims(), &x.device()).inner())
-    };
+    groups.reverse();
+    let (four, beta): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+    let along_time = |i: usize| Tensor::cat(four.iter().map(|g| g[i].clone()).collect(), 1);
     Grads {
-        q: grad_of(&leaves.q),
-        k: grad_of(&leaves.k),
-        v: grad_of(&leaves.v),
-        g: grad_of(&leaves.g),
-        beta: leaves
-            .beta
-            .grad(&grads)
-            .unwrap_or_else(|| Tensor::zeros([b, t, h], &x.beta.device())),
+        q: along_time(0),
+        k: along_time(1),
+        v: along_time(2),
+        g: along_time(3),
+        beta: Tensor::cat(beta, 1),
         initial: d_state.reshape([b, h, dk, dv]),
     }
 }
@@ -258,19 +259,7 @@ macro_rules! concrete_kda_ops {
         mod $module {
             use super::*;
 
-            pub(super) fn wrap<const D: usize>(p: FloatTensor<$backend>) -> Tensor<D> {
-                Tensor::from_dispatch(DispatchTensor {
-                    kind: DispatchTensorKind::$variant(BackendTensor::Float(p)),
-                    autodiff: DispatchAutodiffContext::Disabled,
-                })
-            }
-
-            pub(super) fn unwrap<const D: usize>(t: Tensor<D>) -> FloatTensor<$backend> {
-                match t.into_dispatch().kind {
-                    DispatchTensorKind::$variant(BackendTensor::Float(p)) => p,
-                    _ => unreachable!("the op's arithmetic stays on its backend"),
-                }
-            }
+            crate::extension::tensor_bridge!($backend, $variant);
 
             pub(super) fn inputs(
                 q: FloatTensor<$backend>,

@@ -19,7 +19,7 @@ mod fused;
 mod recurrent;
 
 pub use chunk::{DEFAULT_CHUNK, SUB_CHUNK, chunk_kda, sub_chunk};
-pub use fused::fused_chunk_kda;
+pub use fused::{RECOMPUTE_GROUPS, fused_chunk_kda, group_chunks};
 pub use recurrent::{kda_step, naive_recurrent_kda};
 
 use burn::tensor::Tensor;

@@ -78,11 +78,13 @@ fn packed(x: KdaInputs, at: &[usize]) -> KdaInputs {
 #[test]
 fn fused_values_and_gradients_equal_the_composed_and_naive_forms() {
     let names = ["q", "k", "v", "g", "beta", "initial state"];
-    // Odd lengths, a padded last chunk, packed documents across and at chunk boundaries.
+    // Odd lengths, a padded last chunk, packed documents across and at chunk boundaries; 26
+    // chunks: the backward's groups of several chunks, a document across a group's edge.
     for (t, chunk, docs) in [
         (37, 16, &[][..]),
         (64, 16, &[5, 16, 40][..]),
         (99, 32, &[0, 31, 33, 70][..]),
+        (203, 8, &[3, 50, 64, 120][..]),
     ] {
         let x = random_inputs(2, t, 2, 16, 8, t as u64);
         let x = if docs.is_empty() { x } else { packed(x, docs) };

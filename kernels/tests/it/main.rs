@@ -4,3 +4,4 @@ mod fused;
 mod golden_fla;
 mod kda_forms;
 mod packed_documents;
+mod recompute;

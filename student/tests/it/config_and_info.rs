@@ -3,7 +3,10 @@
 use crate::common::device;
 use burn::module::Module;
 use k3mini_student::config::{AttnResConfig, ModelConfig, MoeConfig};
-use k3mini_student::info::{Footprint, active_params, model_info, param_breakdown, state_size};
+use k3mini_student::info::{
+    Footprint, GPUS, USABLE_SHARE, active_params, model_info, param_breakdown, state_size,
+    training_memory,
+};
 use k3mini_student::presets::{self, from_recipe_toml, preset};
 use k3mini_student::{K3Mini, PRESETS};
 
@@ -226,4 +229,19 @@ fn kimi_linear_config_round_trips_and_refuses_what_it_cannot_express() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no Kimi Linear equivalent"), "{e}");
+}
+
+#[test]
+fn the_3b_preset_at_1_x_4096_fits_one_80_gb_gpu_with_checkpointing_only() {
+    let c = preset("k3-mini-3b").unwrap();
+    let usable = GPUS[1].1 as f64 * USABLE_SHARE;
+    let need = |activation_checkpointing| {
+        let f = Footprint {
+            activation_checkpointing,
+            ..Footprint::new(1, 4096)
+        };
+        training_memory(&c, &f).total() as f64
+    };
+    assert!(need(true) <= usable, "{:.1} GiB", need(true) / (1u64 << 30) as f64);
+    assert!(need(false) > usable, "without checkpointing the trunk's activations do not fit");
 }
