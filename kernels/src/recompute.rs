@@ -103,7 +103,12 @@ pub enum Group<B: Backend> {
     One(FloatTensor<B>),
     Two(FloatTensor<B>, FloatTensor<B>),
     Three(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>),
-    Four(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>),
+    Four(
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+    ),
 }
 
 /// A region's inputs across the op boundary, four to a [`Group`].
@@ -169,7 +174,9 @@ impl<B: Backend> Inputs<B> {
 
     fn into_vec(self) -> Vec<FloatTensor<B>> {
         let mut out = Vec::with_capacity(MAX_INPUTS);
-        for group in [self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h] {
+        for group in [
+            self.a, self.b, self.c, self.d, self.e, self.f, self.g, self.h,
+        ] {
             group.extend_into(&mut out);
         }
         out

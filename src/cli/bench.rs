@@ -8,10 +8,10 @@ use k3mini::device::DeviceList;
 use k3mini::export::bench_export;
 use k3mini::train::bench::bench_recipe;
 use k3mini_gguf::mix::FileType;
+use k3mini_kernels::recompute::ComposedRegions;
 use k3mini_student::bench::{
     BENCH_SHAPES, StepSpec, TrainStepBench, bench_kda, bench_shape, bench_train_step,
 };
-use k3mini_kernels::recompute::ComposedRegions;
 use k3mini_student::config::KdaKernel;
 use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{Footprint, training_memory};
@@ -619,7 +619,11 @@ fn row(r: &TrainStepBench) -> String {
         r.batch,
         r.seq_len,
         format!("{:?}", r.kernel).to_lowercase(),
-        if r.composed_regions { "composed" } else { "recompute" },
+        if r.composed_regions {
+            "composed"
+        } else {
+            "recompute"
+        },
         r.tokens_per_s,
         r.ms_per_step,
         r.model_gflops,
@@ -679,14 +683,23 @@ fn memory(steps: usize) -> Result<()> {
         for checkpointing in [false, true] {
             let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
             let mut args = vec![
-                "--preset", name, "--batch", &b, "--seq-len", &t, "--steps", &n,
+                "--preset",
+                name,
+                "--batch",
+                &b,
+                "--seq-len",
+                &t,
+                "--steps",
+                &n,
             ];
             if checkpointing {
                 args.push("--activation-checkpointing");
             }
             let r = model_child(&args)?;
             let (kept, bound) = estimate(&r)?;
-            let measured = r.kept_bytes.context("the heap is not counted in this build")?;
+            let measured = r
+                .kept_bytes
+                .context("the heap is not counted in this build")?;
             println!(
                 "| {name} | {:.1}M | {batch} x {seq} | {} | {} | {} | {:+.0}% | {} | {} |",
                 r.params as f64 / 1e6,
@@ -709,13 +722,26 @@ fn all(steps: usize) -> Result<()> {
     // recompute regions) against the composed kernel, the whole head and composed regions, A B A B.
     let ab: [&[&str]; 2] = [
         &["--kernel", "chunk"],
-        &["--kernel", "composed", "--head-chunk", "0", "--composed-regions"],
+        &[
+            "--kernel",
+            "composed",
+            "--head-chunk",
+            "0",
+            "--composed-regions",
+        ],
     ];
     for (name, batch, seq) in [("tiny", 8, 256), (BENCH_SHAPES[0], 4, 256)] {
         for side in std::iter::repeat_n(ab, 2).flatten() {
             let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
             let mut args = vec![
-                "--preset", name, "--batch", &b, "--seq-len", &t, "--steps", &n,
+                "--preset",
+                name,
+                "--batch",
+                &b,
+                "--seq-len",
+                &t,
+                "--steps",
+                &n,
             ];
             args.extend_from_slice(side);
             println!("{}", row(&model_child(&args)?));

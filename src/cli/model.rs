@@ -3,9 +3,7 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use k3mini_student::head::HeadChunks;
-use k3mini_student::info::{
-    Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info,
-};
+use k3mini_student::info::{Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info};
 use k3mini_student::presets::{from_recipe_toml, preset};
 use std::path::PathBuf;
 

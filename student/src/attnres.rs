@@ -10,9 +10,9 @@
 //! (`block_size = 1` is the full form). The layer wiring follows fla's `KDABlock`.
 
 use crate::norm::{RmsNorm, rms_normalize};
-use k3mini_kernels::recompute::{MAX_INPUTS, recompute};
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor, activation};
+use k3mini_kernels::recompute::{MAX_INPUTS, recompute};
 
 /// One depth-attention point: a pseudo-query and the RMSNorm applied to its keys.
 #[derive(Module, Debug)]

@@ -82,7 +82,9 @@ impl ShortConv {
             inputs.push(padded_doc.unsqueeze::<4>());
         }
         let y = recompute(inputs, move |x| {
-            let doc = x.get(2).map(|d| d.clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0));
+            let doc = x
+                .get(2)
+                .map(|d| d.clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0));
             let w = x[1].clone().squeeze_dim::<3>(0).squeeze_dim::<2>(0);
             post(taps(x[0].clone().squeeze_dim::<3>(0), w, doc, t)).unsqueeze_dim::<4>(0)
         });
@@ -309,9 +311,9 @@ impl KimiDeltaAttention {
                 None,
             ),
         };
-        let (mixed, new_tail) =
-            self.conv1d
-                .forward(mixed, conv_tail, starts, move |y| activated(y, h, hd));
+        let (mixed, new_tail) = self
+            .conv1d
+            .forward(mixed, conv_tail, starts, move |y| activated(y, h, hd));
         let heads = |i: usize| {
             mixed
                 .clone()

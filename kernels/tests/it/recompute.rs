@@ -64,7 +64,10 @@ fn devices() -> [(&'static str, Device); 2] {
 fn a_gated_activation_recomputed_equals_the_composed_one() {
     let device = Device::flex();
     device.seed(1);
-    let inputs = [normal([1, 2, 37, 24], &device), normal([1, 2, 37, 24], &device)];
+    let inputs = [
+        normal([1, 2, 37, 24], &device),
+        normal([1, 2, 37, 24], &device),
+    ];
     for (name, device) in devices() {
         let fused = run(&|x| recompute(x.to_vec(), swiglu), &inputs, 2, &device);
         let composed = run(&swiglu, &inputs, 2, &device);
@@ -139,4 +142,3 @@ fn attention_over_chunks_of_queries_recomputed_equals_the_composed_one() {
         }
     }
 }
-

@@ -34,7 +34,13 @@ fn run(recipe: &str, t: usize, checkpointing: bool) -> (f32, Vec<Vec<f32>>) {
     let ids: Vec<i64> = (0..2 * t).map(|i| ((i * 37 + 11) % 300) as i64).collect();
     let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, t]), device);
     let starts: Vec<f32> = (0..2 * t)
-        .map(|i| if [0, 30, t + 7, t + 64].contains(&i) { 1.0 } else { 0.0 })
+        .map(|i| {
+            if [0, 30, t + 7, t + 64].contains(&i) {
+                1.0
+            } else {
+                0.0
+            }
+        })
         .collect();
     let starts = Tensor::<2>::from_data(TensorData::new(starts, [2, t]), device);
     let hidden = model.trunk(tokens.clone(), Some(&starts)).predicting();
@@ -50,8 +56,15 @@ fn run(recipe: &str, t: usize, checkpointing: bool) -> (f32, Vec<Vec<f32>>) {
 fn worst_relative(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
     assert_eq!(a.len(), b.len());
     let received = |x: &[Vec<f32>]| x.iter().map(|g| !g.is_empty()).collect::<Vec<_>>();
-    assert_eq!(received(a), received(b), "the same weights receive gradients");
-    assert!(received(b).iter().filter(|r| **r).count() > 30, "the layers' weights");
+    assert_eq!(
+        received(a),
+        received(b),
+        "the same weights receive gradients"
+    );
+    assert!(
+        received(b).iter().filter(|r| **r).count() > 30,
+        "the layers' weights"
+    );
     a.iter()
         .zip(b)
         .map(|(x, y)| {

@@ -242,6 +242,13 @@ fn the_3b_preset_at_1_x_4096_fits_one_80_gb_gpu_with_checkpointing_only() {
         };
         training_memory(&c, &f).total() as f64
     };
-    assert!(need(true) <= usable, "{:.1} GiB", need(true) / (1u64 << 30) as f64);
-    assert!(need(false) > usable, "without checkpointing the trunk's activations do not fit");
+    assert!(
+        need(true) <= usable,
+        "{:.1} GiB",
+        need(true) / (1u64 << 30) as f64
+    );
+    assert!(
+        need(false) > usable,
+        "without checkpointing the trunk's activations do not fit"
+    );
 }

@@ -1,6 +1,6 @@
 //! The student crate's integration tests, one binary (one link) with a module per area.
-mod common;
 mod checkpointing;
+mod common;
 mod config_and_info;
 mod decode;
 mod distill;

@@ -114,6 +114,9 @@ fn mla_attention_in_chunks_of_queries_equals_one_chunk() {
     let (y_chunked, g_chunked) = run(&chunked);
     assert!(max_abs_diff(y_chunked, y_whole) < 1e-5);
     let d = max_abs_diff(g_chunked.clone(), g_whole.clone());
-    assert!(d < 1e-5, "{d} of {}", g_whole.abs().max().into_scalar::<f32>());
+    assert!(
+        d < 1e-5,
+        "{d} of {}",
+        g_whole.abs().max().into_scalar::<f32>()
+    );
 }
-
