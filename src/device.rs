@@ -23,8 +23,8 @@ pub enum DeviceKind {
     Cuda(usize),
 }
 
-/// The devices of a stage, in order: the first is the main device (the optimizer steps there);
-/// more than one trains one replica on each. Never empty.
+/// The devices of a stage, in order: the first is the main device (evaluation, sampling, local
+/// teachers); more than one trains one replica on each. Never empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceList(Vec<DeviceKind>);
 

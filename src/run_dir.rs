@@ -73,6 +73,11 @@ pub struct StepMetrics {
     pub expert_load_max: Vec<usize>,
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub expert_load_min: Vec<usize>,
+    /// Seconds each device's worker spent on forward and backward this step, the model's device
+    /// first (on a device that runs asynchronously, the time to queue them). More in total than
+    /// the step's wall time (`batch_tokens / tokens_per_s`) means the replicas overlapped.
+    #[serde(default)]
+    pub replica_busy_s: Vec<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_rss_bytes: Option<usize>,
     /// The most heap bytes live during this step (its held-out evaluation included, the

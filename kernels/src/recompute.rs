@@ -55,6 +55,12 @@ impl ComposedRegions {
     pub fn new() -> Self {
         Self(COMPOSED.replace(true), PhantomData)
     }
+
+    /// Whether this thread runs its regions composed (a guard lives): what a thread that works
+    /// for this one (a data-parallel replica) takes on.
+    pub fn active() -> bool {
+        COMPOSED.get()
+    }
 }
 
 impl Default for ComposedRegions {

@@ -11,9 +11,11 @@
 #    counts them, × tokens/s over the device's dense peak);
 # 3. the 3B recipe (recipes/k3-mini-3b.toml: checkpointing, 1 x 4096 micro-batches) in bf16 for
 #    two optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`.
+# 4. scaling over 1, 2, 4 and all GPUs on the 300M and 3B steps (section 4 below).
 #
 # DEVICE defaults to cuda:0 when nvidia-smi sees a GPU, else cpu (the CPU half: step 1 compares
-# one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped).
+# one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped, step 4 scales
+# ci-tiny over one and two CPU replicas).
 # PEAK_TFLOPS and PEAK_BF16_TFLOPS are the dense peaks MFU is taken against (defaults 67 and 989:
 # H100/H200 SXM, f32 without TF32, and bf16 tensor cores).
 #
@@ -109,6 +111,106 @@ if [ "$DEVICE" != cpu ]; then
   bench k3-3b "$OUT/k3-mini-3b-check.toml" --precision bf16 || echo "3B run failed: see $OUT/k3-3b.log"
 fi
 
+# 4. Scaling: the same global batch over 1, 2, 4 and all GPUs (strong scaling; two micro-batches
+# per device at the most devices), three optimizer steps each of smoke-300m in f32 and of the 3B
+# recipe in bf16 (its 1 x 4096 micro-batches, checkpointing): tokens/s of the steps after the
+# first, efficiency against one GPU, how many devices worked at once (Σ each device's busy seconds
+# / the step's seconds, from metrics.jsonl), every GPU's peak memory, and the losses against one
+# GPU's. Each run's checkpoint is deleted once its metrics are copied (the 3B's is ~40 GiB). With
+# one GPU there is nothing to scale over; without one: ci-tiny on 1 and 2 CPU replicas (the same
+# code path).
+with_peak_all() {  # log cmd...: every GPU's memory.used (MiB), sampled while cmd runs
+  local log="$1"; shift
+  if [ "$DEVICE" = cpu ]; then : > "$log.mem"; "$@"; return; fi
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$log.mem" &
+  local sampler=$!
+  local rc=0
+  "$@" || rc=$?
+  kill "$sampler" 2>/dev/null || true
+  return $rc
+}
+devices_of() {  # n: the first n devices, as --device takes them
+  if [ "$DEVICE" = cpu ]; then
+    local d=cpu i
+    for ((i = 1; i < $1; i++)); do d="$d,cpu"; done
+    echo "$d"
+  else
+    echo "cuda:$(seq -s, 0 $(($1 - 1)))"
+  fi
+}
+# CUDA numbers devices as nvidia-smi does (by PCI bus), so GPU i's memory is cuda:i's.
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
+most="$([ "$DEVICE" = cpu ] && echo 2 || echo "$gpus")"
+counts="$(for n in 1 2 4 "$most"; do [ "$n" -le "$most" ] && echo "$n"; done | sort -nu | tr '\n' ' ')"
+scaled() {  # name recipe tokens-per-micro-batch precision: a copy stepping two micro-batches per
+            # device at $most devices, logging every step, at that precision
+  sed -e "s/^batch_tokens = .*/batch_tokens = $((2 * most * $3))/" -e '/^log_every = /d' \
+    -e '/^checkpoint_every = /d' -e '/^precision = /d' \
+    -e 's/^\[train\]$/[train]\nlog_every = 1\ncheckpoint_every = 1000000/' \
+    -e "s/^\[model\]$/[model]\nprecision = \"$4\"/" -e "s|\"corpus/|\"$PWD/recipes/corpus/|" \
+    "$2" > "$OUT/scale-$1.toml"
+}
+scaling=()
+if [ "$DEVICE" = cpu ]; then
+  scaled ci-tiny recipes/ci-tiny.toml 512 f32
+  scaling=(ci-tiny)
+elif [ "$most" -ge 2 ]; then
+  scaled smoke-300m recipes/smoke-300m.toml 512 f32
+  scaled k3-3b recipes/k3-mini-3b.toml 4096 bf16
+  scaling=(smoke-300m k3-3b)
+fi
+for name in "${scaling[@]}"; do
+  for n in $counts; do
+    run="$OUT/scale-$name-$n"
+    rm -rf "$run"
+    with_peak_all "$run" "$BIN" train "$OUT/scale-$name.toml" --device "$(devices_of "$n")" \
+      --out "$run" --stop-after 3 --quiet > "$run.log" 2>&1 ||
+      echo "scaling: $name on $n device(s) failed, see $run.log"
+    cp "$run/metrics.jsonl" "$run.metrics.jsonl" 2>/dev/null || true
+    rm -rf "$run"
+  done
+done
+python3 - "$OUT" "$counts" "${scaling[@]}" <<'EOF'
+import json, sys, os, statistics
+out, counts, runs = sys.argv[1], [int(n) for n in sys.argv[2].split()], sys.argv[3:]
+rows = ["| recipe | devices | tokens/s | efficiency against 1 | devices working at once | peak memory per GPU (GiB) | max relative loss difference against 1 |",
+        "|---|---|---|---|---|---|---|"]
+def steps(name, n):
+    try:
+        return [json.loads(l) for l in open(os.path.join(out, f"scale-{name}-{n}.metrics.jsonl"))]
+    except (OSError, ValueError):
+        return []
+def peaks(name, n):
+    peak = {}
+    for line in open(os.path.join(out, f"scale-{name}-{n}.mem")):
+        try:
+            i, used = (int(x) for x in line.split(","))
+        except ValueError:  # a line nvidia-smi was still writing, or [N/A]
+            continue
+        peak[i] = max(peak.get(i, 0), used)
+    return " / ".join(f"{peak[i] / 1024:.1f}" for i in sorted(peak) if i < n) or "-"
+for name in runs:
+    one = steps(name, 1)
+    base = statistics.median(m["tokens_per_s"] for m in one[1:]) if len(one) > 1 else None
+    for n in counts:
+        ms = steps(name, n)
+        if len(ms) < 2:
+            rows.append(f"| {name} | {n} | failed | | | | |")
+            continue
+        rate = statistics.median(m["tokens_per_s"] for m in ms[1:])
+        per_step = ms[0]["tokens"] // ms[0]["step"]
+        at_once = statistics.median(sum(m["replica_busy_s"]) * m["tokens_per_s"] / per_step for m in ms[1:])
+        losses = [(a["loss"], b["loss"]) for a, b in zip(one, ms)]
+        diff = max((abs(a - b) / abs(a) for a, b in losses if a is not None and b is not None), default=float("nan"))
+        eff = f"{rate / (n * base):.2f}" if base else "-"
+        rows.append(f"| {name} | {n} | {rate:.0f} | {eff} | {at_once:.2f} | {peaks(name, n)} | {diff:.1e} |")
+if not runs:
+    rows.append("| (one GPU: nothing to scale over) | | | | | | |")
+table = "\n".join(rows)
+print(table)
+open(os.path.join(out, "scaling.md"), "w").write(table + "\n")
+EOF
+
 python3 - "$OUT" "$DEVICE" "$PEAK_TFLOPS" "$PEAK_BF16_TFLOPS" <<'EOF'
 import json, sys, os
 out, device = sys.argv[1], sys.argv[2]
@@ -130,6 +232,7 @@ for name, label, prec in [("smoke", "smoke-300m, f32", "f32"),
                 + (f"{100 * mfu:.1f}% of {prec} peak" if mfu is not None else "-") + " |")
 table = "\n".join(rows)
 print(table)
-open(os.path.join(out, "gpu-check.md"), "w").write(open(os.path.join(out, "correctness.md")).read() + "\n" + table + "\n")
+parts = [open(os.path.join(out, "correctness.md")).read(), table, open(os.path.join(out, "scaling.md")).read()]
+open(os.path.join(out, "gpu-check.md"), "w").write("\n".join(parts) + "\n")
 EOF
 echo "written: $OUT/gpu-check.md"

@@ -381,14 +381,16 @@ fn train(plan: &k3mini::recipe::RunPlan, steps: usize, json: bool) -> Result<()>
         return Ok(());
     }
     println!(
-        "| recipe | params | tokens/step | steps | tokens/s (median) | s/step | peak RSS | peak heap | activations (measured) | activations (model info) |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| recipe | params | tokens/step | steps | devices (working at once) | tokens/s (median) | s/step | peak RSS | peak heap | activations (measured) | activations (model info) |\n|---|---|---|---|---|---|---|---|---|---|---|"
     );
     println!(
-        "| {} | {:.1}M | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} |",
+        "| {} | {:.1}M | {} | {} | {} ({:.2}) | {:.0} | {:.2} | {} | {} | {} | {} |",
         r.recipe,
         r.params as f64 / 1e6,
         r.tokens_per_step,
         r.steps,
+        r.devices,
+        r.median_concurrency,
         r.median_tokens_per_s,
         r.median_step_s,
         r.peak_rss_bytes.map_or("n/a".into(), bytes),

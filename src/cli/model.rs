@@ -29,6 +29,11 @@ pub struct InfoArgs {
     /// data.seq_len, else 2048).
     #[arg(long)]
     seq_len: Option<usize>,
+    /// The devices the estimate is for, as `train --device` takes them (default: the recipe's
+    /// run.device, else one): with several, each device's memory with the optimizer state
+    /// sharded across them.
+    #[arg(long)]
+    device: Option<k3mini::device::DeviceList>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -53,7 +58,10 @@ fn info(args: InfoArgs) -> Result<()> {
                 .parse::<toml::Table>()
                 .is_ok_and(|t| t.contains_key("run"))
             {
-                let plan = k3mini::recipe::load(path)?;
+                let mut plan = k3mini::recipe::load(path)?;
+                if let Some(devices) = args.device.clone() {
+                    plan = plan.with_devices(devices)?;
+                }
                 let footprint = plan.footprint();
                 (name, plan.model, footprint)
             } else {
@@ -65,6 +73,9 @@ fn info(args: InfoArgs) -> Result<()> {
         }
         _ => bail!("give --preset NAME or --recipe FILE"),
     };
+    if let Some(devices) = &args.device {
+        footprint.replicas = devices.replicas();
+    }
     footprint.batch = args.batch.unwrap_or(footprint.batch);
     footprint.seq_len = args.seq_len.unwrap_or(footprint.seq_len);
     let info = model_info(&name, &config, &footprint);
@@ -121,7 +132,12 @@ fn render(info: &ModelInfo) -> String {
     let f = &m.footprint;
     let _ = writeln!(
         s,
-        "\n  training memory of the main device (f32, AdamW, micro-batch {} x {} tokens{}{})",
+        "\n  training memory of {} (f32, AdamW, micro-batch {} x {} tokens{}{})",
+        if f.replicas > 1 {
+            "each device"
+        } else {
+            "the device"
+        },
         f.batch,
         f.seq_len,
         if f.activation_checkpointing {
@@ -130,7 +146,11 @@ fn render(info: &ModelInfo) -> String {
             ""
         },
         if f.replicas > 1 {
-            format!(", {} replicas", f.replicas)
+            format!(
+                ", {} devices, optimizer state sharded: the busiest owns {} parameters",
+                f.replicas,
+                human(m.owned_params)
+            )
         } else {
             String::new()
         }

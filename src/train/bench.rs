@@ -31,6 +31,11 @@ pub struct RecipeBench {
     pub baseline_heap_bytes: Option<usize>,
     /// Model FLOPs of one training token (`k3mini_student::info::train_flops_per_token`).
     pub flops_per_token: f64,
+    /// Devices the step runs on, and how many of them worked at once: the median over the steps
+    /// after the first of Σ (each device's forward and backward seconds) / the step's seconds.
+    /// Near the device count when the replicas overlap, at most 1 when they take turns.
+    pub devices: usize,
+    pub median_concurrency: f64,
 }
 
 impl RecipeBench {
@@ -73,10 +78,15 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
             plan.train.log_every
         );
     }
-    let mut rates: Vec<f64> = lines[1..].iter().map(|m| m.tokens_per_s).collect();
-    rates.sort_by(f64::total_cmp);
-    let median = rates[rates.len() / 2];
     let tokens = plan.train.batch_tokens;
+    let median = |f: &dyn Fn(&crate::run_dir::StepMetrics) -> f64| {
+        let mut v: Vec<f64> = lines[1..].iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let concurrency =
+        median(&|m| m.replica_busy_s.iter().sum::<f64>() * m.tokens_per_s / tokens as f64);
+    let median = median(&|m| m.tokens_per_s);
     Ok(RecipeBench {
         recipe: plan.recipe_name(),
         params: k3mini_student::info::param_breakdown(&plan.model).total(),
@@ -96,6 +106,8 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
             &plan.model,
             plan.data.seq_len,
         ),
+        devices: plan.devices.replicas(),
+        median_concurrency: concurrency,
     })
 }
 

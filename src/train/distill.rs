@@ -16,7 +16,7 @@ use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::batch::{flatten, position_hidden};
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, TrainingObjective};
+use crate::train::objective::{Job, MicroBatch, StepModel, TrainingObjective};
 use burn::tensor::{Tensor, TensorData};
 use k3mini_data::chat::THINK_CLOSE;
 use k3mini_data::pack::split_held_out;
@@ -341,7 +341,8 @@ pub fn distill_loss(
 ) -> MicroBatch {
     let device = model.lm_head.weight.device();
     let mut flat = flatten(batch, &device);
-    let (hidden, routers) = position_hidden(model, flat.tokens.clone(), None);
+    // The sampled targets are drawn on the host from the teacher's data alone: before the
+    // forward, so reading them waits on nothing of the student's.
     let sampled = distill.objectives.iter().find_map(|o| match o.objective {
         Objective::Sampled { samples } => Some(samples),
         _ => None,
@@ -358,6 +359,7 @@ pub fn distill_loss(
         let freq = sample_targets(&probs, k1, samples, &mut || uniform(&mut state));
         flat.teacher.sampled = Some(Tensor::from_data(TensorData::new(freq, [n, k1]), &device));
     }
+    let (hidden, routers) = position_hidden(model, flat.tokens.clone(), None);
     let count = masked_count(flat.mask.clone());
     let loss = head_loss(model, hidden, chunks, |logits, rows| {
         let (targets, mask) = (
@@ -390,6 +392,18 @@ pub fn distill_loss(
         routers,
         on_policy: None,
     }
+}
+
+/// [`distill_loss`] on `batch`, as a replica's job.
+pub fn distill_job(
+    batch: SignalBatch,
+    distill: &DistillPlan,
+    temperature: f64,
+    chunks: HeadChunks,
+    seed: u64,
+) -> Job {
+    let distill = distill.clone();
+    Box::new(move |model: &K3Mini| distill_loss(model, &batch, &distill, temperature, chunks, seed))
 }
 
 /// Offline and sequence-level distillation: micro-batches of stored teacher signals.
@@ -426,11 +440,10 @@ impl Shards {
 }
 
 impl TrainingObjective for Shards {
-    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+    fn next(&mut self, _student: &StepModel, seed: u64) -> Result<Job> {
         let batch = self.stream.next_batch(self.rows)?;
-        Ok(distill_loss(
-            model,
-            &batch,
+        Ok(distill_job(
+            batch,
             &self.distill,
             self.temperature,
             self.chunks,

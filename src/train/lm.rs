@@ -6,7 +6,7 @@ use crate::recipe::RunPlan;
 use crate::run_dir::DataCursor;
 use crate::train::batch::{packed_tensors, position_hidden};
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, TrainingObjective};
+use crate::train::objective::{Job, MicroBatch, StepModel, TrainingObjective};
 use k3mini_data::signals::SignalCursor;
 use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{PackCursor, Packer, Tokenizer};
@@ -40,25 +40,28 @@ impl Lm {
 }
 
 impl TrainingObjective for Lm {
-    fn micro_batch(&mut self, model: &K3Mini, _seed: u64) -> Result<MicroBatch> {
+    fn next(&mut self, _student: &StepModel, _seed: u64) -> Result<Job> {
         let batch = self.packer.next_batch(self.rows)?;
-        let (tokens, starts, mask) = packed_tensors(&batch, &model.lm_head.weight.device());
-        let (hidden, routers) = position_hidden(model, tokens.clone(), Some(&starts));
-        // Position t predicts token t + 1: [rows, T] → [rows·(T−1)].
-        let (n, t) = (hidden.dims()[0], batch.seq_len);
-        let targets = tokens.narrow(1, 1, t - 1).reshape([n]);
-        let mask = mask.narrow(1, 0, t - 1).reshape([n]);
-        let count = masked_count(mask.clone());
-        let loss = head_loss(model, hidden, self.chunks, |logits, rows| {
-            let targets = targets.clone().narrow(0, rows.start, rows.len());
-            let mask = mask.clone().narrow(0, rows.start, rows.len());
-            masked_share(cross_entropy(logits, targets), mask, count.clone())
-        });
-        Ok(MicroBatch {
-            loss,
-            routers,
-            on_policy: None,
-        })
+        let chunks = self.chunks;
+        Ok(Box::new(move |model: &K3Mini| {
+            let (tokens, starts, mask) = packed_tensors(&batch, &model.lm_head.weight.device());
+            let (hidden, routers) = position_hidden(model, tokens.clone(), Some(&starts));
+            // Position t predicts token t + 1: [rows, T] → [rows·(T−1)].
+            let (n, t) = (hidden.dims()[0], batch.seq_len);
+            let targets = tokens.narrow(1, 1, t - 1).reshape([n]);
+            let mask = mask.narrow(1, 0, t - 1).reshape([n]);
+            let count = masked_count(mask.clone());
+            let loss = head_loss(model, hidden, chunks, |logits, rows| {
+                let targets = targets.clone().narrow(0, rows.start, rows.len());
+                let mask = mask.clone().narrow(0, rows.start, rows.len());
+                masked_share(cross_entropy(logits, targets), mask, count.clone())
+            });
+            MicroBatch {
+                loss,
+                routers,
+                on_policy: None,
+            }
+        }))
     }
 
     fn held_out(&self) -> &HeldOut {

@@ -11,6 +11,7 @@ pub mod objective;
 pub mod on_policy;
 pub mod online;
 pub mod optim;
+pub mod parallel;
 pub mod qat;
 pub mod schedule;
 pub mod trainer;

@@ -13,19 +13,27 @@
 use crate::error::Result;
 use crate::run_dir::DataCursor;
 use crate::train::held_out::HeldOut;
+use crate::train::qat::FakeQuantizer;
 use burn::tensor::Tensor;
 use k3mini_data::signals::SignalCursor;
 use k3mini_student::moe::{ExpertLoad, Route};
 use k3mini_student::{K3Mini, Trunk};
+use std::cell::OnceCell;
 
-/// What one micro-batch gave.
+/// What one micro-batch gave. Its tensors stay on the replica's device, unread: the step reads
+/// every figure once, after the last backward, so no replica waits on the host mid-step.
 pub struct MicroBatch {
     /// The mean loss over the micro-batch's trained positions.
     pub loss: Tensor<1>,
     pub routers: RouterTerms,
     /// On-policy micro-batches: what the student's samples measured.
-    pub on_policy: Option<OnPolicyStats>,
+    pub on_policy: Option<OnPolicyGap>,
 }
+
+/// A loaded micro-batch: the work that computes its loss on a replica's model, on whichever
+/// thread and device that replica runs. It holds the micro-batch's data on the host and makes
+/// its tensors on the replica's device.
+pub type Job = Box<dyn FnOnce(&K3Mini) -> MicroBatch + Send>;
 
 /// What a forward's routers hand the step, whatever the mode's loss.
 pub struct RouterTerms {
@@ -51,22 +59,47 @@ impl RouterTerms {
     }
 }
 
-/// What one on-policy micro-batch measured.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct OnPolicyStats {
-    /// Tokens the student sampled.
+/// What one on-policy micro-batch measured, before it is read: the sampled tokens (counted on
+/// the host) and `Σ (log q(x_t) − log p(x_t))` over them, a `[1]` tensor on the replica (over
+/// the tokens, a one-sample estimate of `KL(q ‖ p)`).
+pub struct OnPolicyGap {
     pub tokens: usize,
-    /// Mean `log q(x_t) − log p(x_t)` over them: a one-sample estimate of `KL(q ‖ p)` per token.
-    pub reverse_kl: f64,
+    pub gap: Tensor<1>,
 }
 
 /// One training mode.
 pub trait TrainingObjective {
-    /// The next micro-batch's loss. `seed` (a function of the step and micro-batch) seeds what it
-    /// samples.
-    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch>;
+    /// Loads the next micro-batch, in order, on the step's thread: reads its data and, on-policy,
+    /// samples `student` and has the teacher score the samples. `seed` (a function of the step and
+    /// micro-batch) seeds what it samples. The loss is the returned job's, run on a replica.
+    fn next(&mut self, student: &StepModel, seed: u64) -> Result<Job>;
     /// The held-out batches this mode is measured on.
     fn held_out(&self) -> &HeldOut;
     /// Where the streams are, for the checkpoint: the data, and on-policy runs' prompts.
     fn cursor(&self) -> (DataCursor, Option<SignalCursor>);
+}
+
+/// The weights this step's micro-batches run with, for what a micro-batch's data depends on (the
+/// on-policy samples): the model, fake-quantised when QAT is on, made on first use.
+pub struct StepModel<'a> {
+    model: &'a K3Mini,
+    qat: Option<&'a FakeQuantizer>,
+    made: OnceCell<K3Mini>,
+}
+
+impl<'a> StepModel<'a> {
+    pub fn new(model: &'a K3Mini, qat: Option<&'a FakeQuantizer>) -> Self {
+        Self {
+            model,
+            qat,
+            made: OnceCell::new(),
+        }
+    }
+
+    pub fn get(&self) -> &K3Mini {
+        match self.qat {
+            None => self.model,
+            Some(q) => self.made.get_or_init(|| q.apply(self.model)),
+        }
+    }
 }

@@ -13,7 +13,7 @@ use crate::run_dir::DataCursor;
 use crate::train::batch::position_hidden;
 use crate::train::distill::Shards;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, OnPolicyStats, TrainingObjective};
+use crate::train::objective::{Job, MicroBatch, OnPolicyGap, StepModel, TrainingObjective};
 use burn::tensor::{Int, Tensor, TensorData};
 use k3mini_data::Tokenizer;
 use k3mini_data::rng::uniform;
@@ -74,9 +74,9 @@ impl Sampler {
         uniform(&mut s) < self.mix
     }
 
-    /// Samples `rows` continuations, has the teacher score them, and returns the loss.
-    pub fn loss(&mut self, model: &K3Mini, rows: usize, seed: u64) -> Result<MicroBatch> {
-        let device = model.lm_head.weight.device();
+    /// Samples `rows` continuations from `model`, has the teacher score them, and returns the
+    /// job that computes their loss.
+    pub fn job(&mut self, model: &K3Mini, rows: usize, seed: u64) -> Result<Job> {
         let sampler = burn::module::Module::valid(model);
         let picked = take_in_epoch_order(self.prompts.len(), self.seed, &mut self.cursor, rows);
         let seqs: Vec<(usize, Vec<u32>)> = picked
@@ -101,6 +101,7 @@ impl Sampler {
         let mut tokens = vec![0i64; rows * t];
         let mut mask = vec![0f32; rows * t];
         let mut teacher_lp = vec![0f32; rows * t];
+        let mut sampled_tokens = 0;
         for (r, ((p, ids), s)) in seqs.iter().zip(&scored).enumerate() {
             for (i, &id) in ids.iter().enumerate() {
                 tokens[r * t + i] = id as i64;
@@ -110,39 +111,42 @@ impl Sampler {
                 mask[r * t + pos] = 1.0;
                 teacher_lp[r * t + pos] = s.target_logprobs[pos];
             }
+            sampled_tokens += ids.len() - p;
         }
-        let n = rows * (t - 1);
-        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [rows, t]), &device);
-        let flat = |v: Vec<f32>| {
-            Tensor::<2>::from_data(TensorData::new(v, [rows, t]), &device)
-                .narrow(1, 0, t - 1)
-                .reshape([n])
-        };
-        let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
-        let (hidden, routers) = position_hidden(model, tokens.clone(), None); // [n, d]
-        let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
-        let count = masked_count(mask.clone());
-        let mut gap = Tensor::<1>::zeros([1], &device).inner();
-        let loss = head_loss(model, hidden, self.chunks, |logits, rows| {
-            let at = |x: Tensor<1>| x.narrow(0, rows.start, rows.len());
-            let (mask, teacher_lp) = (at(mask.clone()), at(teacher_lp.clone()));
-            let sampled = sampled.clone().narrow(0, rows.start, rows.len());
-            // The statistics, from the same logits (no gradient needed).
-            let log_q = -cross_entropy(logits.clone().detach(), sampled.clone());
-            gap = gap.clone() + ((log_q - teacher_lp.clone()) * mask.clone()).sum().inner();
-            let per = on_policy_per_position(logits, sampled, teacher_lp);
-            masked_share(per, mask, count.clone())
-        });
-        let gap = gap.into_scalar::<f32>() as f64;
-        let count = mask.sum().into_scalar::<f32>() as f64;
-        Ok(MicroBatch {
-            loss,
-            routers,
-            on_policy: Some(OnPolicyStats {
-                tokens: count as usize,
-                reverse_kl: gap / count.max(1.0),
-            }),
-        })
+        let chunks = self.chunks;
+        Ok(Box::new(move |model: &K3Mini| {
+            let device = model.lm_head.weight.device();
+            let n = rows * (t - 1);
+            let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [rows, t]), &device);
+            let flat = |v: Vec<f32>| {
+                Tensor::<2>::from_data(TensorData::new(v, [rows, t]), &device)
+                    .narrow(1, 0, t - 1)
+                    .reshape([n])
+            };
+            let (mask, teacher_lp) = (flat(mask), flat(teacher_lp));
+            let (hidden, routers) = position_hidden(model, tokens.clone(), None); // [n, d]
+            let sampled = tokens.narrow(1, 1, t - 1).reshape([n]);
+            let count = masked_count(mask.clone());
+            let mut gap = Tensor::<1>::zeros([1], &device).inner();
+            let loss = head_loss(model, hidden, chunks, |logits, rows| {
+                let at = |x: Tensor<1>| x.narrow(0, rows.start, rows.len());
+                let (mask, teacher_lp) = (at(mask.clone()), at(teacher_lp.clone()));
+                let sampled = sampled.clone().narrow(0, rows.start, rows.len());
+                // The statistics, from the same logits (no gradient needed).
+                let log_q = -cross_entropy(logits.clone().detach(), sampled.clone());
+                gap = gap.clone() + ((log_q - teacher_lp.clone()) * mask.clone()).sum().inner();
+                let per = on_policy_per_position(logits, sampled, teacher_lp);
+                masked_share(per, mask, count.clone())
+            });
+            MicroBatch {
+                loss,
+                routers,
+                on_policy: Some(OnPolicyGap {
+                    tokens: sampled_tokens,
+                    gap: Tensor::from_inner(gap),
+                }),
+            }
+        }))
     }
 }
 
@@ -208,11 +212,11 @@ impl OnPolicy {
 }
 
 impl TrainingObjective for OnPolicy {
-    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+    fn next(&mut self, student: &StepModel, seed: u64) -> Result<Job> {
         if self.sampler.takes(seed) {
-            self.sampler.loss(model, self.rows, seed)
+            self.sampler.job(student.get(), self.rows, seed)
         } else {
-            self.offline.micro_batch(model, seed)
+            self.offline.next(student, seed)
         }
     }
 

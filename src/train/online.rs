@@ -10,14 +10,13 @@
 use crate::error::Result;
 use crate::recipe::{DistillPlan, RunPlan};
 use crate::run_dir::DataCursor;
-use crate::train::distill::distill_loss;
+use crate::train::distill::distill_job;
 use crate::train::held_out::HeldOut;
-use crate::train::objective::{MicroBatch, TrainingObjective};
+use crate::train::objective::{Job, StepModel, TrainingObjective};
 use k3mini_data::pack::{DocFeed, PackCursor};
 use k3mini_data::signals::{SignalBatch, SignalCursor, SignalRow, assemble};
 use k3mini_data::stream::{DocStream, Split, StreamCursor};
 use k3mini_data::{TokenDoc, Tokenizer};
-use k3mini_student::K3Mini;
 use k3mini_student::head::HeadChunks;
 use k3mini_teacher::score::score_many;
 use k3mini_teacher::{LOGPROB_TEMPERATURE, Teacher};
@@ -268,11 +267,10 @@ impl Online {
 }
 
 impl TrainingObjective for Online {
-    fn micro_batch(&mut self, model: &K3Mini, seed: u64) -> Result<MicroBatch> {
+    fn next(&mut self, _student: &StepModel, seed: u64) -> Result<Job> {
         let batch = self.stream.next_batch()?;
-        Ok(distill_loss(
-            model,
-            &batch,
+        Ok(distill_job(
+            batch,
             &self.distill,
             LOGPROB_TEMPERATURE,
             self.chunks,

@@ -53,7 +53,7 @@ pub fn build_optimizer<M: Module>(cfg: &OptimConfig, module: &M) -> ModuleOptimi
     )
 }
 
-/// The global L2 norm of all gradients of `module`'s parameters.
+/// The global L2 norm of all gradients of `module`'s parameters, wherever each gradient is.
 pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
     struct SumSq<'a> {
         grads: &'a GradientsParams,
@@ -63,8 +63,13 @@ pub fn global_grad_norm<M: Module>(module: &M, grads: &GradientsParams) -> f64 {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             if let Some(g) = self.grads.get::<D>(param.id) {
                 let s = g.square().sum();
+                // Sharded gradients live on their owners' devices: the partial sums meet on
+                // the first one's, in the module's order whatever the device count.
                 self.total = Some(match self.total.take() {
-                    Some(t) => t + s,
+                    Some(t) => {
+                        let s = s.to_device(&t.device());
+                        t + s
+                    }
                     None => s,
                 });
             }

@@ -18,6 +18,7 @@ use k3mini_gguf::quantize::quantize;
 use k3mini_gguf::quants::dequantize;
 use k3mini_student::K3Mini;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 pub use crate::recipe::QatFormat;
 
@@ -70,24 +71,25 @@ pub fn fake_quantize_rows(rows: &[f32], format: QatFormat) -> Vec<f32> {
 
 /// Fake-quantises a model's `Linear` weights (burn's `[in, out]`, `in` a multiple of 32) for one
 /// optimizer step: the quantised values are computed once (the weights do not change within a
-/// step) and each `apply` builds a fresh straight-through graph over them, since every
-/// micro-batch's backward consumes its own.
+/// step, and every replica holds the same ones), shared by the step's worker threads, and each
+/// `apply` builds a fresh straight-through graph over them, since every micro-batch's backward
+/// consumes its own.
 pub struct FakeQuantizer {
     format: QatFormat,
     /// Quantised values of each weight, `[out, in]` row-major, by parameter.
-    cache: HashMap<ParamId, Vec<f32>>,
+    cache: Mutex<HashMap<ParamId, Arc<Vec<f32>>>>,
 }
 
 impl FakeQuantizer {
     pub fn new(format: QatFormat) -> Self {
         Self {
             format,
-            cache: HashMap::new(),
+            cache: Mutex::new(HashMap::new()),
         }
     }
 
     /// The model whose linear weights are fake-quantised (gradients reach the original weights).
-    pub fn apply(&mut self, model: &K3Mini) -> K3Mini {
+    pub fn apply(&self, model: &K3Mini) -> K3Mini {
         model.clone().map(&mut FakeQuant {
             quantizer: self,
             containers: Vec::new(),
@@ -96,7 +98,7 @@ impl FakeQuantizer {
 }
 
 struct FakeQuant<'a> {
-    quantizer: &'a mut FakeQuantizer,
+    quantizer: &'a FakeQuantizer,
     /// Container types entered, innermost last.
     containers: Vec<String>,
 }
@@ -116,14 +118,20 @@ impl ModuleMapper for FakeQuant<'_> {
             return param;
         }
         let (format, id) = (self.quantizer.format, param.id);
-        let cache = &mut self.quantizer.cache;
+        let cache = &self.quantizer.cache;
         param.map(|w| {
             let [d_in, d_out] = [w.dims()[0], w.dims()[1]];
             if d_in % 32 != 0 {
                 return w;
             }
-            // ggml's rows run along the input dimension: quantise w^T [out, in].
-            let q = cache.entry(id).or_insert_with(|| {
+            let cached = cache
+                .lock()
+                .expect("no panic holds the cache")
+                .get(&id)
+                .cloned();
+            let q = cached.unwrap_or_else(|| {
+                // ggml's rows run along the input dimension: quantise w^T [out, in]. Outside the
+                // lock: two workers may both quantise a weight, to the same values.
                 let rows: Vec<f32> = w
                     .clone()
                     .transpose()
@@ -131,10 +139,12 @@ impl ModuleMapper for FakeQuant<'_> {
                     .convert::<f32>()
                     .try_into_vec()
                     .expect("f32 weights");
-                fake_quantize_rows(&rows, format)
+                let q = Arc::new(fake_quantize_rows(&rows, format));
+                let mut cache = cache.lock().expect("no panic holds the cache");
+                cache.entry(id).or_insert(q).clone()
             });
             let q: Tensor<D> =
-                Tensor::<2>::from_data(TensorData::new(q.clone(), [d_out, d_in]), &w.device())
+                Tensor::<2>::from_data(TensorData::new(q.to_vec(), [d_out, d_in]), &w.device())
                     .transpose()
                     .reshape(w.dims());
             w.clone() + (q - w).detach()

@@ -15,11 +15,10 @@ use crate::run_dir::{self, Start, StepMetrics, TrainState};
 use crate::train::modes;
 use crate::train::objective::TrainingObjective;
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
-use crate::train::qat::FakeQuantizer;
+use crate::train::parallel::Parallel;
 use crate::train::schedule::lr_at;
 use crate::units::bytes;
-use burn::module::Module;
-use burn::optim::{GradientsAccumulator, GradientsParams, ModuleOptimizer};
+use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use k3mini_data::stream::{Split, StreamCursor};
 use k3mini_data::{DocFeed, Tokenizer};
@@ -76,7 +75,8 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         Some(dir) => plan.clone().with_out_dir(dir),
         None => plan.clone(),
     };
-    let (tokenizer, mut model, mut optim, mut state, replicas) = begin(plan, opts)?;
+    let (tokenizer, mut model, mut optim, mut state, devices) = begin(plan, opts)?;
+    let mut parallel = Parallel::new(&model, devices);
     let mut objective = modes::open(plan, &tokenizer, &state)?;
     let mut log = RunLog::open(plan, &state, opts.quiet)?;
     let (total, first) = (plan.train.steps, state.step);
@@ -89,11 +89,11 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         (model, step) = match train_step(
             plan,
             model,
+            &mut parallel,
             &mut optim,
             objective.as_mut(),
             &state,
             lr,
-            &replicas,
         ) {
             Ok(stepped) => stepped,
             // The step's data would not load (a corrupt file mid-stream, a teacher gone): nothing
@@ -148,8 +148,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
 }
 
 /// The checks that can refuse a run, then its tokenizer and its model, optimizer and state: fresh,
-/// or from the newest checkpoint; and the devices of the other replicas (the model is on the
-/// first device).
+/// or from the newest checkpoint; and its devices (the model is on the first).
 fn begin(
     plan: &RunPlan,
     opts: &TrainOptions,
@@ -157,17 +156,21 @@ fn begin(
     // Opened first: a device this build or machine lacks is refused before anything else.
     // Checkpointing is the model's recompute regions where the backend runs them; elsewhere
     // (burn's CubeCL backends) burn's balanced gradient checkpointing stands in.
-    let mut devices = plan.devices.open()?.into_iter().map(|d| {
-        let regions = k3mini_kernels::implemented_on(&d);
-        let d = d.autodiff();
-        if plan.train.activation_checkpointing && !regions {
-            d.gradient_checkpointing()
-        } else {
-            d
-        }
-    });
-    let device = devices.next().expect("a device list is never empty");
-    let replicas: Vec<Device> = devices.collect();
+    let devices: Vec<Device> = plan
+        .devices
+        .open()?
+        .into_iter()
+        .map(|d| {
+            let regions = k3mini_kernels::implemented_on(&d);
+            let d = d.autodiff();
+            if plan.train.activation_checkpointing && !regions {
+                d.gradient_checkpointing()
+            } else {
+                d
+            }
+        })
+        .collect();
+    let device = devices[0].clone();
     let tokenizer = preflight(plan)?;
     let start = run_dir::start(plan, opts.resume, opts.accept_changes)?;
     device.seed(plan.seed);
@@ -208,7 +211,7 @@ fn begin(
         );
     }
     let model = model.with_checkpointing(plan.train.activation_checkpointing);
-    Ok((tokenizer, model, optim, state, replicas))
+    Ok((tokenizer, model, optim, state, devices))
 }
 
 /// What a run reports as it goes: `metrics.jsonl`, the progress bar, the summary.
@@ -300,82 +303,43 @@ struct Step {
     expert_load: Vec<ExpertLoad>,
     /// Σ (reverse-KL estimate · tokens) and tokens over the on-policy micro-batches.
     on_policy: (f64, usize),
+    /// Seconds of forward and backward per device.
+    replica_busy_s: Vec<f64>,
 }
 
-/// One optimizer step: the accumulated micro-batches, clipping, AdamW at `lr`, and DeepSeek-V3's
-/// aux-loss-free balancing of the routers' biases from the step's expert loads.
-///
-/// Data-parallel over `replicas` (the devices besides the model's): micro-batch `i` runs on
-/// replica `i mod (1 + replicas)`, a copy of this step's weights; its gradients are moved to the
-/// model's device and summed there, in micro-batch order, over every parameter (an expert one
-/// replica's tokens skipped is simply absent from that replica's gradients). One optimizer step
-/// follows, so every replica starts the next step from the same weights. The result equals one
-/// device doing all micro-batches, up to the devices' arithmetic.
+/// One optimizer step: the accumulated micro-batches on every device at once
+/// ([`Parallel::run`]), clipping to the global norm, AdamW at `lr` (each parameter on the device
+/// that owns it), DeepSeek-V3's aux-loss-free balancing of the routers' biases from the step's
+/// expert loads, and the updated weights copied to every device.
 ///
 /// A micro-batch that fails to load fails the step before any weight changes: the model comes
 /// back with the error.
 fn train_step(
     plan: &RunPlan,
     mut model: K3Mini,
+    parallel: &mut Parallel,
     optim: &mut ModuleOptimizer,
     objective: &mut dyn TrainingObjective,
     state: &TrainState,
     lr: f64,
-    replicas: &[Device],
 ) -> std::result::Result<(K3Mini, Step), (K3Mini, Error)> {
-    let accumulation = plan.accumulation;
-    let main = model.lm_head.weight.device();
-    let copies: Vec<K3Mini> = std::iter::once(model.clone())
-        .chain(replicas.iter().map(|d| model.clone().fork(d)))
-        .collect();
-    let mut accumulator = GradientsAccumulator::new();
-    let (mut loss_sum, mut expert_load, mut on_policy) = (0.0f64, Vec::new(), (0.0, 0));
-    let mut balance_sum = 0.0f64;
-    // QAT: the forward pass sees fake-quantised linear weights; gradients reach `model`'s.
-    let mut qat = match &plan.train.qat {
-        Some(q) if state.step >= q.start_step => Some(FakeQuantizer::new(q.format)),
+    let qat = match &plan.train.qat {
+        Some(q) if state.step >= q.start_step => Some(q.format),
         _ => None,
     };
-    for micro in 0..accumulation {
-        let replica = &copies[micro % copies.len()];
-        let forward_model = match &mut qat {
-            Some(q) => q.apply(replica),
-            None => replica.clone(),
-        };
-        // Seeds what a micro-batch samples: a function of the step.
-        let seed = plan.seed ^ ((state.step * accumulation + micro) as u64 + 1);
-        let out = match objective.micro_batch(&forward_model, seed) {
-            Ok(out) => out,
-            Err(e) => return Err((model, e)),
-        };
-        let loss = out.loss / accumulation as f64;
-        if let Some(s) = out.on_policy {
-            on_policy.0 += s.reverse_kl * s.tokens as f64;
-            on_policy.1 += s.tokens;
-        }
-        add_loads(&mut expert_load, &out.routers.expert_load);
-        loss_sum += loss.clone().into_scalar::<f32>() as f64;
-        // The reported loss stays the mode's; the balance term only adds its gradient.
-        let loss = match out.routers.balance_loss {
-            Some(b) => {
-                let b = b / accumulation as f64;
-                balance_sum += b.clone().into_scalar::<f32>() as f64;
-                loss + b
-            }
-            None => loss,
-        };
-        let grads = GradientsParams::from_grads(loss.backward(), replica).to_device(&main, &model);
-        accumulator.accumulate(&model, grads);
-    }
-    let mut grads = accumulator.grads();
-    let grad_norm = match plan.optim.grad_clip {
-        Some(c) => clip_global_norm(&model, &mut grads, c),
-        None => global_grad_norm(&model, &grads),
+    let mut reduced = match parallel.run(&model, objective, plan, state, qat) {
+        Ok(r) => r,
+        Err(e) => return Err((model, e)),
     };
-    let skipped = !(loss_sum.is_finite() && grad_norm.is_finite());
+    let grad_norm = match plan.optim.grad_clip {
+        Some(c) => clip_global_norm(&model, &mut reduced.grads, c),
+        None => global_grad_norm(&model, &reduced.grads),
+    };
+    let skipped = !(reduced.loss.is_finite() && grad_norm.is_finite());
     if !skipped {
-        model = optim.step(lr, model, grads);
-        model.update_router_biases(&expert_load);
+        let mut stepped = optim.step(lr, model, reduced.grads);
+        stepped.update_router_biases(&reduced.expert_load);
+        model = parallel.broadcast(stepped);
     }
     let has_balance_loss = model
         .config
@@ -383,27 +347,15 @@ fn train_step(
         .as_ref()
         .is_some_and(|m| m.balance_loss_weight > 0.0);
     let step = Step {
-        loss: loss_sum,
-        balance_loss: has_balance_loss.then_some(balance_sum),
+        loss: reduced.loss,
+        balance_loss: has_balance_loss.then_some(reduced.balance),
         grad_norm,
         skipped,
-        expert_load,
-        on_policy,
+        expert_load: reduced.expert_load,
+        on_policy: reduced.on_policy,
+        replica_busy_s: reduced.busy_s,
     };
     Ok((model, step))
-}
-
-/// `total += loads`, layer by layer and expert by expert.
-fn add_loads(total: &mut Vec<ExpertLoad>, loads: &[ExpertLoad]) {
-    if total.is_empty() {
-        total.extend(loads.iter().cloned());
-        return;
-    }
-    for (t, l) in total.iter_mut().zip(loads) {
-        for (a, b) in t.iter_mut().zip(l) {
-            *a += b;
-        }
-    }
 }
 
 impl Step {
@@ -431,6 +383,7 @@ impl Step {
             on_policy_kl: (self.on_policy.1 > 0)
                 .then(|| self.on_policy.0 / self.on_policy.1 as f64),
             balance_loss: self.balance_loss,
+            replica_busy_s: self.replica_busy_s.clone(),
             expert_load_max: per_layer(|l| l.iter().copied().max().unwrap_or(0)),
             expert_load_min: per_layer(|l| l.iter().copied().min().unwrap_or(0)),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
@@ -489,13 +442,25 @@ pub fn check_run(plan: &RunPlan) -> Result<()> {
 }
 
 /// Refuses a CPU run whose estimated training memory (weights, gradients, AdamW moments and the
-/// activations of one micro-batch) exceeds this machine's, before anything is allocated. (A GPU's
+/// activations of one micro-batch, and each further replica's gradients and activations) exceeds
+/// this machine's, before anything is allocated. (A GPU's
 /// memory is the backend's to report: `k3mini model info --recipe` shows the fit.)
 fn check_fits_this_machine(plan: &RunPlan) -> Result<()> {
     if plan.devices.kinds()[0] != DeviceKind::Cpu {
         return Ok(());
     }
-    let need = plan.training_memory().total() as f64;
+    // CPU replicas share this machine's memory and their weights (a tensor moved between two
+    // CPU devices is not copied): each further replica adds its micro-batch's gradients and
+    // activations to one device's whole.
+    let one = k3mini_student::info::training_memory(
+        &plan.model,
+        &k3mini_student::info::Footprint {
+            replicas: 1,
+            ..plan.footprint()
+        },
+    );
+    let more = plan.devices.replicas() - 1;
+    let need = (one.total() + more * (one.grads + one.activations)) as f64;
     if let Some(have) = k3mini_student::bench::total_memory_bytes()
         && need > have as f64
     {

@@ -90,6 +90,49 @@ fn two_replicas_equal_one_device_doing_both_halves() {
 }
 
 #[test]
+fn three_dense_replicas_equal_one_device_and_a_run_moves_between_device_counts() {
+    // A dense student, 4 micro-batches a step over three CPU replicas (the first takes two): the
+    // workers finish out of order, and the step still sums their gradients in micro-batch order,
+    // each parameter's on the device that owns it.
+    let (s, path) = setup("replicas-dense", 6, "");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace("batch_tokens = 256", "batch_tokens = 512"),
+    )
+    .unwrap();
+    let one = recipe::load(&path).unwrap();
+    let three = one
+        .clone()
+        .with_devices("cpu,cpu,cpu".parse().unwrap())
+        .unwrap();
+    assert_eq!(one.accumulation, 4);
+    let (a, b) = (s.0.join("one"), s.0.join("three"));
+    same_training(&one, &a, &three, &b, "6 steps, 1 device vs 3 replicas");
+    // CPU replicas do the same arithmetic in the same order: the weights are equal to the bit.
+    assert_eq!(max_abs_diff(&weights(&a), &weights(&b)), 0.0);
+    // Every step says how long each device worked: all three did.
+    for m in metrics(&b) {
+        assert_eq!(m.replica_busy_s.len(), 3, "{m:?}");
+        assert!(m.replica_busy_s.iter().all(|&t| t > 0.0), "{m:?}");
+    }
+    assert!(metrics(&a).iter().all(|m| m.replica_busy_s.len() == 1));
+    // A checkpoint is one format whatever the device count (the optimizer state of parameters
+    // owned by three devices is one record): a run continues exactly on another count.
+    let two = one
+        .clone()
+        .with_devices("cpu,cpu".parse().unwrap())
+        .unwrap();
+    for (first, then, tag) in [(&two, &one, "2 then 1"), (&one, &three, "1 then 3")] {
+        let moved = s.0.join(tag.replace(' ', "-"));
+        train_steps(first, &moved, 3);
+        resume_run(then, &moved);
+        assert_eq!(loss_bits(&a), loss_bits(&moved), "{tag}");
+        assert_eq!(max_abs_diff(&weights(&a), &weights(&moved)), 0.0, "{tag}");
+    }
+}
+
+#[test]
 fn activation_checkpointing_changes_no_number() {
     let (s, path) = setup("checkpointing", 4, "");
     let plain = recipe::load(&path).unwrap();

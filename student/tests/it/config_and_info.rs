@@ -4,8 +4,8 @@ use crate::common::device;
 use burn::module::Module;
 use k3mini_student::config::{AttnResConfig, ModelConfig, MoeConfig};
 use k3mini_student::info::{
-    Footprint, GPUS, USABLE_SHARE, active_params, model_info, param_breakdown, state_size,
-    training_memory,
+    Footprint, GPUS, USABLE_SHARE, active_params, model_info, owned_params, param_breakdown,
+    shard_by_bytes, state_size, training_memory,
 };
 use k3mini_student::presets::{self, from_recipe_toml, preset};
 use k3mini_student::{K3Mini, PRESETS};
@@ -251,4 +251,53 @@ fn the_3b_preset_at_1_x_4096_fits_one_80_gb_gpu_with_checkpointing_only() {
         need(false) > usable,
         "without checkpointing the trunk's activations do not fit"
     );
+}
+
+#[test]
+fn parameters_shared_by_bytes_load_devices_as_estimated_and_the_3b_fits_eight_80_gb_gpus() {
+    // Largest-first sharing of real models' parameters (what training does): the busiest
+    // device owns what `owned_params` estimates from the config, within 1%.
+    struct Sizes(Vec<usize>);
+    impl burn::module::ModuleVisitor for Sizes {
+        fn visit_float<const D: usize>(&mut self, p: &burn::module::Param<burn::Tensor<D>>) {
+            self.0.push(p.dims().iter().product());
+        }
+    }
+    for c in [presets::tiny(), preset("smoke-300m").unwrap()] {
+        let mut sizes = Sizes(Vec::new());
+        K3Mini::new(&c, &device()).unwrap().visit(&mut sizes);
+        for n in [1, 2, 3, 8] {
+            let mut held = vec![0usize; n];
+            for (size, d) in sizes.0.iter().zip(shard_by_bytes(&sizes.0, n)) {
+                held[d] += size;
+            }
+            let busiest = *held.iter().max().unwrap();
+            let estimate = owned_params(&c, n);
+            eprintln!(
+                "d_model {} on {n}: busiest owns {busiest}, estimated {estimate}",
+                c.d_model
+            );
+            assert_eq!(held.iter().sum::<usize>(), sizes.0.iter().sum::<usize>());
+            assert!(
+                (busiest as f64 / estimate as f64 - 1.0).abs() <= 0.01,
+                "{n} devices: {busiest} against {estimate}"
+            );
+        }
+    }
+    // The 3B recipe's 1 x 4096 micro-batches with checkpointing, one per device on eight:
+    // each device fits 80 GB with the optimizer state sharded.
+    let c = preset("k3-mini-3b").unwrap();
+    let f = Footprint {
+        activation_checkpointing: true,
+        replicas: 8,
+        ..Footprint::new(1, 4096)
+    };
+    let m = training_memory(&c, &f);
+    let usable = GPUS[1].1 as f64 * USABLE_SHARE;
+    assert!(
+        m.total() as f64 <= usable,
+        "{:.1} GiB",
+        m.total() as f64 / (1u64 << 30) as f64
+    );
+    assert_eq!(m.adamw, 2 * 4 * owned_params(&c, 8));
 }
