@@ -221,6 +221,22 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
         m.iter().any(|s| s.on_policy_kl.is_some_and(f64::is_finite)),
         "some micro-batch was on-policy"
     );
+    // On two CPU replicas, a micro-batch each (the samples drawn from the first device's weights
+    // while the second computes): the numbers of one device, to the bit.
+    let two_dir = dir.join("runs/onpolicy-two");
+    let two = onp
+        .clone()
+        .with_devices("cpu,cpu".parse().unwrap())
+        .unwrap()
+        .with_out_dir(&two_dir);
+    train(&two, &quiet()).unwrap();
+    let bits = |m: &[StepMetrics]| -> Vec<(u64, Option<u64>)> {
+        m.iter()
+            .map(|s| (s.loss.to_bits(), s.on_policy_kl.map(f64::to_bits)))
+            .collect()
+    };
+    assert_eq!(bits(&m), bits(&metrics(&two_dir)));
+    assert!(weights(&straight) == weights(&two_dir), "the same weights");
     // A run whose data.seq_len differs from the shards', and an unfinished scoring job, are refused.
     let other = recipe_text(&dir, "other", kd, 2).replace("seq_len = 16", "seq_len = 32");
     std::fs::write(dir.join("other.toml"), other).unwrap();

@@ -672,7 +672,8 @@ fn sharded_weights_resume_bit_identically_and_export_as_transformers_reads_them(
 
 #[test]
 fn a_bad_record_mid_stream_stops_the_run_by_name_keeping_the_steps_before_it() {
-    // One JSONL source of short lines, the 1501st cut off: reached some 20 steps in.
+    // One JSONL source of short lines, the 1501st cut off: reached some 20 steps in, 8
+    // micro-batches a step.
     let (s, path) = setup(
         "bad-record",
         60,
@@ -696,7 +697,12 @@ fn a_bad_record_mid_stream_stops_the_run_by_name_keeping_the_steps_before_it() {
         .replace("batch_tokens = 256", "batch_tokens = 1024")
         .replace("checkpoint_every = 3", "checkpoint_every = 7");
     std::fs::write(&path, text).unwrap();
-    let r = recipe::load(&path).unwrap();
+    // On three CPU replicas: the record fails to load while the other devices are mid-step, and
+    // the step ends with its error, nothing of it applied, no worker left waiting.
+    let r = recipe::load(&path)
+        .unwrap()
+        .with_devices("cpu,cpu,cpu".parse().unwrap())
+        .unwrap();
     let out = s.0.join("run");
     let e = train(&r, &opts(&out)).unwrap_err().to_string();
     assert!(e.contains("lines.jsonl:1501: invalid JSON"), "{e}");
