@@ -21,7 +21,7 @@ use k3mini_student::{K3Mini, Trunk};
 use std::cell::OnceCell;
 
 /// What one micro-batch gave. Its tensors stay on the replica's device, unread: the step reads
-/// every figure once, after the last backward, so no replica waits on the host mid-step.
+/// its figures once, after the last micro-batch is reduced (`crate::train::parallel`).
 pub struct MicroBatch {
     /// The mean loss over the micro-batch's trained positions.
     pub loss: Tensor<1>,
