@@ -250,9 +250,9 @@ mod tests {
             &device,
         );
         let targets = ids.clone().narrow(1, 1, 23).reshape([46]);
-        let mut quantizer = FakeQuantizer::new(QatFormat::Q4_0);
+        let quantizer = FakeQuantizer::new(QatFormat::Q4_0);
         // Gradients reaching the f32 weights: the head's (through the STE) and the embedding's.
-        let mut grads = |chunks| {
+        let grads = |chunks| {
             // A fake-quantised model per backward, as training makes one per micro-batch.
             let fq = quantizer.apply(&model);
             let hidden = fq.trunk(ids.clone(), None).predicting();
