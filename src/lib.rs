@@ -2,6 +2,7 @@
 //! teachers, evaluation, export and the quickstart. The binary in
 //! `main.rs` only parses arguments and calls these functions.
 
+pub mod agent;
 pub mod compare;
 pub mod corpus;
 pub mod device;

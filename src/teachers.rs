@@ -152,15 +152,8 @@ pub fn plan_teacher(
                 })?),
                 None => None,
             };
-            // OpenAI-echo servers may name tokens by text: map it back through the tokenizer.
-            let pieces = (*api == Api::Openai).then(|| {
-                Arc::new(piece_map(student.vocab_size(), |id| {
-                    student.decode(&[id]).ok()
-                }))
-            });
             let opts = ClientOptions {
                 api: *api,
-                pieces,
                 routing: match routing {
                     Some(RoutingPlan::Given { shape }) => Some(shape.clone()),
                     _ => None,
@@ -168,13 +161,34 @@ pub fn plan_teacher(
                 api_key,
                 ..Default::default()
             };
-            let remote = HttpTeacher::connect(endpoints, student.vocab_size(), opts)?;
-            if remote.token_ids(PROBE)? != student.encode(PROBE)? {
-                return Err(mismatch("the server tokenizes a probe text differently"));
-            }
-            Arc::new(remote)
+            Arc::new(connect_served(endpoints, student, opts)?)
         }
     })
+}
+
+/// A served teacher at `endpoints` whose ids mean what they mean to `student` (checked: the
+/// server tokenizes a probe text as `student` does). OpenAI-echo servers, which may name tokens
+/// by text, get the map back to ids.
+pub fn connect_served(
+    endpoints: &[String],
+    student: &Tokenizer,
+    mut opts: ClientOptions,
+) -> Result<HttpTeacher> {
+    if opts.api == Api::Openai {
+        opts.pieces = Some(Arc::new(piece_map(student.vocab_size(), |id| {
+            student.decode(&[id]).ok()
+        })));
+    }
+    let remote = HttpTeacher::connect(endpoints, student.vocab_size(), opts)?;
+    if remote.token_ids(PROBE)? != student.encode(PROBE)? {
+        return Err(crate::refused!(
+            "the served model at {} and the student tokenize a probe text differently: their \
+             ids would mean other tokens (use the teacher's tokenizer; cross-tokenizer \
+             distillation is not supported yet)",
+            endpoints.join(", ")
+        ));
+    }
+    Ok(remote)
 }
 
 /// The plan's prompt sets (the first `limit` prompts), rendered and tokenized.

@@ -1,5 +1,6 @@
 //! The command line: argument parsing and printing only; every command calls library functions.
 
+mod agent;
 mod bench;
 mod data;
 mod eval;
@@ -8,6 +9,7 @@ mod model;
 mod prune;
 mod recipe;
 mod routing;
+mod serve;
 mod teacher;
 mod train;
 
@@ -82,6 +84,11 @@ enum Command {
         #[command(subcommand)]
         command: teacher::TeacherCommand,
     },
+    /// The student as a local agent with the remote (K3) on call: a gateway that escalates.
+    Agent {
+        #[command(subcommand)]
+        command: agent::AgentCommand,
+    },
     /// Benchmarks (throughput, memory) on this machine.
     Bench {
         #[command(subcommand)]
@@ -128,6 +135,7 @@ pub fn main() -> ExitCode {
         Command::Recipe { command } => recipe::run(command),
         Command::Routing { command } => routing::run(command),
         Command::Teacher { command } => teacher::run(command),
+        Command::Agent { command } => agent::run(command),
         Command::Bench { command } => bench::run(command),
     };
     match result {

@@ -1,5 +1,6 @@
 //! `k3mini teacher`: fetch the built-in teachers and talk to them.
 
+use super::serve::{ServeArgs, announce, stop_on_ctrl_c};
 use anyhow::Result;
 use clap::Subcommand;
 use k3mini::device::DeviceList;
@@ -10,12 +11,10 @@ use k3mini::teachers::{
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::local::Engine;
-use k3mini_teacher::server::{Limits, ServeOptions, exposure_warning, serve};
+use k3mini_teacher::server::serve;
 use k3mini_teacher::{GenerateParams, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 #[derive(Subcommand)]
 pub enum TeacherCommand {
@@ -53,27 +52,8 @@ pub enum TeacherCommand {
     Serve {
         /// A built-in teacher name (fetched if needed) or a .gguf.
         teacher: String,
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-        /// 0 picks a free port (printed on the first line).
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        /// Model requests running or waiting for the model, at most (it runs one at a time);
-        /// more are answered 503 with Retry-After. `/health` and `/v1/models` are never queued.
-        #[arg(long, default_value_t = 3)]
-        max_queued: usize,
-        /// Seconds one model request may take, queueing included, before it is stopped with a
-        /// 504 (0: no limit).
-        #[arg(long, default_value_t = 300)]
-        request_timeout: u64,
-        /// Seconds a connection has to send a whole request head, counted from connecting or
-        /// from the previous response (so also how long an idle keep-alive connection stays).
-        #[arg(long, default_value_t = 10)]
-        header_timeout: u64,
-        /// Require `Authorization: Bearer KEY` on every endpoint but /health (as vLLM's
-        /// --api-key). Default: the K3MINI_API_KEY environment variable, which `ps` does not show.
-        #[arg(long)]
-        api_key: Option<String>,
+        #[command(flatten)]
+        serve: ServeArgs,
         /// Where the teacher runs: cpu or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: DeviceList,
@@ -140,61 +120,22 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
         }
         TeacherCommand::Serve {
             teacher,
-            host,
-            port,
-            max_queued,
-            request_timeout,
-            header_timeout,
-            api_key,
+            serve: args,
             device,
             engine,
             enable_return_routed_experts,
         } => {
-            let api_key = api_key.or_else(|| std::env::var("K3MINI_API_KEY").ok());
-            if let Some(key) = &api_key {
-                anyhow::ensure!(
-                    !key.is_empty() && key.bytes().all(|b| b.is_ascii_graphic()),
-                    "the API key is empty or holds spaces or control characters (a trailing \
-                     newline?): no client could send it in a header"
-                );
-            }
-            anyhow::ensure!(
-                header_timeout > 0,
-                "--header-timeout must be at least 1 second"
-            );
-            let options = ServeOptions {
-                max_queued,
-                request_timeout: (request_timeout > 0)
-                    .then(|| Duration::from_secs(request_timeout)),
-                limits: Limits {
-                    header_timeout: Duration::from_secs(header_timeout),
-                    api_key,
-                    ..Default::default()
-                },
-            };
+            let (addr, options) = args.options()?;
             let mut t = open_local(&resolve(&teacher)?, engine, &device)?;
             if enable_return_routed_experts {
                 t = t.record_routing()?;
             }
-            let stop = Arc::new(AtomicBool::new(false));
-            let on_ctrl_c = stop.clone();
-            ctrlc::set_handler(move || on_ctrl_c.store(true, Ordering::SeqCst))?;
-            let name = t.name().to_string();
+            let stop = stop_on_ctrl_c()?;
+            let what = format!("model {}", t.name());
             let limits = options.limits.clone();
-            serve(
-                Arc::new(t),
-                &format!("{host}:{port}"),
-                options,
-                stop,
-                |addr| {
-                    // The first line says where (scripts and tests read the port from it).
-                    println!("listening on http://{addr} (model {name})");
-                    let _ = std::io::Write::flush(&mut std::io::stdout());
-                    if let Some(w) = exposure_warning(&addr, &limits) {
-                        eprintln!("{w}");
-                    }
-                },
-            )?;
+            serve(Arc::new(t), &addr, options, stop, |at| {
+                announce(&at, &what, &limits)
+            })?;
             Ok(())
         }
         TeacherCommand::Fetch { name } => {

@@ -43,6 +43,9 @@ pub enum TeacherError {
     /// Work stopped because nobody wants it any more (the reason says who left).
     #[error("stopped: {0}")]
     Cancelled(&'static str),
+    /// Too many requests are running or waiting already: worth a retry shortly.
+    #[error("{0}")]
+    Busy(String),
     /// A teacher server that failed, gave up, or answered something malformed.
     #[error("teacher server: {0}")]
     Server(String),

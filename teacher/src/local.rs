@@ -168,6 +168,15 @@ impl LocalTeacher {
         Self::open(path, EngineSpec::Burn(device.clone()))
     }
 
+    /// A fresh sequence with room for `len` ids, and what the model takes: for callers that
+    /// drive decoding themselves (the agent reads every drafted position's whole distribution).
+    pub fn session(
+        &self,
+        len: usize,
+    ) -> Result<(Box<dyn Session + '_>, crate::engine::Limits), TeacherError> {
+        Ok((self.model.session(len, false)?, self.model.limits()))
+    }
+
     /// The longest sequence it takes (prompt and completion).
     pub fn context_length(&self) -> usize {
         self.model.limits().context

@@ -37,9 +37,15 @@ pub(crate) fn serve(teacher: &str, extra: &[&str]) -> Server {
 
 /// `k3mini teacher serve TEACHER` on a free port, with `extra` arguments and variables `env`.
 pub(crate) fn serve_env(teacher: &str, extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut args = vec!["teacher", "serve", teacher, "--port", "0"];
+    args.extend(extra);
+    listen(&args, env)
+}
+
+/// A k3mini server (`args`, with `--port 0` among them) once it listens, with variables `env`.
+pub(crate) fn listen(args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args(["teacher", "serve", teacher, "--port", "0"])
-        .args(extra)
+        .args(args)
         // A key exported in the developer's shell must not reach servers the tests start bare.
         .env_remove("K3MINI_API_KEY")
         .envs(env.iter().copied())

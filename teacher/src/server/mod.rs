@@ -71,13 +71,22 @@ pub fn exposure_warning(addr: &SocketAddr, limits: &Limits) -> Option<String> {
 }
 
 /// An error answered to the client: status, message, the request field at fault.
-pub(crate) struct ApiError {
-    status: u16,
-    message: String,
-    param: Option<String>,
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub param: Option<String>,
 }
 
-pub(crate) fn bad(param: &str, message: impl Into<String>) -> ApiError {
+impl ApiError {
+    /// As a reply, in vLLM's shape.
+    pub fn reply(&self) -> Reply {
+        Reply::error(self.status, self.message.clone(), self.param.as_deref())
+    }
+}
+
+/// A 400 naming the request field at fault.
+pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
     ApiError {
         status: 400,
         message: message.into(),
@@ -90,7 +99,7 @@ impl From<TeacherError> for ApiError {
         let status = match e {
             TeacherError::Request(_) => 400,
             TeacherError::TimedOut(_) => 504,
-            TeacherError::Cancelled(_) => 503,
+            TeacherError::Cancelled(_) | TeacherError::Busy(_) => 503,
             _ => 500,
         };
         ApiError {
@@ -105,15 +114,20 @@ pub(crate) struct State {
     teacher: Arc<LocalTeacher>,
     /// Each id's text, decoded once (responses name thousands of tokens per request).
     pieces: Vec<String>,
-    /// One forward pass at a time.
-    compute: Mutex<()>,
-    /// Model requests running or waiting for `compute`, and how many may.
-    admitted: AtomicUsize,
-    capacity: usize,
+    /// One model request at a time, and a bounded queue for it.
+    queue: Queue,
     /// How long one model request may take, queueing included.
     request_timeout: Option<Duration>,
     stop: Arc<AtomicBool>,
     created: u64,
+}
+
+/// Model requests take turns: one runs (a model uses every core already), at most `capacity`
+/// run or wait, and one more is refused ([`TeacherError::Busy`], a 503 with `Retry-After`).
+pub struct Queue {
+    compute: Mutex<()>,
+    admitted: AtomicUsize,
+    capacity: usize,
 }
 
 /// A model request's place among the admitted, given back when dropped.
@@ -126,27 +140,32 @@ impl Drop for Admitted<'_> {
 }
 
 /// A model request's turn: the compute lock, and its place among the admitted.
-pub(crate) struct Turn<'a> {
+pub struct Turn<'a> {
     _compute: std::sync::MutexGuard<'a, ()>,
     _admitted: Admitted<'a>,
 }
 
-impl State {
-    /// Waits for the model, or refuses with a 503 (and `Retry-After`) when the queue is full. A
-    /// queued request whose `interrupt` fires leaves the queue.
-    fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
+impl Queue {
+    /// At most `capacity` (at least 1) requests running or waiting.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            compute: Mutex::new(()),
+            admitted: AtomicUsize::new(0),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Waits for the model, or refuses when the queue is full. A queued request whose
+    /// `interrupt` fires leaves the queue.
+    pub fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, TeacherError> {
         let before = self.admitted.fetch_add(1, Ordering::SeqCst);
         let admitted = Admitted(&self.admitted);
         if before >= self.capacity {
-            return Err(ApiError {
-                status: 503,
-                message: format!(
-                    "the teacher is busy: {before} requests are running or queued (at most {}); \
-                     retry shortly",
-                    self.capacity
-                ),
-                param: None,
-            });
+            return Err(TeacherError::Busy(format!(
+                "the model is busy: {before} requests are running or queued (at most {}); retry \
+                 shortly",
+                self.capacity
+            )));
         }
         let compute = loop {
             match self.compute.try_lock() {
@@ -163,6 +182,13 @@ impl State {
             _admitted: admitted,
         })
     }
+}
+
+impl State {
+    /// The model's turn for this request (see [`Queue::turn`]).
+    fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
+        Ok(self.queue.turn(interrupt)?)
+    }
 
     /// The routed experts of tokens `start..` (the prompt's, then every generated one's but the
     /// last) in the servers' `[tokens, layers, k]`, where the teacher records routing.
@@ -171,17 +197,8 @@ impl State {
         Some(RoutedExperts::of(&routing?.from_token(start), shape))
     }
 
-    /// Ids given in a request, each inside the vocabulary (an id past it, `2^32 + 5` included, is
-    /// a 400, never wrapped or clamped).
     fn token_ids(&self, ids: &[u64], param: &str) -> Result<Vec<u32>, ApiError> {
-        let vocab = self.teacher.vocab_size() as u64;
-        match ids.iter().find(|&&id| id >= vocab) {
-            Some(id) => Err(bad(
-                param,
-                format!("token id {id} is outside the vocabulary of {vocab} ids"),
-            )),
-            None => Ok(ids.iter().map(|&id| id as u32).collect()),
-        }
+        token_ids(ids, self.teacher.vocab_size(), param)
     }
 
     /// Text as ids (special tokens recognised), refused when empty.
@@ -228,8 +245,21 @@ impl State {
     }
 }
 
+/// Ids given in a request, each inside a vocabulary of `vocab` (an id past it, `2^32 + 5`
+/// included, is a 400, never wrapped or clamped).
+pub fn token_ids(ids: &[u64], vocab: usize, param: &str) -> Result<Vec<u32>, ApiError> {
+    let vocab = vocab as u64;
+    match ids.iter().find(|&&id| id >= vocab) {
+        Some(id) => Err(bad(
+            param,
+            format!("token id {id} is outside the vocabulary of {vocab} ids"),
+        )),
+        None => Ok(ids.iter().map(|&id| id as u32).collect()),
+    }
+}
+
 /// The sampling fields every endpoint shares, as a request gives them.
-pub(crate) struct Sampling<'a> {
+pub struct Sampling<'a> {
     pub max_tokens: Option<u64>,
     pub default_max: usize,
     pub temperature: Option<f32>,
@@ -244,41 +274,56 @@ pub(crate) struct Sampling<'a> {
 
 impl State {
     fn params(&self, s: Sampling) -> Result<GenerateParams, ApiError> {
-        // One completion per request: more are refused rather than silently not made.
-        for (key, v) in [("n", s.n), ("best_of", s.best_of)] {
-            if v.is_some_and(|v| v != 1) {
-                return Err(bad(
-                    key,
-                    format!("`{key}` must be 1: this server makes one completion per request"),
-                ));
-            }
-        }
-        let mut stop = self.token_ids(s.stop_token_ids.unwrap_or(&[]), "stop_token_ids")?;
-        if !s.ignore_eos.unwrap_or(false) {
-            stop.extend(self.teacher.meta.eos);
-        }
-        let (temperature, top_p) = (s.temperature.unwrap_or(1.0), s.top_p.unwrap_or(1.0));
-        if !(temperature >= 0.0 && temperature.is_finite()) || !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(bad(
-                "temperature",
-                "temperature must be finite and ≥ 0, and top_p in (0, 1]",
-            ));
-        }
-        Ok(GenerateParams {
-            max_tokens: s
-                .max_tokens
-                .map_or(s.default_max, |n| usize::try_from(n).unwrap_or(usize::MAX)),
-            temperature,
-            top_p,
-            seed: s.seed.unwrap_or(0),
-            logprobs: s.logprobs,
-            stop,
-        })
+        generate_params(s, self.teacher.vocab_size(), self.teacher.meta.eos)
     }
 }
 
+impl Sampling<'_> {
+    /// The fields of a request for a model of `vocab` ids ending text with `eos`, checked.
+    pub fn params(self, vocab: usize, eos: Option<u32>) -> Result<GenerateParams, ApiError> {
+        generate_params(self, vocab, eos)
+    }
+}
+
+fn generate_params(
+    s: Sampling,
+    vocab: usize,
+    eos: Option<u32>,
+) -> Result<GenerateParams, ApiError> {
+    // One completion per request: more are refused rather than silently not made.
+    for (key, v) in [("n", s.n), ("best_of", s.best_of)] {
+        if v.is_some_and(|v| v != 1) {
+            return Err(bad(
+                key,
+                format!("`{key}` must be 1: this server makes one completion per request"),
+            ));
+        }
+    }
+    let mut stop = token_ids(s.stop_token_ids.unwrap_or(&[]), vocab, "stop_token_ids")?;
+    if !s.ignore_eos.unwrap_or(false) {
+        stop.extend(eos);
+    }
+    let (temperature, top_p) = (s.temperature.unwrap_or(1.0), s.top_p.unwrap_or(1.0));
+    if !(temperature >= 0.0 && temperature.is_finite()) || !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(bad(
+            "temperature",
+            "temperature must be finite and ≥ 0, and top_p in (0, 1]",
+        ));
+    }
+    Ok(GenerateParams {
+        max_tokens: s
+            .max_tokens
+            .map_or(s.default_max, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        temperature,
+        top_p,
+        seed: s.seed.unwrap_or(0),
+        logprobs: s.logprobs,
+        stop,
+    })
+}
+
 /// `logprobs`-style counts, capped at [`MAX_LOGPROBS`].
-pub(crate) fn count(v: Option<u64>, key: &str) -> Result<Option<usize>, ApiError> {
+pub fn count(v: Option<u64>, key: &str) -> Result<Option<usize>, ApiError> {
     match v {
         Some(k) if k > MAX_LOGPROBS as u64 => Err(bad(
             key,
@@ -309,9 +354,7 @@ pub fn serve(
     let state = Arc::new(State {
         pieces,
         teacher,
-        compute: Mutex::new(()),
-        admitted: AtomicUsize::new(0),
-        capacity: options.max_queued.max(1),
+        queue: Queue::new(options.max_queued),
         request_timeout: options.request_timeout,
         stop: stop.clone(),
         created: std::time::SystemTime::now()

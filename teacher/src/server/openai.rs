@@ -35,6 +35,17 @@ fn finish(reason: Option<FinishReason>) -> Option<String> {
     })
 }
 
+/// A teacher answers whole: asked to stream, it says so rather than answer in the wrong shape.
+fn refuse_stream(stream: Option<bool>) -> Result<(), ApiError> {
+    if stream == Some(true) {
+        return Err(bad(
+            "stream",
+            "this server does not stream (`k3mini agent serve` does); send `stream: false`",
+        ));
+    }
+    Ok(())
+}
+
 fn usage(prompt: usize, completion: usize) -> Usage {
     Usage {
         prompt_tokens: prompt as u64,
@@ -48,6 +59,7 @@ pub(super) fn completions(
     req: CompletionRequest,
     interrupt: Interrupt,
 ) -> Result<CompletionResponse, ApiError> {
+    refuse_stream(req.stream)?;
     let ids = match &req.prompt {
         Prompt::Text(s) => state.encode(s, "prompt")?,
         Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
@@ -209,6 +221,7 @@ pub(super) fn chat(
     req: ChatRequest,
     interrupt: Interrupt,
 ) -> Result<ChatResponse, ApiError> {
+    refuse_stream(req.stream)?;
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     let t = &state.teacher;

@@ -22,12 +22,18 @@
 //! - **Drain**: once `stop` is set no connection is accepted, idle ones close, and requests in
 //!   flight finish (a handler should watch `stop` too).
 //!
+//! - **Events**: a reply may be a `text/event-stream` ([`Reply::events`]) whose frames a producer
+//!   sends as it makes them; when the client leaves, hyper drops the body and the producer's next
+//!   send fails, which is how it learns to stop.
+//!
 //! Errors the transport answers itself are JSON in vLLM's shape ([`ErrorResponse`]); those hyper
 //! answers while parsing (400, 431) have no body, and a head past its deadline is closed unanswered.
 
 use crate::wire::ErrorResponse;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
+pub use hyper::body::Bytes;
+use hyper::body::{Frame, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -81,13 +87,22 @@ pub struct Request {
     pub body: Bytes,
 }
 
-/// A JSON response.
+/// A JSON response, or a stream of server-sent events.
 pub struct Reply {
     pub status: u16,
     pub body: Vec<u8>,
     /// Seconds, sent as `Retry-After`.
     pub retry_after: Option<u32>,
+    /// Server-sent events: the frames, sent as they arrive until the sender is dropped (`body`
+    /// is not sent).
+    pub events: Option<tokio::sync::mpsc::Receiver<Bytes>>,
 }
+
+/// Where a producer sends a streamed reply's frames: a send fails once the client has gone.
+pub type EventSender = tokio::sync::mpsc::Sender<Bytes>;
+
+/// Frames a stream may hold unsent before its producer waits on the client.
+const EVENTS_QUEUED: usize = 64;
 
 impl Reply {
     pub fn json(status: u16, value: &impl serde::Serialize) -> Self {
@@ -95,7 +110,21 @@ impl Reply {
             status,
             body: serde_json::to_vec(value).expect("a response serialises"),
             retry_after: None,
+            events: None,
         }
+    }
+
+    /// A 200 `text/event-stream` and the sender of its frames (send them from a thread of their
+    /// own with `blocking_send`: the handler returns this reply before the stream is written).
+    pub fn events() -> (Self, EventSender) {
+        let (tx, rx) = tokio::sync::mpsc::channel(EVENTS_QUEUED);
+        let reply = Self {
+            status: 200,
+            body: Vec::new(),
+            retry_after: None,
+            events: Some(rx),
+        };
+        (reply, tx)
     }
 
     /// An error in vLLM's shape; a 503 says when to retry.
@@ -104,6 +133,7 @@ impl Reply {
             status,
             body: ErrorResponse::new(status, message, param).to_json(),
             retry_after: (status == 503).then_some(1),
+            events: None,
         }
     }
 }
@@ -220,7 +250,7 @@ async fn respond<H>(
     request: hyper::Request<Incoming>,
     limits: Arc<Limits>,
     handle: Arc<H>,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible>
+) -> Result<hyper::Response<Body>, Infallible>
 where
     H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
 {
@@ -389,12 +419,39 @@ fn authorized(header: Option<&HeaderValue>, key: &str) -> bool {
     bool::from(token.ct_eq(key.as_bytes()))
 }
 
-fn response(reply: Reply) -> hyper::Response<Full<Bytes>> {
-    let mut r = hyper::Response::new(Full::new(Bytes::from(reply.body)));
+/// A response body: whole, or a stream of events.
+type Body = BoxBody<Bytes, Infallible>;
+
+/// The frames of a streamed reply, as they arrive.
+struct Events(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for Events {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|frame| frame.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn response(reply: Reply) -> hyper::Response<Body> {
+    let (body, content_type) = match reply.events {
+        Some(rx) => (Events(rx).boxed(), "text/event-stream"),
+        None => (
+            Full::new(Bytes::from(reply.body)).boxed(),
+            "application/json",
+        ),
+    };
+    let mut r = hyper::Response::new(body);
     *r.status_mut() = hyper::StatusCode::from_u16(reply.status)
         .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let headers = r.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     if let Some(s) = reply.retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(s));
     }

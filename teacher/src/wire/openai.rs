@@ -96,6 +96,9 @@ pub struct CompletionRequest {
     /// vLLM: the first token whose routed experts are returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routed_experts_prompt_start: Option<u64>,
+    /// Server-sent events ([`CompletionChunk`]s) instead of one response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
 }
 
 /// `/v1/completions`' answer.
@@ -184,6 +187,9 @@ pub struct ChatRequest {
     pub stop_token_ids: Option<Vec<u64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,
+    /// Server-sent events ([`ChatChunk`]s) instead of one response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -247,4 +253,58 @@ pub struct ChatTopLogprob {
     pub logprob: f32,
     #[serde(default)]
     pub bytes: Option<Vec<u8>>,
+}
+
+/// One event of a streamed `/v1/chat/completions` (`data: {…}` lines, then `data: [DONE]`): the
+/// text added since the previous event; the last carries `finish_reason` (and `usage`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunk {
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChunkChoice {
+    #[serde(default)]
+    pub index: u32,
+    pub delta: ChatDelta,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+/// What a chat event adds: the role (first event), then content.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// One event of a streamed `/v1/completions`: the text added since the previous event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChunk {
+    pub id: String,
+    /// `text_completion`, as OpenAI's stream names it.
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChunkChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChunkChoice {
+    #[serde(default)]
+    pub index: u32,
+    pub text: String,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
 }

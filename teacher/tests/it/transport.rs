@@ -16,6 +16,7 @@ fn text(status: u16, text: String) -> Reply {
         status,
         body: serde_json::to_vec(&text).unwrap(),
         retry_after: None,
+        events: None,
     }
 }
 

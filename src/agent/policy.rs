@@ -1,0 +1,215 @@
+//! A gateway's policy: which requests go to the remote, how, and within what budget. Read once
+//! from a TOML file, or named by a built-in (`verify`, `confidence`, `local`, `remote`), into a
+//! checked [`Policy`] the gateway runs.
+//!
+//! ```toml
+//! route = "confidence"    # which requests escalate: "confidence" (those the student is unsure
+//!                         # of), "all", or "none"
+//! escalate_by = "verify"  # how: "verify" (the speculative cascade) or "remote" (sent whole)
+//! on_remote_error = "local"   # a failing remote: answer locally, marked ("local"), or fail ("error")
+//! [confidence]            # thresholds (see confidence.rs); unset ones are not checked
+//! min_mean_logprob = -1.5
+//! [verify]                # k, draft, max_draft, min_acceptance, judge_after
+//! [budget]                # max_usd_per_request, max_usd_per_day, max_escalation_share
+//! [cost]                  # input_per_mtok, output_per_mtok, hardware_per_hour, watts, per_kwh
+//! ```
+
+use super::confidence::Thresholds;
+use super::cost::Prices;
+use super::verify::VerifySettings;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Which requests go to the remote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Route {
+    /// Those whose local answer fails the confidence thresholds.
+    Confidence,
+    All,
+    None,
+}
+
+/// How a request that escalates is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EscalateBy {
+    /// The student drafts, the remote verifies ([`super::verify`]).
+    Verify,
+    /// The remote answers the request whole.
+    Remote,
+}
+
+/// What a failing remote (or a spent budget) leaves the client with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnRemoteError {
+    /// The student's answer, marked as such.
+    Local,
+    /// An error (502).
+    Error,
+}
+
+/// Caps on remote spending; an escalation they forbid is answered locally, marked.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    pub max_usd_per_request: Option<f64>,
+    /// Per UTC day, over every request this gateway served.
+    pub max_usd_per_day: Option<f64>,
+    /// The largest share of requests that may escalate (since the gateway started).
+    pub max_escalation_share: Option<f64>,
+}
+
+impl Budget {
+    fn check(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("max_usd_per_request", self.max_usd_per_request),
+            ("max_usd_per_day", self.max_usd_per_day),
+        ] {
+            if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
+                return Err(format!("budget.{name} must be a finite number ≥ 0"));
+            }
+        }
+        if self
+            .max_escalation_share
+            .is_some_and(|s| !(0.0..=1.0).contains(&s))
+        {
+            return Err("budget.max_escalation_share must be in [0, 1]".into());
+        }
+        Ok(())
+    }
+}
+
+/// A checked policy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The built-in's name or the file's stem (responses name the policy that answered).
+    #[serde(skip)]
+    pub name: String,
+    pub route: Route,
+    #[serde(default = "verify")]
+    pub escalate_by: EscalateBy,
+    #[serde(default = "local")]
+    pub on_remote_error: OnRemoteError,
+    #[serde(default)]
+    pub confidence: Thresholds,
+    #[serde(default)]
+    pub verify: VerifySettings,
+    #[serde(default)]
+    pub budget: Budget,
+    #[serde(default)]
+    pub cost: Prices,
+}
+
+fn verify() -> EscalateBy {
+    EscalateBy::Verify
+}
+
+fn local() -> OnRemoteError {
+    OnRemoteError::Local
+}
+
+impl Policy {
+    pub const BUILT_IN: &str = "verify, confidence, local, remote";
+
+    /// A built-in policy: `verify` (every request through the cascade), `confidence` (the
+    /// student alone unless unsure, then the remote whole), `local`, `remote`.
+    pub fn built_in(name: &str) -> Option<Self> {
+        let (route, escalate_by) = match name {
+            "verify" => (Route::All, EscalateBy::Verify),
+            "confidence" => (Route::Confidence, EscalateBy::Remote),
+            "local" => (Route::None, EscalateBy::Remote),
+            "remote" => (Route::All, EscalateBy::Remote),
+            _ => return None,
+        };
+        Some(Self {
+            name: name.into(),
+            route,
+            escalate_by,
+            on_remote_error: OnRemoteError::Local,
+            confidence: Thresholds::default(),
+            verify: VerifySettings::default(),
+            budget: Budget::default(),
+            cost: Prices::default(),
+        })
+    }
+
+    /// A built-in's name, or a policy file.
+    pub fn resolve(spec: &str) -> Result<Self, String> {
+        if let Some(p) = Self::built_in(spec) {
+            return Ok(p);
+        }
+        let path = Path::new(spec);
+        if path.extension().is_none_or(|e| e != "toml") {
+            return Err(format!(
+                "policy {spec:?}: neither a built-in ({}) nor a .toml file",
+                Self::BUILT_IN
+            ));
+        }
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("policy {}: {e}", path.display()))?;
+        let name = path
+            .file_stem()
+            .map_or_else(|| spec.to_string(), |s| s.to_string_lossy().into_owned());
+        Self::parse(&text, &name).map_err(|e| format!("policy {}: {e}", path.display()))
+    }
+
+    /// A policy file's text, checked.
+    pub fn parse(text: &str, name: &str) -> Result<Self, String> {
+        let mut p: Policy = toml::from_str(text).map_err(|e| e.to_string())?;
+        p.name = name.into();
+        p.check()?;
+        Ok(p)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.confidence.check()?;
+        self.verify.check()?;
+        self.budget.check()?;
+        self.cost.check()?;
+        if self.route == Route::Confidence && self.confidence.set().is_empty() {
+            return Err("route = \"confidence\" needs at least one [confidence] threshold".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_ins_and_files_resolve_and_bad_ones_are_named() {
+        for name in ["verify", "confidence", "local", "remote"] {
+            assert_eq!(Policy::resolve(name).unwrap().name, name);
+        }
+        assert!(
+            Policy::resolve("fast")
+                .unwrap_err()
+                .contains("neither a built-in")
+        );
+        let p = Policy::parse(
+            "route = \"confidence\"\n[confidence]\nmax_entropy_p90 = 3.0\n[budget]\n\
+             max_usd_per_day = 2.5\n[cost]\ninput_per_mtok = 1.0",
+            "mine",
+        )
+        .unwrap();
+        assert_eq!(p.escalate_by, EscalateBy::Verify);
+        assert_eq!(p.confidence.max_entropy_p90, Some(3.0));
+        // The default threshold stays unless the table replaces it: a table given is whole.
+        assert_eq!(p.confidence.min_mean_logprob, None);
+        assert_eq!(p.cost.output_per_mtok, Prices::default().output_per_mtok);
+        let err = |t: &str| Policy::parse(t, "x").unwrap_err();
+        assert!(err("route = \"sometimes\"").contains("unknown variant"));
+        assert!(err("route = \"all\"\n[verify]\ndraft = 0").contains("draft"));
+        assert!(err("route = \"all\"\n[budget]\nmax_escalation_share = 1.5").contains("share"));
+        assert!(err("route = \"all\"\n[cost]\nwatts = -1").contains("cost.watts"));
+        assert!(err("route = \"all\"\nthreshold = 1").contains("unknown field"));
+        assert!(
+            err("route = \"confidence\"\n[confidence]\nmin_mean_logprob = nan")
+                .contains("not finite")
+        );
+    }
+}

@@ -1,0 +1,564 @@
+//! `k3mini agent serve`: the gateway behind OpenAI's surface, on the teacher server's stack (the
+//! same transport, limits, queue and time limit; see `k3mini_teacher::server`).
+//!
+//! - `GET /health`, `GET /v1/models`
+//! - `POST /v1/completions` (`prompt` as text or ids) and `POST /v1/chat/completions`
+//!   (`messages`, ChatML): `max_tokens`, `temperature`, `top_p`, `seed`, `stop_token_ids`,
+//!   `ignore_eos`, `stream`.
+//!
+//! Every response carries a `k3mini` object beside OpenAI's fields ([`super::Report`]): who
+//! answered, whether and why it escalated, the signals, tokens and cost. Streamed, text arrives as
+//! it becomes final (a cascade's after each round; a local answer once the policy has judged it)
+//! and the last event carries `finish_reason`, `usage` and `k3mini`, then `data: [DONE]`. A
+//! failure after the stream began is an `error` event. Fields the gateway does not serve
+//! (`logprobs`, `echo`, `prompt_logprobs`) are refused with a 400 rather than ignored.
+
+use super::{Agent, AgentError, Answer, Ask, Report};
+use k3mini_data::ChatFormat;
+use k3mini_data::chat::render;
+use k3mini_teacher::server::transport::{self, Bytes, EventSender, Peer, Reply, Request};
+use k3mini_teacher::server::{ApiError, Queue, Sampling, ServeOptions, bad, token_ids};
+use k3mini_teacher::wire::openai::{
+    ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatMessage, ChatRequest, ChatResponse,
+    CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
+    CompletionResponse, Prompt, Usage,
+};
+use k3mini_teacher::wire::{ErrorResponse, Health, ModelCard, ModelList, parse_request};
+use k3mini_teacher::{FinishReason, Interrupt, Teacher, TeacherError};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// An OpenAI response (or stream event) with the gateway's report beside its fields.
+#[derive(Serialize)]
+pub struct Annotated<T> {
+    #[serde(flatten)]
+    pub response: T,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k3mini: Option<Report>,
+}
+
+struct Gateway {
+    agent: Agent,
+    queue: Queue,
+    request_timeout: Option<Duration>,
+    stop: Arc<AtomicBool>,
+    created: u64,
+    requests: AtomicU64,
+}
+
+/// Which endpoint a request came to: the shape of its answer.
+#[derive(Clone, Copy, PartialEq)]
+enum Endpoint {
+    Completions,
+    Chat,
+}
+
+/// Serves `agent` until `stop` is set; `ready` receives the bound address (port 0 picks one).
+pub fn serve(
+    agent: Agent,
+    addr: &str,
+    options: ServeOptions,
+    stop: Arc<AtomicBool>,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), TeacherError> {
+    let listen_err =
+        |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
+    let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
+    let local = listener.local_addr().map_err(listen_err)?;
+    let gateway = Arc::new(Gateway {
+        agent,
+        queue: Queue::new(options.max_queued),
+        request_timeout: options.request_timeout,
+        stop: stop.clone(),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        requests: AtomicU64::new(0),
+    });
+    ready(local);
+    transport::serve(listener, options.limits, &stop, move |request, peer| {
+        route(&gateway, request, peer).unwrap_or_else(|e| e.reply())
+    })
+    .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    parse_request(body).map_err(|(param, message)| bad(&param, message))
+}
+
+fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError> {
+    let (method, path) = (r.method.as_str(), r.path.as_str());
+    match (method, path) {
+        ("GET", "/health") => Ok(Reply::json(
+            200,
+            &Health {
+                status: "ok".into(),
+            },
+        )),
+        ("GET", "/v1/models") => {
+            let name = gw.agent.student.model.name();
+            Ok(Reply::json(
+                200,
+                &ModelList {
+                    object: "list".into(),
+                    data: vec![ModelCard {
+                        id: name.into(),
+                        object: "model".into(),
+                        created: gw.created,
+                        owned_by: "k3mini".into(),
+                        root: Some(name.into()),
+                        max_model_len: Some(gw.agent.student.model.context_length() as u64),
+                    }],
+                },
+            ))
+        }
+        ("POST", "/v1/completions") => {
+            let req: CompletionRequest = parse(&r.body)?;
+            let ask = completion_ask(gw, &req)?;
+            respond(
+                gw,
+                ask,
+                Endpoint::Completions,
+                req.stream.unwrap_or(false),
+                peer,
+            )
+        }
+        ("POST", "/v1/chat/completions") => {
+            let req: ChatRequest = parse(&r.body)?;
+            let ask = chat_ask(gw, &req)?;
+            respond(gw, ask, Endpoint::Chat, req.stream.unwrap_or(false), peer)
+        }
+        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => {
+            Err(ApiError {
+                status: 405,
+                message: format!("{method} is not allowed on {path}"),
+                param: None,
+            })
+        }
+        _ => Err(ApiError {
+            status: 404,
+            message: format!("no route {path}"),
+            param: None,
+        }),
+    }
+}
+
+/// Refuses a field the gateway does not serve rather than answer without it.
+fn unserved(set: bool, field: &str) -> Result<(), ApiError> {
+    if set {
+        return Err(bad(
+            field,
+            format!("the agent gateway does not serve `{field}` (a teacher server does)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt and sampling checked against the student (its vocabulary, its context). Unless
+/// `ignore_eos`, an answer ends at the end of a turn or of text, as the tokenizer names them.
+fn ask(gw: &Gateway, prompt: Vec<u32>, fields: Sampling) -> Result<Ask, ApiError> {
+    let student = &gw.agent.student.model;
+    let ignore_eos = fields.ignore_eos.unwrap_or(false);
+    let mut params = fields.params(student.vocab_size(), student.meta.eos)?;
+    if !ignore_eos {
+        for id in student.tokenizer.special_ids().stops() {
+            if !params.stop.contains(&id) {
+                params.stop.push(id);
+            }
+        }
+    }
+    let context = student.context_length();
+    if prompt.len().saturating_add(params.max_tokens) > context {
+        return Err(bad(
+            "max_tokens",
+            format!(
+                "the student's context is {context} tokens; the prompt has {} and max_tokens \
+                 asks for {} more",
+                prompt.len(),
+                params.max_tokens
+            ),
+        ));
+    }
+    Ok(Ask { prompt, params })
+}
+
+fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError> {
+    unserved(req.logprobs.is_some(), "logprobs")?;
+    unserved(req.echo == Some(true), "echo")?;
+    unserved(req.prompt_logprobs.is_some(), "prompt_logprobs")?;
+    let student = &gw.agent.student.model;
+    let prompt = match &req.prompt {
+        Prompt::Text(s) => student
+            .tokenizer
+            .encode(s)
+            .map_err(|e| bad("prompt", e.to_string()))?,
+        Prompt::Ids(ids) => token_ids(ids, student.vocab_size(), "prompt")?,
+    };
+    if prompt.is_empty() {
+        return Err(bad("prompt", "the prompt is empty"));
+    }
+    ask(
+        gw,
+        prompt,
+        Sampling {
+            max_tokens: req.max_tokens,
+            default_max: 16,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            n: req.n,
+            best_of: req.best_of,
+            stop_token_ids: req.stop_token_ids.as_deref(),
+            ignore_eos: req.ignore_eos,
+            logprobs: 0,
+        },
+    )
+}
+
+fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
+    unserved(req.logprobs == Some(true), "logprobs")?;
+    unserved(req.top_logprobs.is_some(), "top_logprobs")?;
+    let student = &gw.agent.student.model;
+    let rendered = render(&req.messages, ChatFormat::Chatml, true)
+        .map_err(|e| bad("messages", e.to_string()))?;
+    let (prompt, _) = rendered
+        .encode(&student.tokenizer)
+        .map_err(|e| bad("messages", e.to_string()))?;
+    ask(
+        gw,
+        prompt,
+        Sampling {
+            max_tokens: req.max_tokens.or(req.max_completion_tokens),
+            default_max: 256,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            n: req.n,
+            best_of: None,
+            stop_token_ids: req.stop_token_ids.as_deref(),
+            ignore_eos: req.ignore_eos,
+            logprobs: 0,
+        },
+    )
+}
+
+fn agent_error(e: AgentError) -> ApiError {
+    match e {
+        AgentError::Local(e) => e.into(),
+        AgentError::Remote(e) => ApiError {
+            status: 502,
+            message: format!("the remote failed and the policy answers no local fallback: {e}"),
+            param: None,
+        },
+    }
+}
+
+fn finish_reason(f: FinishReason) -> Option<String> {
+    Some(
+        match f {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+        .into(),
+    )
+}
+
+fn usage(a: &Answer) -> Usage {
+    let (p, c) = (
+        a.report.usage.prompt_tokens,
+        a.report.usage.completion_tokens,
+    );
+    Usage {
+        prompt_tokens: p,
+        completion_tokens: c,
+        total_tokens: p + c,
+    }
+}
+
+impl Gateway {
+    /// The text of answer ids as the endpoint returns it: a chat's content without its stop id.
+    fn text(&self, ids: &[u32], endpoint: Endpoint, stop: &[u32]) -> String {
+        let kept: Vec<u32> = match endpoint {
+            Endpoint::Chat => ids
+                .iter()
+                .copied()
+                .filter(|id| !stop.contains(id))
+                .collect(),
+            Endpoint::Completions => ids.to_vec(),
+        };
+        self.agent
+            .student
+            .model
+            .tokenizer
+            .decode(&kept)
+            .unwrap_or_default()
+    }
+
+    fn id(&self, endpoint: Endpoint) -> String {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst);
+        match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{}-{n}", self.created),
+            Endpoint::Completions => format!("cmpl-{}-{n}", self.created),
+        }
+    }
+
+    fn model(&self) -> String {
+        self.agent.student.model.name().to_string()
+    }
+}
+
+fn respond(
+    gw: &Arc<Gateway>,
+    ask: Ask,
+    endpoint: Endpoint,
+    stream: bool,
+    peer: &Peer,
+) -> Result<Reply, ApiError> {
+    let deadline = gw
+        .request_timeout
+        .map(|limit| (Instant::now() + limit, limit));
+    if stream {
+        return stream_answer(gw.clone(), ask, endpoint, deadline);
+    }
+    let cancelled = || {
+        if gw.stop.load(Ordering::SeqCst) {
+            Some("the server is shutting down")
+        } else if peer.gone() {
+            Some("the client disconnected")
+        } else {
+            None
+        }
+    };
+    let interrupt = Interrupt {
+        deadline,
+        cancelled: Some(&cancelled),
+    };
+    let answer = {
+        let _turn = gw.queue.turn(interrupt)?;
+        gw.agent
+            .answer(&ask, interrupt, &mut |_| {})
+            .map_err(agent_error)?
+    };
+    let text = gw.text(&answer.ids, endpoint, &ask.params.stop);
+    let (id, model, created) = (gw.id(endpoint), gw.model(), gw.created);
+    let report = Some(answer.report.clone());
+    Ok(match endpoint {
+        Endpoint::Completions => Reply::json(
+            200,
+            &Annotated {
+                response: CompletionResponse {
+                    id,
+                    object: "text_completion".into(),
+                    created,
+                    model,
+                    choices: vec![CompletionChoice {
+                        index: 0,
+                        text,
+                        finish_reason: finish_reason(answer.finish),
+                        logprobs: None,
+                        prompt_logprobs: None,
+                        prompt_token_ids: None,
+                        token_ids: Some(answer.ids.iter().map(|&i| i as u64).collect()),
+                        routed_experts: None,
+                    }],
+                    usage: Some(usage(&answer)),
+                    prompt_routed_experts: None,
+                },
+                k3mini: report,
+            },
+        ),
+        Endpoint::Chat => Reply::json(
+            200,
+            &Annotated {
+                response: ChatResponse {
+                    id,
+                    object: "chat.completion".into(),
+                    created,
+                    model,
+                    choices: vec![ChatChoice {
+                        index: 0,
+                        message: ChatMessage {
+                            role: "assistant".into(),
+                            content: Some(text),
+                            reasoning: None,
+                        },
+                        finish_reason: finish_reason(answer.finish),
+                        logprobs: None,
+                    }],
+                    usage: Some(usage(&answer)),
+                },
+                k3mini: report,
+            },
+        ),
+    })
+}
+
+/// A stream's events, written as the answer's ids become final: each event the text added since
+/// the last (held back while it ends inside a UTF-8 character).
+struct Events<'a> {
+    gw: &'a Gateway,
+    tx: &'a EventSender,
+    endpoint: Endpoint,
+    stop: Vec<u32>,
+    id: String,
+    ids: Vec<u32>,
+    sent: String,
+}
+
+impl Events<'_> {
+    fn send(&self, value: &impl Serialize) {
+        let json = serde_json::to_string(value).expect("an event serialises");
+        // A failed send means the client left: the interrupt sees it and stops the work.
+        let _ = self
+            .tx
+            .blocking_send(Bytes::from(format!("data: {json}\n\n")));
+    }
+
+    fn event(&self, text: Option<String>, finish: Option<&Answer>) {
+        let (finish_reason, usage_, report) = match finish {
+            Some(a) => (
+                finish_reason(a.finish),
+                Some(usage(a)),
+                Some(a.report.clone()),
+            ),
+            None => (None, None, None),
+        };
+        let (id, model, created) = (self.id.clone(), self.gw.model(), self.gw.created);
+        match self.endpoint {
+            Endpoint::Completions => self.send(&Annotated {
+                response: CompletionChunk {
+                    id,
+                    object: "text_completion".into(),
+                    created,
+                    model,
+                    choices: vec![CompletionChunkChoice {
+                        index: 0,
+                        text: text.unwrap_or_default(),
+                        finish_reason,
+                    }],
+                    usage: usage_,
+                },
+                k3mini: report,
+            }),
+            Endpoint::Chat => self.send(&Annotated {
+                response: ChatChunk {
+                    id,
+                    object: "chat.completion.chunk".into(),
+                    created,
+                    model,
+                    choices: vec![ChatChunkChoice {
+                        index: 0,
+                        delta: ChatDelta {
+                            role: (self.sent.is_empty() && finish.is_none() && text.is_none())
+                                .then(|| "assistant".into()),
+                            content: text,
+                        },
+                        finish_reason,
+                    }],
+                    usage: usage_,
+                },
+                k3mini: report,
+            }),
+        }
+    }
+
+    /// The text not yet sent, whole at the `end`, else up to a character that is complete.
+    fn delta(&mut self, end: bool) -> Option<String> {
+        let text = self.gw.text(&self.ids, self.endpoint, &self.stop);
+        if !end && text.ends_with('\u{FFFD}') {
+            return None;
+        }
+        let new = text.strip_prefix(self.sent.as_str())?.to_string();
+        self.sent = text;
+        (!new.is_empty()).then_some(new)
+    }
+
+    fn push(&mut self, ids: &[u32]) {
+        self.ids.extend(ids);
+        if let Some(text) = self.delta(false) {
+            self.event(Some(text), None);
+        }
+    }
+
+    fn finish(&mut self, answer: &Answer) {
+        if let Some(text) = self.delta(true) {
+            self.event(Some(text), None);
+        }
+        self.event(None, Some(answer));
+        let _ = self
+            .tx
+            .blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
+    }
+
+    fn fail(&self, e: ApiError) {
+        self.send(&ErrorResponse::new(e.status, e.message, e.param.as_deref()));
+    }
+}
+
+/// Streams the answer from a thread of its own: the reply (or the queue's refusal) is returned
+/// once the request has its turn at the model.
+fn stream_answer(
+    gw: Arc<Gateway>,
+    ask: Ask,
+    endpoint: Endpoint,
+    deadline: Option<(Instant, Duration)>,
+) -> Result<Reply, ApiError> {
+    let (reply, tx) = Reply::events();
+    let (started, turn) = std::sync::mpsc::channel::<Result<(), ApiError>>();
+    std::thread::spawn(move || {
+        let cancelled = || {
+            if gw.stop.load(Ordering::SeqCst) {
+                Some("the server is shutting down")
+            } else if tx.is_closed() {
+                Some("the client disconnected")
+            } else {
+                None
+            }
+        };
+        let interrupt = Interrupt {
+            deadline,
+            cancelled: Some(&cancelled),
+        };
+        let _turn = match gw.queue.turn(interrupt) {
+            Ok(t) => {
+                let _ = started.send(Ok(()));
+                t
+            }
+            Err(e) => {
+                let _ = started.send(Err(e.into()));
+                return;
+            }
+        };
+        let mut events = Events {
+            gw: &gw,
+            tx: &tx,
+            endpoint,
+            stop: ask.params.stop.clone(),
+            id: gw.id(endpoint),
+            ids: Vec::new(),
+            sent: String::new(),
+        };
+        if endpoint == Endpoint::Chat {
+            events.event(None, None);
+        }
+        let answered = gw
+            .agent
+            .answer(&ask, interrupt, &mut |ids| events.push(ids));
+        match answered {
+            Ok(answer) => events.finish(&answer),
+            Err(e) => events.fail(agent_error(e)),
+        }
+    });
+    match turn.recv() {
+        Ok(Ok(())) => Ok(reply),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(ApiError {
+            status: 500,
+            message: "the request's stream failed before it began".into(),
+            param: None,
+        }),
+    }
+}

@@ -1,0 +1,490 @@
+//! `k3mini agent serve` between a real client and a real remote (`k3mini teacher serve` running
+//! SmolLM2-135M-Instruct) on loopback: the verify cascade answers exactly what the teacher answers
+//! greedily, whether the student drafts well (SmolLM2 itself) or badly (a random student with the
+//! teacher's vocabulary); streaming gives the same text; every answer's cost is its usage at the
+//! policy's prices; a remote that answers garbage, stalls or dies gives a marked local answer or
+//! a clear error, never a hang.
+use crate::export::checkpoint_with;
+use crate::fixture::Scratch;
+use crate::teacher_server::{Server, listen, raw, serve};
+use k3mini::agent::cost::Prices;
+use k3mini::agent::policy::Policy;
+use k3mini::agent::student::Student;
+use k3mini::agent::{Agent, AnsweredBy, Ask};
+use k3mini::export::export_gguf;
+use k3mini::run_dir::open_checkpoint;
+use k3mini_gguf::mix::FileType;
+use k3mini_teacher::server::transport::{self, Limits, Reply};
+use k3mini_teacher::{GenerateParams, TeacherError, fetch};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+fn smollm2() -> PathBuf {
+    fetch::fetch(
+        "smollm2",
+        fetch::Kind::Teacher,
+        &fetch::cache_dir(),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
+/// A freshly initialised tiny student with SmolLM2's tokenizer, as a GGUF.
+fn random_student(scratch: &Scratch) -> PathBuf {
+    let run = scratch.path("student");
+    checkpoint_with(
+        &run,
+        "preset = \"tiny\"\nvocab_size = 49152\nd_model = 64",
+        "teacher",
+    );
+    let path = scratch.path("random.gguf");
+    export_gguf(&open_checkpoint(&run).unwrap(), FileType::F32, None, &path).unwrap();
+    path
+}
+
+fn agent(local: &str, remote: &str, policy: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
+        "agent", "serve", "--local", local, "--remote", remote, "--policy", policy, "--port", "0",
+    ];
+    args.extend(extra);
+    listen(&args, &[])
+}
+
+/// One raw HTTP/1.1 exchange: status and body text.
+fn exchange(url: &str, path: &str, body: &Value) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    // A stream arrives chunked: undo the framing.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let (mut out, mut rest) = (String::new(), body);
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&tail[..n]);
+            rest = &tail[n + 2..];
+        }
+        return (status, out);
+    }
+    (status, body.to_string())
+}
+
+fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = exchange(url, path, body);
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+    )
+}
+
+fn chat(question: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": question}], "max_tokens": 24,
+           "temperature": 0})
+}
+
+fn content(v: &Value) -> String {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn near(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 + 1e-9 * b.abs()
+}
+
+/// The cost fields of a report are its usage at `prices`, as `cost.rs` defines them.
+fn check_cost(k: &Value, prices: &Prices) {
+    let u = &k["usage"];
+    let n = |key: &str| u[key].as_u64().unwrap();
+    let c = &k["cost"];
+    let usd = |key: &str| c[key].as_f64().unwrap();
+    let hit = prices.cached_input_per_mtok.unwrap();
+    let remote = ((n("remote_input") - n("remote_cached")) as f64 * prices.input_per_mtok
+        + n("remote_cached") as f64 * hit
+        + n("remote_output") as f64 * prices.output_per_mtok)
+        / 1e6;
+    let all = (n("prompt_tokens") as f64 * prices.input_per_mtok
+        + n("completion_tokens") as f64 * prices.output_per_mtok)
+        / 1e6;
+    let local = u["local_seconds"].as_f64().unwrap()
+        * (prices.hardware_per_hour + prices.watts * prices.per_kwh / 1000.0)
+        / 3600.0;
+    assert!(near(usd("remote_usd"), remote), "{k}");
+    assert!(near(usd("all_remote_usd"), all), "{k}");
+    assert!(near(usd("local_usd"), local), "{k}");
+    assert!(near(usd("total_usd"), local + remote), "{k}");
+}
+
+/// The data events of a stream, up to `[DONE]` (which must end it).
+fn events(text: &str) -> Vec<Value> {
+    let data: Vec<&str> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("{e:?}")))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// Four servers (teacher, two gateways) and ~20 chat answers of 24 tokens on 2 cores: ~40 s,
+/// most of it the random student's one-token rounds.
+#[test]
+fn verify_answers_exactly_the_teachers_greedy_output() {
+    let scratch = Scratch::new("agent-verify");
+    let teacher = serve("smollm2", &[]);
+    let (good, bad) = (smollm2(), random_student(&scratch));
+    // Never handed over, so every token comes through drafting and verification.
+    let policy = scratch.write(
+        "cascade.toml",
+        "route = \"all\"\nescalate_by = \"verify\"\n[verify]\nmin_acceptance = 0.0\n\
+         [cost]\ncached_input_per_mtok = 0.15\n",
+    );
+    let prices = Prices {
+        cached_input_per_mtok: Some(0.15),
+        ..Prices::default()
+    };
+    let policy = policy.to_str().unwrap();
+    let strong = agent(good.to_str().unwrap(), &teacher.url, policy, &[]);
+    let weak = agent(bad.to_str().unwrap(), &teacher.url, policy, &[]);
+    let questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three prime numbers.",
+        "Explain photosynthesis in one sentence.",
+    ];
+    let (mut strong_rate, mut weak_rate) = ((0, 0), (0, 0));
+    for q in questions {
+        let (status, want) = raw(
+            &teacher.url,
+            "POST",
+            "/v1/chat/completions",
+            &chat(q).to_string(),
+        );
+        assert_eq!(status, 200, "{want}");
+        for (gateway, rate) in [(&strong, &mut strong_rate), (&weak, &mut weak_rate)] {
+            let (status, got) = post(&gateway.url, "/v1/chat/completions", &chat(q));
+            assert_eq!(status, 200, "{got}");
+            assert_eq!(content(&got), content(&want), "{q}: {got}");
+            assert_eq!(
+                got["choices"][0]["finish_reason"],
+                want["choices"][0]["finish_reason"]
+            );
+            assert_eq!(
+                got["usage"]["completion_tokens"],
+                want["usage"]["completion_tokens"]
+            );
+            let k = &got["k3mini"];
+            assert_eq!(k["answered_by"], "cascade", "{k}");
+            assert_eq!(k["escalated"], true);
+            assert_eq!(k["policy"], "cascade");
+            assert_eq!(k["verify"]["rounds"], k["usage"]["remote_calls"]);
+            check_cost(k, &prices);
+            // Every round after the first re-sends the context, which the remote has cached.
+            let (calls, cached) = (
+                k["usage"]["remote_calls"].as_u64().unwrap(),
+                k["usage"]["remote_cached"].as_u64().unwrap(),
+            );
+            assert_eq!(cached > 0, calls > 1, "{k}");
+            rate.0 += k["verify"]["accepted"].as_u64().unwrap();
+            rate.1 += k["verify"]["drafted"].as_u64().unwrap();
+        }
+    }
+    // SmolLM2 drafting for itself is accepted almost whole; the random student almost never.
+    assert!(strong_rate.0 * 10 >= strong_rate.1 * 8, "{strong_rate:?}");
+    assert!(weak_rate.0 * 10 <= weak_rate.1, "{weak_rate:?}");
+
+    // Streamed, the same text arrives in pieces, and the last event carries the report.
+    let mut request = chat(questions[1]);
+    request["stream"] = json!(true);
+    let (status, text) = exchange(&weak.url, "/v1/chat/completions", &request);
+    assert_eq!(status, 200, "{text}");
+    let events = events(&text);
+    assert_eq!(events[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let (_, whole) = post(&weak.url, "/v1/chat/completions", &chat(questions[1]));
+    assert_eq!(streamed, content(&whole));
+    assert!(events.len() > 3, "a cascade streams round by round: {text}");
+    let last = events.last().unwrap();
+    assert!(last["choices"][0]["finish_reason"].is_string());
+    assert_eq!(last["k3mini"]["answered_by"], "cascade");
+    assert_eq!(last["usage"], whole["usage"]);
+
+    // Completions, from text, under the built-in verify policy.
+    let builtin = agent(good.to_str().unwrap(), &teacher.url, "verify", &[]);
+    let request = json!({"prompt": "The three primary colours are", "max_tokens": 16,
+                         "temperature": 0});
+    let (_, want) = raw(
+        &teacher.url,
+        "POST",
+        "/v1/completions",
+        &request.to_string(),
+    );
+    let (status, got) = post(&builtin.url, "/v1/completions", &request);
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["choices"][0]["text"], want["choices"][0]["text"],
+        "{got}"
+    );
+    assert_eq!(got["k3mini"]["policy"], "verify");
+    // Fields the gateway does not serve are refused, naming the field.
+    let (status, e) = post(
+        &builtin.url,
+        "/v1/completions",
+        &json!({"prompt": "Hi", "logprobs": 3}),
+    );
+    assert_eq!(
+        (status, e["error"]["param"].as_str()),
+        (400, Some("logprobs")),
+        "{e}"
+    );
+}
+
+/// A remote in-process that answers what the gateway's start-up asks (its model, and the probe's
+/// tokenization as the student's), then, by `mode`: 0 garbage, 1 a stall of 120 s.
+fn fake_remote(probe: Vec<u64>, mode: Arc<AtomicU8>, stop: Arc<AtomicBool>) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        transport::serve(listener, Limits::default(), &stop.clone(), move |r, _| {
+            let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            match r.path.as_str() {
+                "/v1/models" => {
+                    Reply::json(200, &json!({"object": "list", "data": [{"id": "fake"}]}))
+                }
+                _ if body["prompt"].is_string() => Reply::json(
+                    200,
+                    &json!({"choices": [{"text": "", "prompt_token_ids": probe}]}),
+                ),
+                _ if mode.load(Ordering::SeqCst) == 0 => Reply {
+                    status: 200,
+                    body: b"<html>not json".to_vec(),
+                    retry_after: None,
+                    events: None,
+                },
+                _ => {
+                    std::thread::sleep(Duration::from_secs(120));
+                    Reply::json(200, &json!({}))
+                }
+            }
+        })
+        .unwrap();
+    });
+    url
+}
+
+/// Each fault answers within the 2 s remote timeout plus the student's own work: far below the
+/// 120 s stall (60 s allows for a loaded machine, where llama.cpp's threads wait on each other).
+#[test]
+fn a_failing_remote_gives_a_marked_local_answer_or_a_clear_error_never_a_hang() {
+    let scratch = Scratch::new("agent-faults");
+    let student = random_student(&scratch);
+    let tokenizer = k3mini::teachers::gguf_tokenizer(&student).unwrap();
+    let probe = tokenizer
+        .encode(k3mini_teacher::PROBE)
+        .unwrap()
+        .iter()
+        .map(|&i| i as u64)
+        .collect();
+    let (mode, stop) = (Arc::new(AtomicU8::new(0)), Arc::new(AtomicBool::new(false)));
+    let remote = fake_remote(probe, mode.clone(), stop.clone());
+    let fast = ["--remote-timeout", "2", "--remote-retries", "0"];
+    let student = student.to_str().unwrap();
+    let lenient = agent(student, &remote, "verify", &fast);
+    let strict_policy = scratch.write(
+        "strict.toml",
+        "route = \"all\"\non_remote_error = \"error\"\n",
+    );
+    let strict = agent(student, &remote, strict_policy.to_str().unwrap(), &fast);
+    for (m, what) in [(0u8, "garbage"), (1, "a stall"), (2, "a dead remote")] {
+        mode.store(m, Ordering::SeqCst);
+        if m == 2 {
+            stop.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let t0 = Instant::now();
+        let (status, got) = post(&lenient.url, "/v1/chat/completions", &chat("Hello?"));
+        assert_eq!(status, 200, "{what}: {got}");
+        let k = &got["k3mini"];
+        assert_eq!(k["answered_by"], "local", "{what}: {k}");
+        assert!(
+            k["remote_error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{what}: {k}"
+        );
+        assert!(
+            got["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+            "{what}: {got}"
+        );
+        let (status, e) = post(&strict.url, "/v1/chat/completions", &chat("Hello?"));
+        assert_eq!(status, 502, "{what}: {e}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("the remote"),
+            "{what}: {e}"
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{what} took {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+/// A remote in-process that writes `[7, 8, 9]` to every generation and counts its calls; its
+/// scoring fails.
+struct Scripted {
+    calls: std::sync::atomic::AtomicUsize,
+    fail: bool,
+}
+
+impl k3mini_teacher::Teacher for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn vocab_size(&self) -> usize {
+        49152
+    }
+    fn score(&self, _: &[u32], _: usize) -> Result<k3mini_teacher::Scored, TeacherError> {
+        Err(TeacherError::Server("scoring is not scripted".into()))
+    }
+    fn generate(
+        &self,
+        _: &[u32],
+        _: &GenerateParams,
+    ) -> Result<k3mini_teacher::Generation, TeacherError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.fail {
+            return Err(TeacherError::Server("the scripted remote is down".into()));
+        }
+        Ok(k3mini_teacher::Generation {
+            ids: vec![7, 8, 9],
+            logprobs: vec![-0.1; 3],
+            k: 0,
+            top_ids: vec![],
+            top_logprobs: vec![],
+            finish: k3mini_teacher::FinishReason::Length,
+        })
+    }
+}
+
+#[test]
+fn confidence_and_budget_decide_who_answers() {
+    let scratch = Scratch::new("agent-policy");
+    let path = random_student(&scratch);
+    let open = || {
+        Student::new(
+            k3mini::teachers::open_local(&path, Default::default(), &Default::default()).unwrap(),
+        )
+    };
+    let gateway = |policy: &str, fail: bool| {
+        Agent::new(
+            open(),
+            Box::new(Scripted {
+                calls: Default::default(),
+                fail,
+            }),
+            Policy::parse(policy, "test").unwrap(),
+        )
+    };
+    let ask = Ask {
+        prompt: vec![1, 9906, 28, 2],
+        params: GenerateParams {
+            max_tokens: 6,
+            ..Default::default()
+        },
+    };
+    let answer = |a: &Agent| a.answer(&ask, Default::default(), &mut |_| {}).unwrap();
+
+    // A random student's mean logprob is near −ln(49152) ≈ −10.8: a threshold of −20 keeps
+    // every answer local, one of −1 sends every answer to the remote.
+    let local = gateway(
+        "route = \"confidence\"\nescalate_by = \"remote\"\n[confidence]\nmin_mean_logprob = -20.0",
+        false,
+    );
+    let a = answer(&local);
+    assert_eq!(a.report.answered_by, AnsweredBy::Local);
+    assert!(!a.report.escalated);
+    assert_eq!(a.ids.len(), 6);
+    let s = a.report.signals.unwrap();
+    assert!(s.mean_logprob < -5.0 && s.entropy_p50 > 5.0, "{s:?}");
+    assert_eq!(a.report.usage.remote_calls, 0);
+    assert_eq!(a.report.cost.remote_usd, 0.0);
+
+    let unsure = "route = \"confidence\"\nescalate_by = \"remote\"\n[confidence]\n\
+                  min_mean_logprob = -1.0";
+    let remote = gateway(unsure, false);
+    let a = answer(&remote);
+    assert_eq!(
+        (a.report.answered_by, a.ids.clone()),
+        (AnsweredBy::Remote, vec![7, 8, 9])
+    );
+    assert!(
+        a.report
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("mean_logprob"),
+        "{:?}",
+        a.report
+    );
+    // The remote read the prompt and wrote three tokens; the student wrote six first.
+    let u = a.report.usage;
+    assert_eq!((u.remote_input, u.remote_output, u.remote_calls), (4, 3, 1));
+    assert_eq!(
+        (u.local_read, u.local_written, u.completion_tokens),
+        (4, 6, 3)
+    );
+
+    // At most half the requests may escalate: of four, the second and fourth stay local.
+    let capped = gateway(
+        &format!("{unsure}\n[budget]\nmax_escalation_share = 0.5"),
+        false,
+    );
+    let who: Vec<AnsweredBy> = (0..4).map(|_| answer(&capped).report.answered_by).collect();
+    use AnsweredBy::{Local, Remote};
+    assert_eq!(who, [Local, Remote, Local, Remote]);
+    let a = answer(&gateway(
+        &format!("{unsure}\n[budget]\nmax_usd_per_request = 1e-9"),
+        false,
+    ));
+    assert_eq!(a.report.answered_by, Local);
+    assert!(a.report.reason.unwrap().contains("cap"));
+
+    // A remote that fails: the student's answer, marked; or the error, as the policy says.
+    let a = answer(&gateway(unsure, true));
+    assert_eq!((a.report.answered_by, a.ids.len()), (Local, 6));
+    assert!(a.report.remote_error.unwrap().contains("down"));
+    let strict = gateway(&format!("on_remote_error = \"error\"\n{unsure}"), true);
+    let e = strict
+        .answer(&ask, Default::default(), &mut |_| {})
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("down"), "{e}");
+}
