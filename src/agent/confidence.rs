@@ -117,8 +117,8 @@ pub struct Thresholds {
 }
 
 impl Default for Thresholds {
-    /// Uncalibrated: a mean token probability below e^−1.5 ≈ 0.22. `k3mini agent calibrate`
-    /// sets thresholds for a student from held-out prompts.
+    /// Uncalibrated: a mean token probability below e^−1.5 ≈ 0.22 escalates. Set thresholds
+    /// for your student from held-out prompts it gets right and wrong.
     fn default() -> Self {
         Self {
             min_mean_logprob: Some(-1.5),

@@ -82,12 +82,9 @@ impl Prices {
     }
 }
 
-/// Tokens and seconds one request used on each side.
+/// Tokens, seconds and calls a request spent on each side.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    /// The request's prompt, and the answer returned.
-    pub prompt_tokens: u64,
-    pub completion_tokens: u64,
+pub struct Spent {
     /// Tokens the local model read (prefill) and wrote (decode), and its busy seconds.
     pub local_read: u64,
     pub local_written: u64,
@@ -101,6 +98,33 @@ pub struct Usage {
     pub remote_seconds: f64,
 }
 
+impl Spent {
+    pub fn add(&mut self, o: &Spent) {
+        self.local_read += o.local_read;
+        self.local_written += o.local_written;
+        self.local_seconds += o.local_seconds;
+        self.remote_input += o.remote_input;
+        self.remote_cached += o.remote_cached;
+        self.remote_output += o.remote_output;
+        self.remote_calls += o.remote_calls;
+        self.remote_seconds += o.remote_seconds;
+    }
+
+    /// USD at the remote so far.
+    pub fn remote_usd(&self, prices: &Prices) -> f64 {
+        prices.remote(self.remote_input, self.remote_cached, self.remote_output)
+    }
+}
+
+/// A request's prompt and answer, and what it spent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    #[serde(flatten)]
+    pub spent: Spent,
+}
+
 /// A request's cost, and what sending it whole to the remote would have cost.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
@@ -112,9 +136,8 @@ pub struct Cost {
 
 impl Cost {
     pub fn of(usage: &Usage, prices: &Prices) -> Self {
-        let local_usd = prices.local(usage.local_seconds);
-        let remote_usd =
-            prices.remote(usage.remote_input, usage.remote_cached, usage.remote_output);
+        let local_usd = prices.local(usage.spent.local_seconds);
+        let remote_usd = usage.spent.remote_usd(prices);
         Self {
             local_usd,
             remote_usd,
@@ -138,13 +161,15 @@ mod tests {
             watts: 40.0,
             per_kwh: 0.25,
         };
-        let usage = Usage {
+        let mut usage = Usage {
             prompt_tokens: 1_000,
             completion_tokens: 200,
-            local_seconds: 9.0,
-            remote_input: 3_000,
-            remote_output: 50,
-            ..Default::default()
+            spent: Spent {
+                local_seconds: 9.0,
+                remote_input: 3_000,
+                remote_output: 50,
+                ..Default::default()
+            },
         };
         let c = Cost::of(&usage, &prices);
         // 3000 × 0.60/1e6 + 50 × 2.50/1e6 = 0.0018 + 0.000125
@@ -156,10 +181,7 @@ mod tests {
         assert!((c.all_remote_usd - 0.0011).abs() < 1e-15);
         // 2,000 of the 3,000 input tokens were cache hits at 0.15: 1000 × 0.60 + 2000 × 0.15.
         prices.cached_input_per_mtok = Some(0.15);
-        let usage = Usage {
-            remote_cached: 2_000,
-            ..usage
-        };
+        usage.spent.remote_cached = 2_000;
         let c = Cost::of(&usage, &prices);
         assert!((c.remote_usd - (0.0006 + 0.0003 + 0.000125)).abs() < 1e-15);
         assert!(Prices::default().check().is_ok());

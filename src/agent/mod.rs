@@ -13,14 +13,15 @@ pub mod student;
 pub mod verify;
 
 use confidence::Signals;
-use cost::{Cost, Usage};
+use cost::{Cost, Spent, Usage};
+use k3mini_teacher::sampling::Sampling;
 use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use policy::{EscalateBy, OnRemoteError, Policy, Route};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::time::Instant;
-use student::{Sampling, Student};
-use verify::{Spent, Trace};
+use student::Student;
+use verify::{Halt, Trace, Verifier};
 
 /// Who wrote the answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +41,7 @@ pub struct Report {
     pub answered_by: AnsweredBy,
     pub policy: String,
     pub escalated: bool,
-    /// Why it escalated, or why an escalation the policy wanted did not happen.
+    /// Why it escalated, or why an escalation the policy wanted did not happen (or stopped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The student's signals over its own answer (where it wrote one first).
@@ -48,7 +49,7 @@ pub struct Report {
     pub signals: Option<Signals>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<Trace>,
-    /// The remote failed or the budget ran out, and the student finished the answer.
+    /// The remote failed, and the student finished the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_error: Option<String>,
     pub usage: Usage,
@@ -95,19 +96,44 @@ fn utc_day() -> u64 {
         .map_or(0, |d| d.as_secs() / 86_400)
 }
 
+/// [`FinishReason::Stop`] where `ids` end at a stop id.
+pub fn finish_of(ids: &[u32], stop: &[u32]) -> FinishReason {
+    if ids.last().is_some_and(|id| stop.contains(id)) {
+        FinishReason::Stop
+    } else {
+        FinishReason::Length
+    }
+}
+
+/// How an escalation ended short of an answer: the ids already final (emitted), and why.
+struct Short {
+    kept: Vec<u32>,
+    halt: Halt,
+}
+
 /// The gateway's core: the student, the remote and the policy.
 pub struct Agent {
     pub student: Student,
     pub remote: Box<dyn Teacher + Send + Sync>,
+    /// Output tokens the remote bills per scoring call ([`Verifier::scoring_output`]).
+    pub scoring_output: u64,
     pub policy: Policy,
     ledger: Mutex<Ledger>,
 }
 
 impl Agent {
-    pub fn new(student: Student, remote: Box<dyn Teacher + Send + Sync>, policy: Policy) -> Self {
+    /// A gateway whose remote bills `scoring_output` output tokens per scoring call (1 for vLLM
+    /// and OpenAI-echo servers, which generate one token; 0 for SGLang).
+    pub fn new(
+        student: Student,
+        remote: Box<dyn Teacher + Send + Sync>,
+        scoring_output: u64,
+        policy: Policy,
+    ) -> Self {
         Self {
             student,
             remote,
+            scoring_output,
             policy,
             ledger: Mutex::new(Ledger::default()),
         }
@@ -123,36 +149,38 @@ impl Agent {
         l
     }
 
-    /// Why the budget forbids a remote call sending `input` tokens on top of `spent`, if it does.
-    fn over_budget(&self, spent: &Spent, input: u64) -> Option<String> {
+    /// Why the budget forbids a remote call that sends `input` tokens and may write `output`, on
+    /// top of `spent`, if it does (the call priced uncached: the most it can cost).
+    fn over_budget(&self, spent: &Spent, input: u64, output: u64) -> Option<String> {
         let b = &self.policy.budget;
         let prices = &self.policy.cost;
-        // The call's input priced uncached: what it would cost at most.
         let request = prices.remote(
             spent.remote_input + input,
             spent.remote_cached,
-            spent.remote_output + 1,
+            spent.remote_output + output,
         );
         if let Some(cap) = b.max_usd_per_request
             && request > cap
         {
             return Some(format!(
-                "budget: this request would spend ${request:.6} at the remote, over its ${cap} cap"
+                "budget: this request could spend ${request:.6} at the remote, over its ${cap} cap"
             ));
         }
         if let Some(cap) = b.max_usd_per_day {
             let today = self.ledger().spent_today + request;
             if today > cap {
                 return Some(format!(
-                    "budget: ${today:.6} at the remote today would pass the ${cap} daily cap"
+                    "budget: ${today:.6} at the remote today could pass the ${cap} daily cap"
                 ));
             }
         }
         None
     }
 
-    /// Whether the share cap lets one more request escalate.
-    fn share_allows(&self) -> Option<String> {
+    /// Why the share cap forbids one more escalation, if it does: the share counts every request
+    /// since the gateway started, this one included, so with a cap `s` the first ⌈1/s⌉ − 1
+    /// requests answer locally.
+    fn share_forbids(&self) -> Option<String> {
         let cap = self.policy.budget.max_escalation_share?;
         let l = self.ledger();
         let share = (l.escalated + 1) as f64 / l.requests.max(1) as f64;
@@ -167,7 +195,8 @@ impl Agent {
 
     /// Answers `ask` under the policy. `emit` receives the answer's ids as they become final (a
     /// cascade's after each round; otherwise all at once, since a local answer may yet be
-    /// replaced).
+    /// replaced). What the remote was paid counts against the daily budget however the request
+    /// ends.
     pub fn answer(
         &self,
         ask: &Ask,
@@ -175,129 +204,16 @@ impl Agent {
         emit: &mut dyn FnMut(&[u32]),
     ) -> Result<Answer, AgentError> {
         self.ledger().requests += 1;
-        let p = &ask.params;
-        let s = Sampling {
-            temperature: p.temperature,
-            top_p: p.top_p,
-        };
         let mut spent = Spent::default();
-        // The student's own answer first where the policy judges it.
-        let local = match self.policy.route {
-            Route::All => None,
-            Route::Confidence | Route::None => {
-                let t0 = Instant::now();
-                let mut rng = p.seed;
-                let tokens = self
-                    .student
-                    .decode(&ask.prompt, p.max_tokens, s, &p.stop, &mut rng, interrupt)
-                    .map_err(AgentError::Local)?;
-                spent.local_seconds += t0.elapsed().as_secs_f64();
-                spent.local_read += ask.prompt.len() as u64;
-                spent.local_written += tokens.len() as u64;
-                Some(tokens)
-            }
-        };
-        let signals = local.as_deref().map(Signals::of);
-        let why = match (self.policy.route, &signals) {
-            (Route::All, _) => Some(format!(
-                "policy {:?} escalates every request",
-                self.policy.name
-            )),
-            (Route::Confidence, Some(sig)) => self.policy.confidence.escalate(sig),
-            _ => None,
-        };
-        let stopped = |ids: &[u32]| {
-            if ids.last().is_some_and(|id| p.stop.contains(id)) {
-                FinishReason::Stop
-            } else {
-                FinishReason::Length
-            }
-        };
-        let local_ids = |tokens: &Option<Vec<student::Token>>| -> Option<Vec<u32>> {
-            tokens.as_ref().map(|t| t.iter().map(|t| t.id).collect())
-        };
-        let mut report = Report {
-            answered_by: AnsweredBy::Local,
-            policy: self.policy.name.clone(),
-            escalated: false,
-            reason: why.clone(),
-            signals,
-            verify: None,
-            remote_error: None,
-            usage: Usage::default(),
-            cost: Cost::of(&Usage::default(), &self.policy.cost),
-        };
-        let blocked = why.as_ref().and_then(|_| {
-            self.share_allows()
-                .or_else(|| self.over_budget(&spent, ask.prompt.len() as u64))
-        });
-        let (ids, finish) = match (why, blocked) {
-            (None, _) => {
-                let ids = local_ids(&local).expect("an unescalated request was answered locally");
-                emit(&ids);
-                let finish = stopped(&ids);
-                (ids, finish)
-            }
-            (Some(_), Some(blocked)) => {
-                report.reason = Some(blocked);
-                let ids = match local_ids(&local) {
-                    Some(ids) => ids,
-                    None => self.finish_locally(&ask.prompt, &[], p, &mut spent, interrupt)?,
-                };
-                emit(&ids);
-                let finish = stopped(&ids);
-                (ids, finish)
-            }
-            (Some(_), None) => {
-                report.escalated = true;
-                self.ledger().escalated += 1;
-                match self.escalate(ask, &mut spent, &mut report, interrupt, emit) {
-                    Ok(done) => done,
-                    Err((e, partial)) => {
-                        if self.policy.on_remote_error == OnRemoteError::Error {
-                            return Err(AgentError::Remote(e));
-                        }
-                        report.remote_error = Some(e.to_string());
-                        report.answered_by = AnsweredBy::Local;
-                        // The student's own answer where it wrote one and nothing was sent
-                        // yet; else it finishes what was kept.
-                        let ids = match (partial.is_empty(), local_ids(&local)) {
-                            (true, Some(ids)) => {
-                                emit(&ids);
-                                ids
-                            }
-                            _ => {
-                                let rest = self.finish_locally(
-                                    &ask.prompt,
-                                    &partial,
-                                    p,
-                                    &mut spent,
-                                    interrupt,
-                                )?;
-                                emit(&rest[partial.len()..]);
-                                rest
-                            }
-                        };
-                        let finish = stopped(&ids);
-                        (ids, finish)
-                    }
-                }
-            }
-        };
+        let answered = self.run(ask, &mut spent, interrupt, emit);
+        self.ledger().spent_today += spent.remote_usd(&self.policy.cost);
+        let (ids, finish, mut report) = answered?;
         report.usage = Usage {
             prompt_tokens: ask.prompt.len() as u64,
             completion_tokens: ids.len() as u64,
-            local_read: spent.local_read,
-            local_written: spent.local_written,
-            local_seconds: spent.local_seconds,
-            remote_input: spent.remote_input,
-            remote_cached: spent.remote_cached,
-            remote_output: spent.remote_output,
-            remote_calls: spent.remote_calls,
-            remote_seconds: spent.remote_seconds,
+            spent,
         };
         report.cost = Cost::of(&report.usage, &self.policy.cost);
-        self.ledger().spent_today += report.cost.remote_usd;
         Ok(Answer {
             ids,
             finish,
@@ -305,8 +221,140 @@ impl Agent {
         })
     }
 
-    /// The escalation the policy names. On failure: the error and the ids already final (emitted).
-    #[allow(clippy::type_complexity)]
+    fn run(
+        &self,
+        ask: &Ask,
+        spent: &mut Spent,
+        interrupt: Interrupt,
+        emit: &mut dyn FnMut(&[u32]),
+    ) -> Result<(Vec<u32>, FinishReason, Report), AgentError> {
+        let p = &ask.params;
+        let mut report = Report {
+            answered_by: AnsweredBy::Local,
+            policy: self.policy.name.clone(),
+            escalated: false,
+            reason: None,
+            signals: None,
+            verify: None,
+            remote_error: None,
+            usage: Usage::default(),
+            cost: Cost::of(&Usage::default(), &self.policy.cost),
+        };
+        if p.max_tokens == 0 {
+            report.reason = Some("max_tokens is 0: nothing to write".into());
+            return Ok((Vec::new(), FinishReason::Length, report));
+        }
+        // The student's own answer first where the policy judges it.
+        let local = match self.policy.route {
+            Route::All => None,
+            Route::Confidence | Route::None => {
+                let tokens = self.decode(&ask.prompt, p, spent, interrupt)?;
+                report.signals = Some(Signals::of(&tokens));
+                Some(tokens.iter().map(|t| t.id).collect::<Vec<u32>>())
+            }
+        };
+        let why = match (self.policy.route, &report.signals) {
+            (Route::All, _) => Some(format!(
+                "policy {:?} escalates every request",
+                self.policy.name
+            )),
+            (Route::Confidence, Some(sig)) => self.policy.confidence.escalate(sig),
+            _ => None,
+        };
+        let Some(why) = why else {
+            let ids = local.expect("an unescalated request was answered locally");
+            emit(&ids);
+            let finish = finish_of(&ids, &p.stop);
+            return Ok((ids, finish, report));
+        };
+        let blocked = self.share_forbids().or_else(|| {
+            let output = match self.policy.escalate_by {
+                EscalateBy::Remote => p.max_tokens as u64,
+                EscalateBy::Verify => self.scoring_output,
+            };
+            self.over_budget(spent, ask.prompt.len() as u64, output)
+        });
+        let short = match blocked {
+            Some(reason) => Short {
+                kept: Vec::new(),
+                halt: Halt::Budget(reason),
+            },
+            None => {
+                report.reason = Some(why);
+                report.escalated = true;
+                self.ledger().escalated += 1;
+                match self.escalate(ask, spent, &mut report, interrupt, emit) {
+                    Ok((ids, finish)) => return Ok((ids, finish, report)),
+                    Err(short) => short,
+                }
+            }
+        };
+        // Short of an answer: the student's, or the student finishing what was kept.
+        match short.halt {
+            Halt::Local(e) => return Err(AgentError::Local(e)),
+            Halt::Remote(e) if self.policy.on_remote_error == OnRemoteError::Error => {
+                return Err(AgentError::Remote(e));
+            }
+            Halt::Remote(e) => report.remote_error = Some(e.to_string()),
+            Halt::Budget(reason) => report.reason = Some(reason),
+        }
+        report.answered_by = AnsweredBy::Local;
+        let ids = match (short.kept.is_empty(), local) {
+            (true, Some(ids)) => {
+                emit(&ids);
+                ids
+            }
+            _ => {
+                let mut ids = short.kept;
+                if finish_of(&ids, &p.stop) == FinishReason::Length && ids.len() < p.max_tokens {
+                    let mut context = ask.prompt.clone();
+                    context.extend(&ids);
+                    let rest = GenerateParams {
+                        max_tokens: p.max_tokens - ids.len(),
+                        seed: p.seed ^ ids.len() as u64,
+                        ..p.clone()
+                    };
+                    let tokens = self.decode(&context, &rest, spent, interrupt)?;
+                    let more: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+                    emit(&more);
+                    ids.extend(more);
+                }
+                ids
+            }
+        };
+        let finish = finish_of(&ids, &p.stop);
+        Ok((ids, finish, report))
+    }
+
+    /// The student's answer after `context` under `p`, its work added to `spent`.
+    fn decode(
+        &self,
+        context: &[u32],
+        p: &GenerateParams,
+        spent: &mut Spent,
+        interrupt: Interrupt,
+    ) -> Result<Vec<student::Token>, AgentError> {
+        let t0 = Instant::now();
+        let mut rng = p.seed;
+        let tokens = self
+            .student
+            .decode(
+                context,
+                p.max_tokens,
+                Sampling::from(p),
+                &p.stop,
+                false,
+                &mut rng,
+                interrupt,
+            )
+            .map_err(AgentError::Local)?;
+        spent.local_seconds += t0.elapsed().as_secs_f64();
+        spent.local_read += context.len() as u64;
+        spent.local_written += tokens.len() as u64;
+        Ok(tokens)
+    }
+
+    /// The escalation the policy names: the answer, or how it ended short.
     fn escalate(
         &self,
         ask: &Ask,
@@ -314,14 +362,17 @@ impl Agent {
         report: &mut Report,
         interrupt: Interrupt,
         emit: &mut dyn FnMut(&[u32]),
-    ) -> Result<(Vec<u32>, FinishReason), (TeacherError, Vec<u32>)> {
+    ) -> Result<(Vec<u32>, FinishReason), Short> {
         match self.policy.escalate_by {
             EscalateBy::Remote => {
                 let t0 = Instant::now();
                 let g = self
                     .remote
                     .generate(&ask.prompt, &ask.params)
-                    .map_err(|e| (e, Vec::new()))?;
+                    .map_err(|e| Short {
+                        kept: Vec::new(),
+                        halt: Halt::Remote(e),
+                    })?;
                 spent.remote_seconds += t0.elapsed().as_secs_f64();
                 spent.remote_calls += 1;
                 spent.remote_input += ask.prompt.len() as u64;
@@ -331,78 +382,43 @@ impl Agent {
                 Ok((g.ids, g.finish))
             }
             EscalateBy::Verify => {
-                let mut budget_stop = None;
                 let before = *spent;
-                let mut allow = |s: &Spent, input: u64| {
-                    let mut total = *s;
-                    total.remote_input += before.remote_input;
-                    total.remote_cached += before.remote_cached;
-                    total.remote_output += before.remote_output;
-                    budget_stop = self.over_budget(&total, input);
-                    budget_stop.is_none()
+                let mut forbid = |s: &Spent, input: u64, output: u64| {
+                    let mut total = before;
+                    total.add(s);
+                    self.over_budget(&total, input, output)
                 };
                 let run = verify::cascade(
                     &self.student,
-                    self.remote.as_ref(),
+                    Verifier {
+                        teacher: self.remote.as_ref(),
+                        scoring_output: self.scoring_output,
+                    },
                     &ask.prompt,
                     &ask.params,
                     &self.policy.verify,
                     interrupt,
-                    &mut allow,
+                    &mut forbid,
                     emit,
                 );
-                let (c, error) = match run {
-                    Ok(c) => (c, None),
-                    Err(stopped) => (stopped.partial, Some(stopped.error)),
-                };
-                spent.add(&c.spent);
                 report.answered_by = AnsweredBy::Cascade;
-                report.verify = Some(c.trace);
-                match (error, budget_stop) {
-                    (Some(e), _) => Err((e, c.ids)),
-                    (None, Some(reason)) => Err((TeacherError::Request(reason), c.ids)),
-                    (None, None) => Ok((c.ids, c.finish)),
+                match run {
+                    Ok(c) => {
+                        spent.add(&c.spent);
+                        report.verify = Some(c.trace);
+                        Ok((c.ids, c.finish))
+                    }
+                    Err(stopped) => {
+                        let c = stopped.partial;
+                        spent.add(&c.spent);
+                        report.verify = Some(c.trace);
+                        Err(Short {
+                            kept: c.ids,
+                            halt: stopped.halt,
+                        })
+                    }
                 }
             }
         }
-    }
-
-    /// `kept` and the student's continuation after it, to the request's length.
-    fn finish_locally(
-        &self,
-        prompt: &[u32],
-        kept: &[u32],
-        p: &GenerateParams,
-        spent: &mut Spent,
-        interrupt: Interrupt,
-    ) -> Result<Vec<u32>, AgentError> {
-        let mut ids = kept.to_vec();
-        if ids.last().is_some_and(|id| p.stop.contains(id)) || ids.len() >= p.max_tokens {
-            return Ok(ids);
-        }
-        let mut context = prompt.to_vec();
-        context.extend(kept);
-        let t0 = Instant::now();
-        let mut rng = p.seed ^ kept.len() as u64;
-        let s = Sampling {
-            temperature: p.temperature,
-            top_p: p.top_p,
-        };
-        let tokens = self
-            .student
-            .decode(
-                &context,
-                p.max_tokens - ids.len(),
-                s,
-                &p.stop,
-                &mut rng,
-                interrupt,
-            )
-            .map_err(AgentError::Local)?;
-        spent.local_seconds += t0.elapsed().as_secs_f64();
-        spent.local_read += context.len() as u64;
-        spent.local_written += tokens.len() as u64;
-        ids.extend(tokens.iter().map(|t| t.id));
-        Ok(ids)
     }
 }

@@ -6,6 +6,9 @@
 //!   (`messages`, ChatML): `max_tokens`, `temperature`, `top_p`, `seed`, `stop_token_ids`,
 //!   `ignore_eos`, `stream`.
 //!
+//! One request runs at a time, its remote calls included (the student uses every core, and a
+//! cascade alternates between the two); `--max-queued` more wait, and the next is a 503.
+//!
 //! Every response carries a `k3mini` object beside OpenAI's fields ([`super::Report`]): who
 //! answered, whether and why it escalated, the signals, tokens and cost. Streamed, text arrives as
 //! it becomes final (a cascade's after each round; a local answer once the policy has judged it)
@@ -321,7 +324,7 @@ fn respond(
         .request_timeout
         .map(|limit| (Instant::now() + limit, limit));
     if stream {
-        return stream_answer(gw.clone(), ask, endpoint, deadline);
+        return stream_answer(gw.clone(), ask, endpoint, deadline, peer.clone());
     }
     let cancelled = || {
         if gw.stop.load(Ordering::SeqCst) {
@@ -465,13 +468,21 @@ impl Events<'_> {
         }
     }
 
-    /// The text not yet sent, whole at the `end`, else up to a character that is complete.
+    /// The text not yet sent, whole at the `end`, else up to a character that is complete. Should
+    /// decoding more ids respell text already sent (it does not for byte-level BPE), what follows
+    /// the part both spell alike is sent, so nothing is lost.
     fn delta(&mut self, end: bool) -> Option<String> {
         let text = self.gw.text(&self.ids, self.endpoint, &self.stop);
         if !end && text.ends_with('\u{FFFD}') {
             return None;
         }
-        let new = text.strip_prefix(self.sent.as_str())?.to_string();
+        let same = self
+            .sent
+            .char_indices()
+            .zip(text.chars())
+            .find(|((_, a), b)| a != b)
+            .map_or(self.sent.len().min(text.len()), |((i, _), _)| i);
+        let new = text.get(same..).unwrap_or_default().to_string();
         self.sent = text;
         (!new.is_empty()).then_some(new)
     }
@@ -499,18 +510,30 @@ impl Events<'_> {
 }
 
 /// Streams the answer from a thread of its own: the reply (or the queue's refusal) is returned
-/// once the request has its turn at the model.
+/// once the request has its turn at the model. While it waits, the connection says whether its
+/// client left; once the stream is handed to hyper, the stream does (a send to it fails).
 fn stream_answer(
     gw: Arc<Gateway>,
     ask: Ask,
     endpoint: Endpoint,
     deadline: Option<(Instant, Duration)>,
+    peer: Peer,
 ) -> Result<Reply, ApiError> {
     let (reply, tx) = Reply::events();
     let (started, turn) = std::sync::mpsc::channel::<Result<(), ApiError>>();
     std::thread::spawn(move || {
+        let stopping = || gw.stop.load(Ordering::SeqCst);
+        let waiting = || {
+            if stopping() {
+                Some("the server is shutting down")
+            } else if peer.gone() {
+                Some("the client disconnected")
+            } else {
+                None
+            }
+        };
         let cancelled = || {
-            if gw.stop.load(Ordering::SeqCst) {
+            if stopping() {
                 Some("the server is shutting down")
             } else if tx.is_closed() {
                 Some("the client disconnected")
@@ -518,11 +541,15 @@ fn stream_answer(
                 None
             }
         };
+        let queued = Interrupt {
+            deadline,
+            cancelled: Some(&waiting),
+        };
         let interrupt = Interrupt {
             deadline,
             cancelled: Some(&cancelled),
         };
-        let _turn = match gw.queue.turn(interrupt) {
+        let _turn = match gw.queue.turn(queued) {
             Ok(t) => {
                 let _ = started.send(Ok(()));
                 t

@@ -3,73 +3,8 @@
 //! confidence signals, and the draft distribution `q` the sampling acceptance rule divides by.
 
 use k3mini_teacher::local::LocalTeacher;
+use k3mini_teacher::sampling::{Dist, Sampling, draw, sampling_dist};
 use k3mini_teacher::{Interrupt, TeacherError, log_softmax};
-
-/// How tokens are drawn: greedy at temperature 0, else from [`sampling_dist`].
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Sampling {
-    pub temperature: f32,
-    pub top_p: f32,
-}
-
-impl Sampling {
-    pub fn greedy(&self) -> bool {
-        self.temperature <= 0.0
-    }
-}
-
-/// A sparse distribution, by descending probability (ties by ascending id).
-pub type Dist = Vec<(u32, f64)>;
-
-/// The probability `dist` gives `id` (0 outside its support).
-pub fn prob(dist: &Dist, id: u32) -> f64 {
-    dist.iter()
-        .find(|&&(i, _)| i == id)
-        .map_or(0.0, |&(_, p)| p)
-}
-
-/// What a sampler at `s` draws from, given each candidate's logprob:
-/// `softmax(logprob / T)` over the candidates, cut to the smallest set of top ids holding `top_p`
-/// of the mass and renormalised (as [`k3mini_teacher::sample`] draws).
-pub fn sampling_dist(candidates: impl IntoIterator<Item = (u32, f32)>, s: Sampling) -> Dist {
-    let t = s.temperature.max(f32::MIN_POSITIVE) as f64;
-    let mut d: Dist = candidates
-        .into_iter()
-        .map(|(id, lp)| (id, lp as f64 / t))
-        .collect();
-    d.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    let max = d.first().map_or(0.0, |x| x.1);
-    let z: f64 = d.iter().map(|x| (x.1 - max).exp()).sum();
-    for x in &mut d {
-        x.1 = (x.1 - max).exp() / z;
-    }
-    let mut kept = 0.0;
-    let mut n = 0;
-    for x in &d {
-        kept += x.1;
-        n += 1;
-        if kept >= s.top_p as f64 {
-            break;
-        }
-    }
-    d.truncate(n);
-    for x in &mut d {
-        x.1 /= kept;
-    }
-    d
-}
-
-/// One draw from `dist` with `u` uniform in `[0, 1)`.
-pub fn draw(dist: &Dist, u: f64) -> u32 {
-    let mut acc = 0.0;
-    for &(id, p) in dist {
-        acc += p;
-        if u < acc {
-            return id;
-        }
-    }
-    dist.last().expect("a distribution has support").0
-}
 
 /// A token the student wrote, with what its own distribution (at temperature 1) said there.
 #[derive(Clone, Debug, PartialEq)]
@@ -80,7 +15,8 @@ pub struct Token {
     pub entropy: f32,
     /// Top-1 minus top-2 logprob.
     pub margin: f32,
-    /// The distribution it was drawn from (sampling only): the `q` of speculative sampling.
+    /// The distribution it was drawn from, where the caller keeps it (a cascade's sampled
+    /// drafts): the `q` of speculative sampling.
     pub q: Option<Dist>,
 }
 
@@ -116,14 +52,17 @@ impl Student {
     }
 
     /// Up to `max` tokens after `context` (stopping after any of `stop`), drawn at `s` with `rng`
-    /// (a SplitMix64 state), each with its signals. One prefill of `context`, then one token at
-    /// a time; `interrupt` is checked between tokens.
+    /// (a SplitMix64 state), each with its signals, and with the distribution it was drawn from
+    /// where `keep_q` (a whole vocabulary per token: for drafts only). One prefill of `context`,
+    /// then one token at a time; `interrupt` is checked between tokens.
+    #[allow(clippy::too_many_arguments)]
     pub fn decode(
         &self,
         context: &[u32],
         max: usize,
         s: Sampling,
         stop: &[u32],
+        keep_q: bool,
         rng: &mut u64,
         interrupt: Interrupt,
     ) -> Result<Vec<Token>, TeacherError> {
@@ -150,7 +89,10 @@ impl Student {
                 (best, None)
             } else {
                 let q = sampling_dist(lp.iter().enumerate().map(|(i, &l)| (i as u32, l)), s);
-                (draw(&q, k3mini_data::rng::uniform(rng)), Some(q))
+                (
+                    draw(&q, k3mini_data::rng::uniform(rng)),
+                    keep_q.then_some(q),
+                )
             };
             out.push(Token {
                 id,
@@ -171,42 +113,6 @@ impl Student {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sampling_dist_tempers_and_cuts_to_top_p() {
-        let lps = [(0, (0.5f32).ln()), (1, (0.3f32).ln()), (2, (0.2f32).ln())];
-        let d = sampling_dist(
-            lps,
-            Sampling {
-                temperature: 1.0,
-                top_p: 1.0,
-            },
-        );
-        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), [0, 1, 2]);
-        assert!((d[1].1 - 0.3).abs() < 1e-6);
-        // top_p 0.7: {0, 1} hold 0.8 ≥ 0.7, renormalised.
-        let d = sampling_dist(
-            lps,
-            Sampling {
-                temperature: 1.0,
-                top_p: 0.7,
-            },
-        );
-        assert_eq!(d.len(), 2);
-        assert!((d[0].1 - 0.5 / 0.8).abs() < 1e-6);
-        // T = 0.5 squares the odds: 0.25 : 0.09 : 0.04.
-        let d = sampling_dist(
-            lps,
-            Sampling {
-                temperature: 0.5,
-                top_p: 1.0,
-            },
-        );
-        assert!((d[0].1 - 0.25 / 0.38).abs() < 1e-6);
-        assert_eq!(draw(&d, 0.0), 0);
-        assert_eq!(draw(&d, 0.999_999), 2);
-        assert_eq!(prob(&d, 7), 0.0);
-    }
 
     #[test]
     fn a_row_reads_as_entropy_margin_and_argmax() {

@@ -20,8 +20,10 @@
 //! rest after the tokens kept so far, so a weak student costs at most the rounds before that
 //! judgement on top of one plain escalation.
 
-use super::student::{Dist, Sampling, Student, Token, prob, sampling_dist};
+use super::cost::Spent;
+use super::student::{Student, Token};
 use k3mini_data::rng::uniform;
+use k3mini_teacher::sampling::{Dist, Sampling, prob, sampling_dist};
 use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Scored, Teacher, TeacherError};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
@@ -131,36 +133,9 @@ pub struct Trace {
     pub handed_over: bool,
 }
 
-/// Tokens, seconds and calls on each side.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Spent {
-    pub local_read: u64,
-    pub local_written: u64,
-    pub local_seconds: f64,
-    pub remote_input: u64,
-    /// Input tokens a remote call repeated from the start of the previous one.
-    pub remote_cached: u64,
-    pub remote_output: u64,
-    pub remote_calls: u64,
-    pub remote_seconds: f64,
-}
-
 /// How many leading ids `a` and `b` share.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-impl Spent {
-    pub fn add(&mut self, o: &Spent) {
-        self.local_read += o.local_read;
-        self.local_written += o.local_written;
-        self.local_seconds += o.local_seconds;
-        self.remote_input += o.remote_input;
-        self.remote_cached += o.remote_cached;
-        self.remote_output += o.remote_output;
-        self.remote_calls += o.remote_calls;
-        self.remote_seconds += o.remote_seconds;
-    }
 }
 
 /// The answer of a cascade: its tokens, why it ended, what it did and spent.
@@ -171,32 +146,49 @@ pub struct Cascaded {
     pub spent: Spent,
 }
 
-/// Why a cascade stopped short: the error, with what it had kept and spent by then (a caller may
-/// answer those tokens, marked, or fail).
+/// Which side stopped a cascade short.
+#[derive(Debug)]
+pub enum Halt {
+    /// The student failed (or the request's time ran out while it drafted).
+    Local(TeacherError),
+    /// The remote failed.
+    Remote(TeacherError),
+    /// The budget forbids the next remote call (the reason).
+    Budget(String),
+}
+
+/// Why a cascade stopped short, with what it had kept and spent by then (a caller may answer
+/// those tokens, marked, or fail).
 pub struct Stopped {
-    pub error: TeacherError,
+    pub halt: Halt,
     pub partial: Cascaded,
 }
 
+/// The remote a cascade verifies with: the teacher, and the output tokens it bills for a scoring
+/// call (1 where scoring generates one token, as vLLM's and OpenAI's `max_tokens: 1` do; 0 for
+/// SGLang's `max_new_tokens: 0`).
+#[derive(Clone, Copy)]
+pub struct Verifier<'a> {
+    pub teacher: &'a dyn Teacher,
+    pub scoring_output: u64,
+}
+
 /// Runs the cascade for `prompt` under `params` (max tokens, temperature, top-p, seed, stop ids):
-/// `emit` receives the tokens kept after each round, as they become final. `allow_remote` is
-/// asked before each remote call with what it would send, so a budget can stop the cascade (it
-/// then ends there, [`FinishReason::Length`], with what it kept).
+/// `emit` receives the tokens kept after each round, as they become final. `forbid` is asked
+/// before each remote call with what was spent and what the call would send and could write, so a
+/// budget can stop the cascade ([`Halt::Budget`]).
 #[allow(clippy::too_many_arguments)]
 pub fn cascade(
     student: &Student,
-    remote: &dyn Teacher,
+    remote: Verifier,
     prompt: &[u32],
     params: &GenerateParams,
     settings: &VerifySettings,
     interrupt: Interrupt,
-    allow_remote: &mut dyn FnMut(&Spent, u64) -> bool,
+    forbid: &mut dyn FnMut(&Spent, u64, u64) -> Option<String>,
     emit: &mut dyn FnMut(&[u32]),
 ) -> Result<Cascaded, Box<Stopped>> {
-    let s = Sampling {
-        temperature: params.temperature,
-        top_p: params.top_p,
-    };
+    let s = Sampling::from(params);
     let mut rng = params.seed;
     let mut out = Cascaded {
         ids: Vec::new(),
@@ -208,9 +200,9 @@ pub fn cascade(
     // The previous remote call's input: the next one's cache hits are the prefix they share.
     let mut sent: Vec<u32> = Vec::new();
     macro_rules! fail {
-        ($e:expr) => {
+        ($halt:expr) => {
             return Err(Box::new(Stopped {
-                error: $e,
+                halt: $halt,
                 partial: out,
             }))
         };
@@ -221,9 +213,9 @@ pub fn cascade(
         let n = gamma.min(params.max_tokens - out.ids.len());
         let t0 = Instant::now();
         let draft: Vec<Token> =
-            match student.decode(&context, n, s, &params.stop, &mut rng, interrupt) {
+            match student.decode(&context, n, s, &params.stop, true, &mut rng, interrupt) {
                 Ok(d) => d,
-                Err(e) => fail!(e),
+                Err(e) => fail!(Halt::Local(e)),
             };
         out.spent.local_seconds += t0.elapsed().as_secs_f64();
         out.spent.local_read += context.len() as u64;
@@ -231,21 +223,21 @@ pub fn cascade(
         let ids: Vec<u32> = draft.iter().map(|t| t.id).collect();
         let mut scored_ids = context.clone();
         scored_ids.extend(&ids);
-        if !allow_remote(&out.spent, scored_ids.len() as u64) {
-            break;
+        if let Some(reason) = forbid(&out.spent, scored_ids.len() as u64, remote.scoring_output) {
+            fail!(Halt::Budget(reason));
         }
         let t1 = Instant::now();
-        let scored = match remote.score(&scored_ids, settings.k) {
+        let scored = match remote.teacher.score(&scored_ids, settings.k) {
             Ok(s) => s,
-            Err(e) => fail!(e),
+            Err(e) => fail!(Halt::Remote(e)),
         };
         out.spent.remote_seconds += t1.elapsed().as_secs_f64();
         out.spent.remote_calls += 1;
         out.spent.remote_input += scored_ids.len() as u64;
         out.spent.remote_cached += common_prefix(&sent, &scored_ids) as u64;
         sent = scored_ids;
-        // A scoring request generates one token (max_tokens 1) that is billed and not used.
-        out.spent.remote_output += 1;
+        // Billed, and not used.
+        out.spent.remote_output += remote.scoring_output;
         // Position `context.len() − 1 + i` predicts draft token i.
         let first = context.len() - 1;
         let (kept, replaced) = if s.greedy() {
@@ -275,7 +267,7 @@ pub fn cascade(
         out.trace.accepted += kept as u64;
         out.trace.remote_tokens += replaced.is_some() as u64;
         emit(&out.ids[before..]);
-        if out.ids.last().is_some_and(|id| params.stop.contains(id)) {
+        if super::finish_of(&out.ids, &params.stop) == FinishReason::Stop {
             out.finish = FinishReason::Stop;
             return Ok(out);
         }
@@ -291,8 +283,9 @@ pub fn cascade(
         {
             context.truncate(prompt.len());
             context.extend(&out.ids);
-            if !allow_remote(&out.spent, context.len() as u64) {
-                break;
+            let left = (params.max_tokens - out.ids.len()) as u64;
+            if let Some(reason) = forbid(&out.spent, context.len() as u64, left) {
+                fail!(Halt::Budget(reason));
             }
             let rest = GenerateParams {
                 max_tokens: params.max_tokens - out.ids.len(),
@@ -300,9 +293,9 @@ pub fn cascade(
                 ..params.clone()
             };
             let t2 = Instant::now();
-            let g = match remote.generate(&context, &rest) {
+            let g = match remote.teacher.generate(&context, &rest) {
                 Ok(g) => g,
-                Err(e) => fail!(e),
+                Err(e) => fail!(Halt::Remote(e)),
             };
             out.spent.remote_seconds += t2.elapsed().as_secs_f64();
             out.spent.remote_calls += 1;
@@ -350,7 +343,7 @@ mod tests {
         let n = 200_000;
         let (mut counts, mut accepted) = ([0u64; 6], 0u64);
         for _ in 0..n {
-            let x = super::super::student::draw(&q, uniform(&mut rng));
+            let x = k3mini_teacher::sampling::draw(&q, uniform(&mut rng));
             let y = match accept_sampled(x, &q, &p, &mut rng) {
                 Ok(x) => {
                     accepted += 1;

@@ -79,6 +79,9 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                 &model.tokenizer,
                 ClientOptions {
                     api: remote_api,
+                    // Whole contexts: a windowed score would verify against a cut context.
+                    max_request_tokens: model.context_length().max(2),
+                    window_overlap: 0,
                     timeout: Duration::from_secs(remote_timeout.max(1)),
                     retries: remote_retries,
                     api_key: std::env::var("K3MINI_REMOTE_API_KEY").ok(),
@@ -93,7 +96,14 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
             );
             let stop = stop_on_ctrl_c()?;
             let limits = options.limits.clone();
-            let agent = Agent::new(Student::new(model), Box::new(remote), policy);
+            // vLLM's and OpenAI's scoring generates (and bills) one token; SGLang's none.
+            let scoring_output = u64::from(remote_api != Api::Sglang);
+            let agent = Agent::new(
+                Student::new(model),
+                Box::new(remote),
+                scoring_output,
+                policy,
+            );
             server::serve(agent, &addr, options, stop, |at| {
                 announce(&at, &what, &limits)
             })?;

@@ -14,6 +14,7 @@ pub mod llama;
 pub mod local;
 pub mod manifest;
 pub mod routing;
+pub mod sampling;
 pub mod score;
 pub mod server;
 pub mod wire;
@@ -239,35 +240,9 @@ pub fn log_softmax(row: &[f32]) -> Vec<f32> {
 }
 
 /// Draws from `softmax(logits / temperature)` restricted to the smallest set of top ids holding
-/// `top_p` of the mass; `rng` is a SplitMix64 state.
+/// `top_p` of the mass ([`sampling::sampling_dist`]); `rng` is a SplitMix64 state.
 pub fn sample(logits: &[f32], temperature: f32, top_p: f32, rng: &mut u64) -> u32 {
-    let scaled: Vec<f32> = logits.iter().map(|&l| l / temperature).collect();
-    let probs: Vec<f64> = log_softmax(&scaled)
-        .iter()
-        .map(|&l| (l as f64).exp())
-        .collect();
-    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
-    order.sort_unstable_by(|a, b| {
-        probs[*b as usize]
-            .total_cmp(&probs[*a as usize])
-            .then(a.cmp(b))
-    });
-    let mut kept = 0.0;
-    let mut n = 0;
-    for &i in &order {
-        kept += probs[i as usize];
-        n += 1;
-        if kept >= top_p as f64 {
-            break;
-        }
-    }
-    let u = uniform(rng) * kept;
-    let mut acc = 0.0;
-    for &i in &order[..n] {
-        acc += probs[i as usize];
-        if u < acc {
-            return i;
-        }
-    }
-    order[n - 1]
+    let candidates = logits.iter().enumerate().map(|(i, &l)| (i as u32, l));
+    let dist = sampling::sampling_dist(candidates, sampling::Sampling { temperature, top_p });
+    sampling::draw(&dist, uniform(rng))
 }

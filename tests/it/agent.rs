@@ -410,6 +410,7 @@ fn confidence_and_budget_decide_who_answers() {
                 calls: Default::default(),
                 fail,
             }),
+            1,
             Policy::parse(policy, "test").unwrap(),
         )
     };
@@ -434,7 +435,7 @@ fn confidence_and_budget_decide_who_answers() {
     assert_eq!(a.ids.len(), 6);
     let s = a.report.signals.unwrap();
     assert!(s.mean_logprob < -5.0 && s.entropy_p50 > 5.0, "{s:?}");
-    assert_eq!(a.report.usage.remote_calls, 0);
+    assert_eq!(a.report.usage.spent.remote_calls, 0);
     assert_eq!(a.report.cost.remote_usd, 0.0);
 
     let unsure = "route = \"confidence\"\nescalate_by = \"remote\"\n[confidence]\n\
@@ -455,10 +456,14 @@ fn confidence_and_budget_decide_who_answers() {
         a.report
     );
     // The remote read the prompt and wrote three tokens; the student wrote six first.
-    let u = a.report.usage;
+    let u = a.report.usage.spent;
     assert_eq!((u.remote_input, u.remote_output, u.remote_calls), (4, 3, 1));
     assert_eq!(
-        (u.local_read, u.local_written, u.completion_tokens),
+        (
+            u.local_read,
+            u.local_written,
+            a.report.usage.completion_tokens
+        ),
         (4, 6, 3)
     );
 

@@ -139,12 +139,14 @@ impl Reply {
 }
 
 /// The client of the request being handled.
+#[derive(Clone)]
 pub struct Peer {
     gone: Arc<AtomicBool>,
 }
 
 impl Peer {
-    /// Whether the client has closed its connection (its request's future was dropped).
+    /// Whether the client has closed its connection (its request's future was dropped; so also
+    /// true once the handler has returned, its reply handed to hyper).
     pub fn gone(&self) -> bool {
         self.gone.load(Ordering::SeqCst)
     }
