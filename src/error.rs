@@ -26,6 +26,9 @@ pub enum Error {
     Json(#[from] serde_json::Error),
     #[error(transparent)]
     Safetensors(#[from] safetensors::SafeTensorError),
+    /// A device failed mid-step (a worker's panic: libtorch's errors, CUDA out of memory).
+    #[error("{0}")]
+    Device(String),
     /// Something k3mini will not do with these inputs, and why (usually with what to do instead).
     #[error("{0}")]
     Refused(String),

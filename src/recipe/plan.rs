@@ -350,6 +350,7 @@ impl RunPlan {
             seq_len: self.data.seq_len,
             activation_checkpointing: self.train.activation_checkpointing,
             replicas: self.devices.replicas(),
+            micro_batches: self.accumulation,
             head_chunk: self.train.head_chunk,
         }
     }

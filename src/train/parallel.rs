@@ -126,7 +126,7 @@ impl Parallel {
                 // sample the student on the first device) overlaps the other devices' work, not
                 // that device's own.
                 if micro >= n {
-                    reduction.until(micro - n + 1, &results);
+                    reduction.until(micro - n + 1, &results)?;
                 }
                 // Seeds what a micro-batch samples: a function of the step.
                 let seed = plan.seed ^ ((state.step * accumulation + micro) as u64 + 1);
@@ -136,7 +136,7 @@ impl Parallel {
                     .expect("a worker runs until its jobs end");
             }
             drop(workers);
-            reduction.until(accumulation, &results);
+            reduction.until(accumulation, &results)?;
             Ok(reduction.finish())
         })
     }
@@ -252,7 +252,13 @@ impl<'a> Reduction<'a> {
     }
 
     /// Reduces micro-batches until the first `end` are in, waiting on the workers as needed.
-    fn until(&mut self, end: usize, results: &mpsc::Receiver<(usize, std::thread::Result<Done>)>) {
+    /// A worker that panicked (libtorch reports a CUDA out-of-memory so) ends the step with an
+    /// error, before anything is applied, so the steps before it can be checkpointed.
+    fn until(
+        &mut self,
+        end: usize,
+        results: &mpsc::Receiver<(usize, std::thread::Result<Done>)>,
+    ) -> Result<()> {
         let main = &self.parallel.devices[0];
         while self.next < end {
             let done = match self.waiting.remove(&self.next) {
@@ -261,7 +267,17 @@ impl<'a> Reduction<'a> {
                     let (micro, out) = results
                         .recv()
                         .expect("every worker reports its micro-batches or its panic");
-                    let done = out.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                    let done = out.map_err(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "a panic without a message".into());
+                        let device = &self.parallel.devices[micro % self.busy_s.len()];
+                        crate::error::Error::Device(format!(
+                            "micro-batch {micro} failed on {device:?}: {what}"
+                        ))
+                    })?;
                     if micro != self.next {
                         self.waiting.insert(micro, done);
                         continue;
@@ -283,6 +299,7 @@ impl<'a> Reduction<'a> {
             self.busy_s[self.next % devices] += done.busy_s;
             self.next += 1;
         }
+        Ok(())
     }
 
     /// Moves each parameter's gradient to the device that owns it.

@@ -179,6 +179,9 @@ pub struct Footprint {
     pub activation_checkpointing: bool,
     /// Data-parallel replicas (1: one device).
     pub replicas: usize,
+    /// Micro-batches a step sums (`train.batch_tokens` over a micro-batch's tokens): beyond one,
+    /// the step's gradient sum is held while the next micro-batch's gradients form.
+    pub micro_batches: usize,
     /// `train.head_chunk` (see [`HeadChunks::resolve`]); unset, the default.
     pub head_chunk: Option<usize>,
 }
@@ -190,6 +193,7 @@ impl Footprint {
             seq_len,
             activation_checkpointing: false,
             replicas: 1,
+            micro_batches: 1,
             head_chunk: None,
         }
     }
@@ -200,8 +204,9 @@ impl Footprint {
 pub const HEAD_CHUNK_COPIES: usize = 4;
 
 /// Training memory of the busiest device, in bytes: f32 master weights, gradients and AdamW
-/// moments, and the activations of one micro-batch. With replicas every device holds the
-/// weights and its micro-batch's gradients, and the optimizer state is sharded
+/// moments, and the activations of one micro-batch. A step of several micro-batches holds the
+/// sum of the gradients so far while the next micro-batch's form. With replicas every device
+/// holds the weights and its micro-batch's gradients, and the optimizer state is sharded
 /// (`k3mini::train::parallel`): a device holds the summed gradients and AdamW moments of the
 /// parameters it owns, and the gradients of those parameters arriving from another replica.
 #[derive(Clone, Debug, Serialize)]
@@ -211,7 +216,8 @@ pub struct TrainingMemory {
     /// [`owned_params`] makes of [`shard_by_bytes`]'s sharing.
     pub owned_params: usize,
     pub weights: usize,
-    /// The micro-batch's gradients, and with replicas the owned parameters' sum besides.
+    /// The micro-batch's gradients, and where a step sums several (micro-batches or replicas)
+    /// the owned parameters' sum besides.
     pub grads: usize,
     pub adamw: usize,
     /// The owned parameters' gradients arriving from another replica (0 on one device).
@@ -426,7 +432,7 @@ pub fn training_memory(c: &ModelConfig, f: &Footprint) -> TrainingMemory {
         footprint: *f,
         owned_params: owned,
         weights: params * F32,
-        grads: if sharded {
+        grads: if sharded || f.micro_batches > 1 {
             (params + owned) * F32
         } else {
             params * F32

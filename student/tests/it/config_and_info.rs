@@ -251,6 +251,16 @@ fn the_3b_preset_at_1_x_4096_fits_one_80_gb_gpu_with_checkpointing_only() {
         need(false) > usable,
         "without checkpointing the trunk's activations do not fit"
     );
+    // Summing several micro-batches a step holds the sum beside each micro-batch's gradients.
+    let one = training_memory(&c, &Footprint::new(1, 4096));
+    let summed = training_memory(
+        &c,
+        &Footprint {
+            micro_batches: 256,
+            ..Footprint::new(1, 4096)
+        },
+    );
+    assert_eq!((one.grads, summed.grads), (one.weights, 2 * one.weights));
 }
 
 #[test]
