@@ -21,6 +21,8 @@ pub enum Error {
     #[error(transparent)]
     Teacher(#[from] k3mini_teacher::TeacherError),
     #[error(transparent)]
+    Agent(#[from] crate::agent::AgentError),
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),

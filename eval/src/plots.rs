@@ -5,6 +5,22 @@ use std::path::Path;
 
 pub type PlotResult = Result<(), Box<dyn std::error::Error>>;
 
+/// How a series is drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Style {
+    Line,
+    /// A marker at each point (single measurements: a policy, a baseline).
+    Points,
+    LineAndPoints,
+}
+
+/// A named series of (x, y) points.
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub style: Style,
+}
+
 /// An SVG line plot of named (x, y) series.
 pub fn line_plot(
     path: &Path,
@@ -13,7 +29,26 @@ pub fn line_plot(
     y_desc: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> PlotResult {
-    let points = series.iter().flat_map(|(_, p)| p.iter());
+    let series: Vec<Series> = series
+        .iter()
+        .map(|(name, points)| Series {
+            name: name.clone(),
+            points: points.clone(),
+            style: Style::Line,
+        })
+        .collect();
+    xy_plot(path, title, x_desc, y_desc, &series)
+}
+
+/// An SVG plot of named series, each drawn in its [`Style`], with a legend.
+pub fn xy_plot(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[Series],
+) -> PlotResult {
+    let points = series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in points.filter(|(x, y)| x.is_finite() && y.is_finite()) {
         (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
@@ -22,6 +57,7 @@ pub fn line_plot(
         return Ok(());
     }
     let pad = ((y1 - y0) * 0.05).max(1e-6);
+    let xpad = ((x1 - x0) * 0.03).max(1e-9);
     let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -29,20 +65,31 @@ pub fn line_plot(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(x0..x1.max(x0 + 1.0), (y0 - pad)..(y1 + pad))?;
+        .build_cartesian_2d((x0 - xpad)..(x1 + xpad), (y0 - pad)..(y1 + pad))?;
     chart
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
         .draw()?;
-    for (i, (name, pts)) in series.iter().enumerate() {
+    for (i, s) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
-            .label(name)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-            });
+        let pts = s.points.iter().copied();
+        let line = s.style != Style::Points;
+        let drawn = if line {
+            chart.draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+        } else {
+            chart.draw_series(pts.clone().map(|p| Circle::new(p, 5, color.filled())))?
+        };
+        drawn.label(&s.name).legend(move |(x, y)| {
+            if line {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)).into_dyn()
+            } else {
+                Circle::new((x + 9, y), 5, color.filled()).into_dyn()
+            }
+        });
+        if s.style == Style::LineAndPoints {
+            chart.draw_series(pts.map(|p| Circle::new(p, 3, color.filled())))?;
+        }
     }
     chart
         .configure_series_labels()

@@ -5,6 +5,8 @@
 //! tokens and the cost ([`cost`]) against sending it all to the remote. [`server`] puts it behind
 //! OpenAI's `/v1/completions` and `/v1/chat/completions`, streaming included.
 
+pub mod bench;
+pub mod calibrate;
 pub mod confidence;
 pub mod cost;
 pub mod policy;

@@ -12,6 +12,7 @@
 //! [verify]                # k, draft, max_draft, min_acceptance, judge_after
 //! [budget]                # max_usd_per_request, max_usd_per_day, max_escalation_share
 //! [cost]                  # input_per_mtok, output_per_mtok, hardware_per_hour, watts, per_kwh
+//! student_sha256 = "…"     # (top level) the student a calibrated policy is for
 //! ```
 
 use super::confidence::Thresholds;
@@ -101,6 +102,10 @@ pub struct Policy {
     pub budget: Budget,
     #[serde(default)]
     pub cost: Prices,
+    /// The SHA-256 of the student GGUF whose signals the thresholds were calibrated on (`agent
+    /// calibrate` writes it); such a policy is refused for any other student.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub student_sha256: Option<String>,
 }
 
 fn verify() -> EscalateBy {
@@ -133,7 +138,19 @@ impl Policy {
             verify: VerifySettings::default(),
             budget: Budget::default(),
             cost: Prices::default(),
+            student_sha256: None,
         })
+    }
+
+    /// Refuses a calibrated policy for a student other than its own (by the GGUF's SHA-256).
+    pub fn check_student(&self, student_sha256: &str) -> Result<(), String> {
+        match &self.student_sha256 {
+            Some(own) if own != student_sha256 => Err(format!(
+                "policy {:?} was calibrated for the student GGUF with SHA-256 {own}, not this                  one ({student_sha256}): its thresholds mean nothing for another model's                  signals; run `k3mini agent calibrate` for this student",
+                self.name
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A built-in's name, or a policy file.

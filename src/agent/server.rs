@@ -167,7 +167,7 @@ fn ask(gw: &Gateway, prompt: Vec<u32>, fields: Sampling) -> Result<Ask, ApiError
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
     let mut params = fields.params(student.vocab_size(), student.meta.eos)?;
     if !ignore_eos {
-        for id in student.tokenizer.special_ids().stops() {
+        for id in gw.agent.student.stops() {
             if !params.stop.contains(&id) {
                 params.stop.push(id);
             }

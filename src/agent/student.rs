@@ -51,6 +51,12 @@ impl Student {
         Self { model }
     }
 
+    /// The ids an answer ends at unless the request ignores them: the end of a turn and of
+    /// text, as the tokenizer names them.
+    pub fn stops(&self) -> Vec<u32> {
+        self.model.tokenizer.special_ids().stops()
+    }
+
     /// Up to `max` tokens after `context` (stopping after any of `stop`), drawn at `s` with `rng`
     /// (a SplitMix64 state), each with its signals, and with the distribution it was drawn from
     /// where `keep_q` (a whole vocabulary per token: for drafts only). One prefill of `context`,

@@ -5,7 +5,7 @@
 //! policy's prices; a remote that answers garbage, stalls or dies gives a marked local answer or
 //! a clear error, never a hang.
 use crate::export::checkpoint_with;
-use crate::fixture::Scratch;
+use crate::fixture::{Scratch, k3mini_ok};
 use crate::teacher_server::{Server, listen, raw, serve};
 use k3mini::agent::cost::Prices;
 use k3mini::agent::policy::Policy;
@@ -492,4 +492,116 @@ fn confidence_and_budget_decide_who_answers() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("down"), "{e}");
+}
+
+/// `agent bench` and `agent calibrate` through the real binary: SmolLM2 as its own student
+/// against itself behind `teacher serve`, so the cascade must equal the remote on every task and
+/// the remote writes only its corrections; the second command reuses the cached answers, a
+/// corrupt cache is named, and the calibrated policy is refused for another student's GGUF.
+#[test]
+fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
+    use k3mini::agent::bench::Bench;
+    let scratch = Scratch::new("agent-bench");
+    let teacher = serve("smollm2", &[]);
+    let tasks = scratch.write(
+        "tasks.jsonl",
+        "{\"id\": \"fox\", \"text\": \"The quick brown fox\"}\n\
+         {\"text\": \"Once upon a time, in a land far away,\"}\n\
+         {\"id\": \"sum\", \"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": 5}\n\
+         {\"text\": \"Water boils at\"}\n",
+    );
+    let bench = scratch.write(
+        "bench.toml",
+        "max_tokens = 12\n[cost]\noutput_per_mtok = 10.0\n",
+    );
+    let (runs, out) = (scratch.path("runs"), scratch.path("report"));
+    let local = smollm2();
+    let sides = |cmd: &str| -> Vec<String> {
+        [
+            "agent",
+            cmd,
+            "--local",
+            local.to_str().unwrap(),
+            "--remote",
+            &teacher.url,
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--bench",
+            bench.to_str().unwrap(),
+            "--runs",
+            runs.to_str().unwrap(),
+            "--quiet",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let mut args = sides("bench");
+    args.extend(["--out".into(), out.to_str().unwrap().into()]);
+    let printed = String::from_utf8(k3mini_ok(&args).stdout).unwrap();
+    assert!(printed.contains("| all-remote | 100% |"), "{printed}");
+    let b: Bench =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!((b.tasks, b.settings.max_tokens), (4, 12));
+    assert_eq!(b.verify.equal, 1.0, "{b:?}");
+    assert!(
+        b.verify.acceptance >= 0.8 && b.verify.output_saved >= 0.5,
+        "{:?}",
+        b.verify
+    );
+    let names: Vec<&str> = b.points.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["all-local", "all-remote", "verify", "oracle", "random"]
+    );
+    // Continuations are scored against the remote, which agrees with itself.
+    assert!(b.points[1].quality >= 0.75);
+    assert_eq!(b.sweeps.len(), 5);
+    let svg = std::fs::read_to_string(out.join("pareto.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("confidence: mean_logprob"));
+    let cache = std::fs::read_to_string(runs.join("runs.jsonl")).unwrap();
+    assert_eq!(cache.lines().count(), 4);
+
+    // Calibrating on the same tasks reads the cache: no task is answered again.
+    let policy = scratch.path("calibrated.toml");
+    let mut args = sides("calibrate");
+    args.extend(["--max-share", "0.5", "--out", policy.to_str().unwrap()].map(String::from));
+    let printed = String::from_utf8(k3mini_ok(&args).stdout).unwrap();
+    assert!(printed.contains("escalate when"), "{printed}");
+    assert_eq!(
+        std::fs::read_to_string(runs.join("runs.jsonl")).unwrap(),
+        cache
+    );
+    let p = Policy::resolve(policy.to_str().unwrap()).unwrap();
+    let sha = k3mini_data::digest::sha256_file(&local).unwrap();
+    assert_eq!(p.student_sha256.as_deref(), Some(sha.as_str()));
+    assert_eq!(p.confidence.set().len(), 1);
+
+    // The policy, with its thresholds for SmolLM2's signals, is refused for another student.
+    let other = random_student(&scratch);
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args([
+            "agent",
+            "serve",
+            "--local",
+            other.to_str().unwrap(),
+            "--remote",
+            &teacher.url,
+        ])
+        .args(["--policy", policy.to_str().unwrap(), "--port", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("was calibrated for the student GGUF"),
+        "{err}"
+    );
+
+    // A cache that does not read back is named, not trusted.
+    std::fs::write(runs.join("runs.jsonl"), format!("{cache}{{\"key\": 1}}\n")).unwrap();
+    let broken = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(sides("bench"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&broken.stderr);
+    assert!(err.contains("runs.jsonl:5 is not a bench record"), "{err}");
 }
