@@ -9,6 +9,7 @@ pub mod bench;
 pub mod calibrate;
 pub mod confidence;
 pub mod cost;
+pub mod gate;
 pub mod policy;
 pub mod server;
 pub mod student;
@@ -16,6 +17,7 @@ pub mod verify;
 
 use confidence::Signals;
 use cost::{Cost, Spent, Usage};
+use gate::Gate;
 use k3mini_teacher::sampling::Sampling;
 use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use policy::{EscalateBy, OnRemoteError, Policy, Route};
@@ -58,10 +60,11 @@ pub struct Report {
     pub cost: Cost,
 }
 
-/// A request as ids: the rendered prompt and its sampling.
+/// A request as ids: the rendered prompt, its sampling, and what its answer must be.
 pub struct Ask {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
+    pub gate: Option<Gate>,
 }
 
 /// An answer: its ids (a stop id last when it stopped), why it ended, and its report.
@@ -249,7 +252,7 @@ impl Agent {
         // The student's own answer first where the policy judges it.
         let local = match self.policy.route {
             Route::All => None,
-            Route::Confidence | Route::None => {
+            Route::Confidence | Route::Gate | Route::None => {
                 let tokens = self.decode(&ask.prompt, p, spent, interrupt)?;
                 report.signals = Some(Signals::of(&tokens));
                 Some(tokens.iter().map(|t| t.id).collect::<Vec<u32>>())
@@ -260,7 +263,10 @@ impl Agent {
                 "policy {:?} escalates every request",
                 self.policy.name
             )),
-            (Route::Confidence, Some(sig)) => self.policy.confidence.escalate(sig),
+            (Route::Confidence, Some(sig)) => self
+                .gate_fails(ask, local.as_deref())
+                .or_else(|| self.policy.confidence.escalate(sig)),
+            (Route::Gate, _) => self.gate_fails(ask, local.as_deref()),
             _ => None,
         };
         let Some(why) = why else {
@@ -326,6 +332,19 @@ impl Agent {
         };
         let finish = finish_of(&ids, &p.stop);
         Ok((ids, finish, report))
+    }
+
+    /// Why the local answer `ids` fails the request's gate, if it has one and it does.
+    fn gate_fails(&self, ask: &Ask, ids: Option<&[u32]>) -> Option<String> {
+        let (gate, ids) = (ask.gate.as_ref()?, ids?);
+        let body = match ids.split_last() {
+            Some((last, rest)) if ask.params.stop.contains(last) => rest,
+            _ => ids,
+        };
+        match self.student.model.tokenizer.decode(body) {
+            Ok(text) => gate.fails(&text),
+            Err(e) => Some(format!("gate: the answer does not decode ({e})")),
+        }
     }
 
     /// The student's answer after `context` under `p`, its work added to `spent`.

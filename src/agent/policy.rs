@@ -4,7 +4,8 @@
 //!
 //! ```toml
 //! route = "confidence"    # which requests escalate: "confidence" (those the student is unsure
-//!                         # of), "all", or "none"
+//!                         # of, or whose answer fails the gate), "gate" (fails the gate: not the
+//!                         # JSON the request asked for), "all", or "none"
 //! escalate_by = "verify"  # how: "verify" (the speculative cascade) or "remote" (sent whole)
 //! on_remote_error = "local"   # a failing remote: answer locally, marked ("local"), or fail ("error")
 //! [confidence]            # thresholds (see confidence.rs); unset ones are not checked
@@ -25,8 +26,10 @@ use std::path::Path;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Route {
-    /// Those whose local answer fails the confidence thresholds.
+    /// Those whose local answer fails the gate ([`super::gate`]) or the confidence thresholds.
     Confidence,
+    /// Those whose local answer fails the gate: not the JSON the request asked for.
+    Gate,
     All,
     None,
 }
@@ -117,14 +120,16 @@ fn local() -> OnRemoteError {
 }
 
 impl Policy {
-    pub const BUILT_IN: &str = "verify, confidence, local, remote";
+    pub const BUILT_IN: &str = "verify, confidence, gate, local, remote";
 
     /// A built-in policy: `verify` (every request through the cascade), `confidence` (the
-    /// student alone unless unsure, then the remote whole), `local`, `remote`.
+    /// student alone unless unsure or its answer fails the gate, then the remote whole), `gate`
+    /// (the student alone unless its answer fails the gate), `local`, `remote`.
     pub fn built_in(name: &str) -> Option<Self> {
         let (route, escalate_by) = match name {
             "verify" => (Route::All, EscalateBy::Verify),
             "confidence" => (Route::Confidence, EscalateBy::Remote),
+            "gate" => (Route::Gate, EscalateBy::Remote),
             "local" => (Route::None, EscalateBy::Remote),
             "remote" => (Route::All, EscalateBy::Remote),
             _ => return None,
@@ -199,7 +204,7 @@ mod tests {
 
     #[test]
     fn built_ins_and_files_resolve_and_bad_ones_are_named() {
-        for name in ["verify", "confidence", "local", "remote"] {
+        for name in ["verify", "confidence", "gate", "local", "remote"] {
             assert_eq!(Policy::resolve(name).unwrap().name, name);
         }
         assert!(

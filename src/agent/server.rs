@@ -16,6 +16,7 @@
 //! failure after the stream began is an `error` event. Fields the gateway does not serve
 //! (`logprobs`, `echo`, `prompt_logprobs`) are refused with a 400 rather than ignored.
 
+use super::gate::Gate;
 use super::{Agent, AgentError, Answer, Ask, Report};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::render;
@@ -162,7 +163,12 @@ fn unserved(set: bool, field: &str) -> Result<(), ApiError> {
 
 /// The prompt and sampling checked against the student (its vocabulary, its context). Unless
 /// `ignore_eos`, an answer ends at the end of a turn or of text, as the tokenizer names them.
-fn ask(gw: &Gateway, prompt: Vec<u32>, fields: Sampling) -> Result<Ask, ApiError> {
+fn ask(
+    gw: &Gateway,
+    prompt: Vec<u32>,
+    fields: Sampling,
+    gate: Option<Gate>,
+) -> Result<Ask, ApiError> {
     let student = &gw.agent.student.model;
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
     let mut params = fields.params(student.vocab_size(), student.meta.eos)?;
@@ -185,7 +191,11 @@ fn ask(gw: &Gateway, prompt: Vec<u32>, fields: Sampling) -> Result<Ask, ApiError
             ),
         ));
     }
-    Ok(Ask { prompt, params })
+    Ok(Ask {
+        prompt,
+        params,
+        gate,
+    })
 }
 
 fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError> {
@@ -218,6 +228,7 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
             ignore_eos: req.ignore_eos,
             logprobs: 0,
         },
+        None,
     )
 }
 
@@ -230,6 +241,10 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
     let (prompt, _) = rendered
         .encode(&student.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
+    let gate = match &req.response_format {
+        Some(f) => Gate::of(f).map_err(|e| bad("response_format", e))?,
+        None => None,
+    };
     ask(
         gw,
         prompt,
@@ -245,6 +260,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
             ignore_eos: req.ignore_eos,
             logprobs: 0,
         },
+        gate,
     )
 }
 

@@ -420,6 +420,7 @@ fn confidence_and_budget_decide_who_answers() {
             max_tokens: 6,
             ..Default::default()
         },
+        gate: None,
     };
     let answer = |a: &Agent| a.answer(&ask, Default::default(), &mut |_| {}).unwrap();
 
@@ -604,4 +605,63 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
         .unwrap();
     let err = String::from_utf8_lossy(&broken.stderr);
     assert!(err.contains("runs.jsonl:5 is not a bench record"), "{err}");
+}
+
+/// The gate through real servers: a chat that asks for JSON a schema accepts escalates when the
+/// student's answer is not that JSON, naming why; a schema keyword the gate cannot check is
+/// refused with the request; a teacher server, which cannot constrain its answers, refuses JSON
+/// formats rather than ignore them.
+#[test]
+fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
+    let teacher = serve("smollm2", &[]);
+    let local = smollm2();
+    let gateway = agent(local.to_str().unwrap(), &teacher.url, "gate", &[]);
+    let ask = |format: Value| {
+        let mut body = chat("Name the capital of France.");
+        body["response_format"] = format;
+        body
+    };
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "city", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": false}}});
+    let (status, got) = post(&gateway.url, "/v1/chat/completions", &ask(schema.clone()));
+    assert_eq!(status, 200, "{got}");
+    let k = &got["k3mini"];
+    let reason = k["reason"].as_str().unwrap_or_default();
+    // SmolLM2 answers in prose; had it written the JSON, the answer would have stayed local.
+    match k3mini::agent::gate::Gate::of(&serde_json::from_value(schema).unwrap())
+        .unwrap()
+        .unwrap()
+        .fails(&content(&got))
+    {
+        _ if k["answered_by"] == "remote" => {
+            assert!(reason.starts_with("gate: "), "{k}");
+            assert_eq!(k["escalated"], true);
+        }
+        None => assert_eq!(k["answered_by"], "local", "{k}"),
+        Some(why) => panic!("a local answer failing the gate ({why}) was not escalated: {k}"),
+    }
+    // Plain text asks for nothing: the gate passes it.
+    let (status, got) = post(
+        &gateway.url,
+        "/v1/chat/completions",
+        &ask(json!({"type": "text"})),
+    );
+    assert_eq!(
+        (status, &got["k3mini"]["answered_by"]),
+        (200, &json!("local")),
+        "{got}"
+    );
+    let unchecked = json!({"type": "json_schema", "json_schema": {"schema": {
+        "type": "string", "pattern": "^P"}}});
+    let (status, got) = post(&gateway.url, "/v1/chat/completions", &ask(unchecked));
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("`pattern`"), "{got}");
+    let (status, got) = post(
+        &teacher.url,
+        "/v1/chat/completions",
+        &ask(json!({"type": "json_object"})),
+    );
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("response_format"), "{got}");
 }

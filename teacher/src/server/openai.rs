@@ -18,7 +18,7 @@ use crate::wire::finite_logprob;
 use crate::wire::openai::{
     ChatChoice, ChatLogprobs, ChatMessage, ChatRequest, ChatResponse, ChatTokenLogprob,
     ChatTopLogprob, CompletionChoice, CompletionRequest, CompletionResponse, LegacyLogprobs,
-    Prompt, Usage,
+    Prompt, ResponseFormat, Usage,
 };
 use crate::wire::vllm::{PromptLogprob, RoutedExpertsField};
 use crate::{FinishReason, Interrupt, Teacher};
@@ -222,6 +222,17 @@ pub(super) fn chat(
     interrupt: Interrupt,
 ) -> Result<ChatResponse, ApiError> {
     refuse_stream(req.stream)?;
+    if req
+        .response_format
+        .as_ref()
+        .is_some_and(|f| *f != ResponseFormat::Text)
+    {
+        return Err(bad(
+            "response_format",
+            "this server does not constrain its answers to JSON (`k3mini agent serve` checks \
+             them and escalates); send `{\"type\": \"text\"}` or leave it out",
+        ));
+    }
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     let t = &state.teacher;

@@ -1,0 +1,273 @@
+//! `gate`: hard checks on the student's answer that escalate when it fails them. A request that
+//! asks for JSON (OpenAI's `response_format`: `json_object`, or `json_schema` with a schema) gets
+//! a local answer only if the answer parses as one JSON value, an object for `json_object`, that
+//! the schema accepts.
+//!
+//! The schema is checked by the subset of JSON Schema that OpenAI's strict structured outputs
+//! accept (`type`, `properties`, `required`, `additionalProperties`, `items`, `enum`, `const`,
+//! `anyOf`, `minItems`/`maxItems`, `minimum`/`maximum`), written here because no JSON Schema crate
+//! is among this project's vendored dependencies; a keyword outside the subset is refused with the
+//! request, never ignored, so a schema is never taken as checked when it was not.
+
+use k3mini_teacher::wire::openai::ResponseFormat;
+use serde_json::Value;
+
+/// What a request asked its answer to be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// One JSON object.
+    JsonObject,
+    /// One JSON value the schema accepts.
+    JsonSchema(Value),
+}
+
+const KEYWORDS: [&str; 16] = [
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "enum",
+    "const",
+    "anyOf",
+    "minItems",
+    "maxItems",
+    "minimum",
+    "maximum",
+    "description",
+    "title",
+    "$schema",
+    "strict",
+];
+
+impl Gate {
+    /// The gate a request's `response_format` asks for (none for `text`), or why its schema
+    /// cannot be checked.
+    pub fn of(format: &ResponseFormat) -> Result<Option<Self>, String> {
+        match format {
+            ResponseFormat::Text => Ok(None),
+            ResponseFormat::JsonObject => Ok(Some(Gate::JsonObject)),
+            ResponseFormat::JsonSchema { json_schema } => {
+                supported(&json_schema.schema, "schema")?;
+                Ok(Some(Gate::JsonSchema(json_schema.schema.clone())))
+            }
+        }
+    }
+
+    /// Why `text` fails the gate, or None when it passes.
+    pub fn fails(&self, text: &str) -> Option<String> {
+        let value: Value = match serde_json::from_str(text.trim()) {
+            Ok(v) => v,
+            Err(e) => return Some(format!("gate: the answer is not JSON ({e})")),
+        };
+        match self {
+            Gate::JsonObject if !value.is_object() => {
+                Some("gate: the answer is JSON but not an object".into())
+            }
+            Gate::JsonObject => None,
+            Gate::JsonSchema(schema) => validate(schema, &value, "$")
+                .err()
+                .map(|e| format!("gate: the answer does not match the schema: {e}")),
+        }
+    }
+}
+
+/// Refuses a schema that uses keywords outside the checked subset (at `at`).
+fn supported(schema: &Value, at: &str) -> Result<(), String> {
+    let Value::Object(map) = schema else {
+        return match schema {
+            Value::Bool(_) => Ok(()),
+            _ => Err(format!("{at}: a schema is an object")),
+        };
+    };
+    for (key, sub) in map {
+        if !KEYWORDS.contains(&key.as_str()) {
+            return Err(format!(
+                "{at}: the gate does not check the JSON Schema keyword `{key}` (it checks {})",
+                KEYWORDS[..12].join(", ")
+            ));
+        }
+        match (key.as_str(), sub) {
+            ("properties", Value::Object(props)) => {
+                for (name, s) in props {
+                    supported(s, &format!("{at}.properties.{name}"))?;
+                }
+            }
+            ("items" | "additionalProperties", s) if s.is_object() => {
+                supported(s, &format!("{at}.{key}"))?
+            }
+            ("anyOf", Value::Array(options)) => {
+                for (i, s) in options.iter().enumerate() {
+                    supported(s, &format!("{at}.anyOf[{i}]"))?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn type_matches(name: &str, v: &Value) -> bool {
+    match name {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "number" => v.is_number(),
+        "integer" => v.as_f64().is_some_and(|f| f.fract() == 0.0),
+        "boolean" => v.is_boolean(),
+        "null" => v.is_null(),
+        _ => false,
+    }
+}
+
+/// Whether `schema` (of the checked subset) accepts `v`; the error names where it does not.
+pub fn validate(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
+    let map = match schema {
+        Value::Bool(true) => return Ok(()),
+        Value::Bool(false) => return Err(format!("{at}: no value is allowed here")),
+        Value::Object(map) => map,
+        _ => return Err(format!("{at}: the schema here is not an object")),
+    };
+    if let Some(t) = map.get("type") {
+        let names: Vec<&str> = match t {
+            Value::String(s) => vec![s.as_str()],
+            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        if !names.iter().any(|n| type_matches(n, v)) {
+            return Err(format!("{at}: {v} is not of type {t}"));
+        }
+    }
+    if let Some(Value::Array(allowed)) = map.get("enum")
+        && !allowed.contains(v)
+    {
+        return Err(format!(
+            "{at}: {v} is not one of {}",
+            Value::Array(allowed.clone())
+        ));
+    }
+    if let Some(c) = map.get("const")
+        && c != v
+    {
+        return Err(format!("{at}: {v} is not {c}"));
+    }
+    if let Some(Value::Array(options)) = map.get("anyOf")
+        && !options.iter().any(|s| validate(s, v, at).is_ok())
+    {
+        return Err(format!("{at}: {v} matches none of anyOf"));
+    }
+    if let Some(n) = v.as_f64() {
+        if let Some(min) = map.get("minimum").and_then(Value::as_f64)
+            && n < min
+        {
+            return Err(format!("{at}: {n} is below the minimum {min}"));
+        }
+        if let Some(max) = map.get("maximum").and_then(Value::as_f64)
+            && n > max
+        {
+            return Err(format!("{at}: {n} is above the maximum {max}"));
+        }
+    }
+    if let Value::Object(obj) = v {
+        if let Some(Value::Array(required)) = map.get("required") {
+            for key in required.iter().filter_map(Value::as_str) {
+                if !obj.contains_key(key) {
+                    return Err(format!("{at}: the required key {key:?} is missing"));
+                }
+            }
+        }
+        let props = map.get("properties").and_then(Value::as_object);
+        for (key, value) in obj {
+            match (
+                props.and_then(|p| p.get(key)),
+                map.get("additionalProperties"),
+            ) {
+                (Some(s), _) => validate(s, value, &format!("{at}.{key}"))?,
+                (None, Some(extra)) => validate(extra, value, &format!("{at}.{key}"))?,
+                (None, None) => {}
+            }
+        }
+    }
+    if let Value::Array(items) = v {
+        let len = items.len() as u64;
+        if let Some(min) = map.get("minItems").and_then(Value::as_u64)
+            && len < min
+        {
+            return Err(format!("{at}: {len} items, fewer than {min}"));
+        }
+        if let Some(max) = map.get("maxItems").and_then(Value::as_u64)
+            && len > max
+        {
+            return Err(format!("{at}: {len} items, more than {max}"));
+        }
+        if let Some(s) = map.get("items") {
+            for (i, item) in items.iter().enumerate() {
+                validate(s, item, &format!("{at}[{i}]"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Gate {
+        Gate::JsonSchema(json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "population": {"type": "integer", "minimum": 0},
+                "tags": {"type": "array", "items": {"enum": ["capital", "port"]}, "maxItems": 2},
+                "mayor": {"anyOf": [{"type": "string"}, {"type": "null"}]}
+            },
+            "required": ["city", "population"],
+            "additionalProperties": false
+        }))
+    }
+
+    #[test]
+    fn answers_pass_or_fail_with_the_place_named() {
+        let g = schema();
+        assert_eq!(
+            g.fails(
+                r#" {"city": "Paris", "population": 2100000, "tags": ["capital"], "mayor": null} "#
+            ),
+            None
+        );
+        let fail = |text: &str| g.fails(text).unwrap();
+        assert!(fail("The capital is Paris.").contains("not JSON"));
+        assert!(fail(r#"{"city": "Paris"}"#).contains("\"population\" is missing"));
+        assert!(fail(r#"{"city": "Paris", "population": 2.5}"#).contains("$.population"));
+        assert!(fail(r#"{"city": "Paris", "population": -1}"#).contains("below the minimum"));
+        assert!(fail(r#"{"city": "P", "population": 1, "tags": ["river"]}"#).contains("$.tags[0]"));
+        assert!(fail(r#"{"city": "P", "population": 1, "x": 1}"#).contains("no value is allowed"));
+        assert!(fail(r#"{"city": "P", "population": 1, "mayor": 3}"#).contains("anyOf"));
+        assert_eq!(Gate::JsonObject.fails("{}"), None);
+        assert!(
+            Gate::JsonObject
+                .fails("[1]")
+                .unwrap()
+                .contains("not an object")
+        );
+    }
+
+    #[test]
+    fn a_keyword_the_gate_does_not_check_is_refused() {
+        let format: ResponseFormat = serde_json::from_value(json!({
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+                "s": {"type": "string", "pattern": "^a"}}}}
+        }))
+        .unwrap();
+        let err = Gate::of(&format).unwrap_err();
+        assert!(
+            err.contains("schema.properties.s") && err.contains("`pattern`"),
+            "{err}"
+        );
+        let text: ResponseFormat = serde_json::from_value(json!({"type": "text"})).unwrap();
+        assert_eq!(Gate::of(&text), Ok(None));
+    }
+}
