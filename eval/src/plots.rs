@@ -57,7 +57,12 @@ pub fn xy_plot(
         return Ok(());
     }
     let pad = ((y1 - y0) * 0.05).max(1e-6);
-    let xpad = ((x1 - x0) * 0.03).max(1e-9);
+    // Points all at one x span 1, as line plots always have; else 3% of the range each side.
+    let (x1, xpad) = if x1 > x0 {
+        (x1, (x1 - x0) * 0.03)
+    } else {
+        (x0 + 1.0, 0.0)
+    };
     let root = SVGBackend::new(path, (720, 420)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)

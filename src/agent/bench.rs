@@ -18,8 +18,8 @@
 
 use super::confidence::{Signal, Signals, quantile};
 use super::cost::{Cost, Prices};
-use super::policy::{EscalateBy, Policy, Route};
-use super::verify::common_prefix;
+use super::policy::{EscalateBy, OnRemoteError, Policy, Route};
+use super::verify::{VerifySettings, common_prefix};
 use super::{Agent, Ask, Report};
 use crate::error::{Context, Error, Result};
 use k3mini_data::chat::{ChatFormat, Message, render};
@@ -88,13 +88,21 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
                 at()
             ),
         };
+        let answer = line.answer.map(|a| match a {
+            Scalar::Text(s) => s,
+            Scalar::Number(n) => n.to_string(),
+        });
+        if let Some(a) = answer.as_ref().filter(|a| last_number(a).is_none()) {
+            crate::bail!(
+                "{}: the answer {a:?} holds no number, and answers are checked by their last \
+                 number (leave `answer` out to score by agreement with the remote)",
+                at()
+            );
+        }
         tasks.push(Task {
             id: line.id.unwrap_or_else(at),
             input,
-            answer: line.answer.map(|a| match a {
-                Scalar::Text(s) => s,
-                Scalar::Number(n) => n.to_string(),
-            }),
+            answer,
         });
     }
     crate::ensure!(!tasks.is_empty(), "{}: no tasks", path.display());
@@ -112,6 +120,8 @@ pub struct Settings {
     pub agree_at: f64,
     /// Policy files replayed beside the built-ins and the sweeps (budgets are not replayed).
     pub policies: Vec<PathBuf>,
+    /// The cascade's settings for the verify runs.
+    pub verify: VerifySettings,
     pub cost: Prices,
 }
 
@@ -121,6 +131,7 @@ impl Default for Settings {
             max_tokens: 32,
             agree_at: 0.5,
             policies: Vec::new(),
+            verify: VerifySettings::default(),
             cost: Prices::default(),
         }
     }
@@ -139,10 +150,14 @@ impl Settings {
         );
         s.cost
             .check()
+            .and_then(|()| s.verify.check())
             .map_err(|e| Error::Refused(format!("bench {}: {e}", path.display())))?;
         Ok(s)
     }
 }
+
+/// What a record's figures mean; records of another version are measured again.
+const RECORD_VERSION: u32 = 1;
 
 /// One way of answering a task, as it happened.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -212,11 +227,13 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
 }
 
 /// Answers every task the three ways (greedy), reusing the records of `cache` (a `runs.jsonl`)
-/// that match and adding the rest to it; `student_sha256` names the student's weights. The
+/// that match and adding the rest to it; `student_sha256` names the student's weights and
+/// `setup` the rest that shapes answers and timings (engine, device, remote address and API). The
 /// agent's policy is restored after each answer (they run under the built-ins).
 pub fn measure(
     agent: &mut Agent,
     student_sha256: &str,
+    setup: &str,
     tasks: &[Task],
     settings: &Settings,
     cache: &Path,
@@ -231,23 +248,29 @@ pub fn measure(
         let ask = ask(agent, task, settings.max_tokens)?;
         let key = sha256_hex(
             serde_json::to_string(&(
+                RECORD_VERSION,
                 student_sha256,
+                setup,
                 agent.remote.name(),
+                agent.scoring_output,
                 &ask.prompt,
                 &ask.params.stop,
                 settings.max_tokens,
-                &kept.verify,
+                &settings.verify,
             ))?
             .as_bytes(),
         );
-        if let Some(r) = cached.remove(&key) {
-            records.push(r);
+        if let Some(r) = cached.get(&key) {
+            records.push(r.clone());
             bar.inc(1);
             continue;
         }
         let mut run = |name: &str| -> Result<Run> {
             let mut policy = Policy::built_in(name).expect("a built-in");
-            policy.verify = kept.verify.clone();
+            policy.verify = settings.verify.clone();
+            // A failing remote fails the bench: a marked local answer would be measured (and
+            // cached) as the remote's.
+            policy.on_remote_error = OnRemoteError::Error;
             agent.policy = policy;
             let answered = agent.answer(&ask, Interrupt::default(), &mut |_| {});
             agent.policy = kept.clone();
@@ -265,10 +288,11 @@ pub fn measure(
             remote: run("remote")?,
             verify: run("verify")?,
         };
+        cached.insert(record.key.clone(), record.clone());
         records.push(record);
         // Rewritten only for a new record: what was read back stays byte for byte.
         let mut text = String::new();
-        for r in records.iter().chain(cached.values()) {
+        for r in cached.values() {
             text += &serde_json::to_string(r)?;
             text.push('\n');
         }
@@ -392,15 +416,6 @@ fn escalated(row: &Row, by: EscalateBy) -> Outcome {
     }
 }
 
-/// Whether `signal` at `threshold` escalates (the student is less confident than it).
-pub fn unsure(signal: Signal, value: f32, threshold: f32) -> bool {
-    if signal.higher_is_confident() {
-        value < threshold
-    } else {
-        value > threshold
-    }
-}
-
 /// The thresholds that split the rows differently by `signal`: below every value, between
 /// neighbours, and above every value, ordered from escalating none to escalating all.
 pub fn thresholds(rows: &[Row], signal: Signal) -> Vec<f32> {
@@ -425,7 +440,7 @@ pub fn sweep(rows: &[Row], signal: Signal, by: EscalateBy) -> Vec<(f32, Point)> 
         .into_iter()
         .map(|t| {
             let p = Point::of(signal.name(), rows, |r| {
-                if unsure(signal, r.signals.get(signal), t) {
+                if signal.unsure(r.signals.get(signal), t) {
                     (escalated(r, by), true)
                 } else {
                     (r.local, false)
@@ -496,12 +511,16 @@ pub fn apgr_cpt(
     (Some(area), cpt)
 }
 
+/// Where the random router's point sits in [`Bench::points`].
+const RANDOM_POINT: usize = 4;
+
 /// What the bench found.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Bench {
     pub tasks: usize,
     pub settings: Settings,
-    /// All-local, all-remote, verify, oracle, random at half, and the policy files.
+    /// All-local, all-remote, verify, oracle, random at half, and the policy files (named
+    /// `policy: NAME`).
     pub points: Vec<Point>,
     /// Each signal's sweep, escalating to the remote whole.
     pub sweeps: Vec<(Signal, Vec<(f32, Point)>)>,
@@ -515,27 +534,28 @@ pub struct Bench {
 pub struct VerifyFigures {
     /// Share of tasks whose cascade answer equals the remote's, token for token.
     pub equal: f64,
-    /// Drafted tokens the remote accepted.
-    pub acceptance: f64,
-    /// Remote output tokens the cascade was billed, against the remote alone's.
+    /// Drafted tokens the remote accepted (none drafted: None).
+    pub acceptance: Option<f64>,
+    /// Remote output tokens the cascade was billed (its corrections, or a token per scoring call
+    /// where the API generates one), against the remote alone's.
     pub remote_output: u64,
     pub remote_output_alone: u64,
-    /// 1 − remote_output / remote_output_alone.
-    pub output_saved: f64,
+    /// 1 − remote_output / remote_output_alone (None when the remote alone wrote nothing).
+    pub output_saved: Option<f64>,
     /// Remote input tokens, against the remote alone's.
     pub remote_input: u64,
     pub remote_input_alone: u64,
 }
 
-/// The student alone, the remote alone, and the prompt-level oracle (escalating exactly the
-/// tasks the student gets wrong and the remote right).
+/// The student alone, the remote alone, the cascade, and the prompt-level oracle (sending to
+/// the remote, and paying only it, exactly the tasks the remote answers better).
 fn baselines(rows: &[Row]) -> [Point; 4] {
     [
         Point::of("all-local", rows, |r| (r.local, false)),
         Point::of("all-remote", rows, |r| (r.remote, true)),
         Point::of("verify", rows, |r| (r.verify, true)),
         Point::of("oracle", rows, |r| {
-            if !r.local.correct && r.remote.correct {
+            if r.remote.score > r.local.score {
                 (r.remote, true)
             } else {
                 (r.local, false)
@@ -632,15 +652,20 @@ pub fn evaluate(
             .filter(|r| r.verify.ids == r.remote.ids)
             .count() as f64
             / records.len().max(1) as f64,
-        acceptance: accepted as f64 / drafted.max(1) as f64,
+        acceptance: (drafted > 0).then(|| accepted as f64 / drafted as f64),
         remote_output,
         remote_output_alone,
-        output_saved: 1.0 - remote_output as f64 / remote_output_alone.max(1) as f64,
+        output_saved: (remote_output_alone > 0)
+            .then(|| 1.0 - remote_output as f64 / remote_output_alone as f64),
         remote_input: sum(&|r| r.verify.report.usage.spent.remote_input),
         remote_input_alone: sum(&|r| r.remote.report.usage.spent.remote_input),
     };
     let mut points = vec![local, remote, verify, oracle, random_line[5].clone()];
-    points.extend(policies.iter().map(|p| replay(p, rows)));
+    debug_assert_eq!(points[RANDOM_POINT].name, "random");
+    points.extend(policies.iter().map(|p| Point {
+        name: format!("policy: {}", p.name),
+        ..replay(p, rows)
+    }));
     Bench {
         tasks: rows.len(),
         settings: settings.clone(),
@@ -704,14 +729,14 @@ impl Bench {
         }
         let v = &self.verify;
         md += &format!(
-            "\nVerify: {:.1}% of answers equal the remote's token for token; {:.1}% of drafted \
-             tokens accepted; the remote wrote {} tokens against {} alone ({:.1}% saved) and read \
-             {} against {}.\n",
+            "\nVerify: {:.1}% of answers equal the remote's token for token; {}% of drafted \
+             tokens accepted; the remote was billed {} output tokens against {} alone ({}% \
+             saved) and read {} input tokens against {}.\n",
             v.equal * 100.0,
-            v.acceptance * 100.0,
+            opt(v.acceptance.map(|a| a * 100.0), 1),
             v.remote_output,
             v.remote_output_alone,
-            v.output_saved * 100.0,
+            opt(v.output_saved.map(|s| s * 100.0), 1),
             v.remote_input,
             v.remote_input_alone
         );
@@ -736,11 +761,13 @@ impl Bench {
             points: self.random.iter().map(xy).collect(),
             style: Style::Line,
         });
+        // The random router's midpoint is on its line already.
         series.extend(
             self.points
                 .iter()
-                .filter(|p| p.name != "random")
-                .map(|p| Series {
+                .enumerate()
+                .filter(|(i, _)| *i != RANDOM_POINT)
+                .map(|(_, p)| Series {
                     name: p.name.clone(),
                     points: vec![xy(p)],
                     style: Style::Points,
@@ -810,7 +837,8 @@ mod tests {
         );
         assert!((apgr.unwrap() - 0.75).abs() < 1e-12);
         assert_eq!(cpt, [Some(0.25), Some(0.5), Some(0.5)]);
-        // The random router's diagonal: APGR ½, CPT(x) = x.
+        // One point on the random router's diagonal: APGR ½; CPT is read at measured points,
+        // so 50% at share ½ and 80% and 95% only at share 1.
         let (apgr, cpt) = apgr_cpt(&[(0.5, 0.75)], 0.5, 1.0);
         assert!((apgr.unwrap() - 0.5).abs() < 1e-12);
         assert_eq!(cpt, [Some(0.5), Some(1.0), Some(1.0)]);

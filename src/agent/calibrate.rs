@@ -12,7 +12,6 @@
 
 use super::bench::{Point, Record, Row, Settings, Task, rows, sweep};
 use super::confidence::Signal;
-use super::cost::Prices;
 use super::policy::{EscalateBy, Policy};
 use crate::error::{Context, Error, Result};
 use std::path::Path;
@@ -56,10 +55,19 @@ pub fn calibrate(
     rows: &[Row],
     target: Target,
     by: EscalateBy,
-    prices: &Prices,
+    settings: &Settings,
     student_sha256: &str,
     provenance: &str,
 ) -> Result<Calibrated> {
+    match target {
+        Target::Quality(q) if !(0.0..=1.0).contains(&q) => {
+            crate::bail!("the target quality {q} is not in [0, 1]")
+        }
+        Target::Share(s) if !(0.0..=1.0).contains(&s) => {
+            crate::bail!("the escalation share {s} is not in [0, 1] (a fraction, not a percentage)")
+        }
+        _ => {}
+    }
     let mut best: Option<(Signal, f32, Point)> = None;
     let mut reach = (0.0f64, 1.0f64);
     for &signal in &Signal::ALL {
@@ -80,29 +88,27 @@ pub fn calibrate(
             Target::Share(s) => format!("no threshold escalates at most {s} of these tasks"),
         }));
     };
-    let key = match signal {
-        Signal::MeanLogprob => "min_mean_logprob",
-        Signal::MinLogprob => "min_min_logprob",
-        Signal::EntropyP50 => "max_entropy_p50",
-        Signal::EntropyP90 => "max_entropy_p90",
-        Signal::MarginP10 => "min_margin_p10",
-    };
+    let key = signal.threshold_key();
     let by_name = match by {
         EscalateBy::Remote => "remote",
         EscalateBy::Verify => "verify",
     };
-    let cost = toml::to_string(prices).map_err(|e| Error::Refused(e.to_string()))?;
+    let table = |t: Result<String, toml::ser::Error>| t.map_err(|e| Error::Refused(e.to_string()));
+    let cost = table(toml::to_string(&settings.cost))?;
+    let verify = table(toml::to_string(&settings.verify))?;
     let toml = format!(
         "# Calibrated by `k3mini agent calibrate` {provenance}.\n\
-         # On those tasks: {:.1}% escalated, quality {:.3}, accuracy {:.3}, ${:.4} per 1,000 requests.\n\
+         # On those tasks: {:.1}% escalated, quality {:.3}, accuracy {:.3}, ${:.4} per 1,000 requests,\n\
+         # with answers of up to {} tokens (the signals of longer answers differ).\n\
          route = \"confidence\"\n\
          escalate_by = \"{by_name}\"\n\
          student_sha256 = \"{student_sha256}\"\n\n\
-         [confidence]\n{key} = {threshold:?}\n\n[cost]\n{cost}\n",
+         [confidence]\n{key} = {threshold:?}\n\n[verify]\n{verify}\n[cost]\n{cost}",
         point.share * 100.0,
         point.quality,
         point.accuracy,
         point.usd_per_1k,
+        settings.max_tokens,
     );
     // The file must read back as the policy it describes.
     let policy = Policy::parse(&toml, "calibrated").map_err(Error::Refused)?;
@@ -137,7 +143,7 @@ pub fn calibrate_into(
         &rows,
         target,
         by,
-        &settings.cost,
+        settings,
         student_sha256,
         &format!("on {} tasks from {provenance}", tasks.len()),
     )?;
@@ -183,13 +189,27 @@ mod tests {
     }
 
     #[test]
+    fn a_target_outside_zero_to_one_is_refused() {
+        let err = calibrate(
+            &rows(),
+            Target::Share(50.0),
+            EscalateBy::Remote,
+            &Settings::default(),
+            "ab",
+            "",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a percentage"), "{err}");
+    }
+
+    #[test]
     fn the_cheapest_threshold_that_meets_the_target_is_written_for_this_student() {
         let rows = rows();
         let c = calibrate(
             &rows,
             Target::Quality(1.0),
             EscalateBy::Remote,
-            &Prices::default(),
+            &Settings::default(),
             "ab",
             "here",
         )
@@ -212,7 +232,7 @@ mod tests {
             &rows,
             Target::Quality(1.0),
             EscalateBy::Verify,
-            &Prices::default(),
+            &Settings::default(),
             "ab",
             "",
         )
@@ -224,7 +244,7 @@ mod tests {
             &rows,
             Target::Share(0.25),
             EscalateBy::Remote,
-            &Prices::default(),
+            &Settings::default(),
             "ab",
             "",
         )
@@ -234,11 +254,11 @@ mod tests {
             &rows,
             Target::Quality(1.5),
             EscalateBy::Remote,
-            &Prices::default(),
+            &Settings::default(),
             "ab",
             "",
         )
         .unwrap_err();
-        assert!(err.to_string().contains("the best is 1.000"), "{err}");
+        assert!(err.to_string().contains("not in [0, 1]"), "{err}");
     }
 }

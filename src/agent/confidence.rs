@@ -32,8 +32,30 @@ pub fn quantile(values: &[f32], q: f64) -> f32 {
     v[rank - 1]
 }
 
+/// A signal as a finite number: a margin over a −∞ runner-up is +∞, which neither JSON nor a
+/// threshold can hold, so it is capped at ±1e30 (NaN, which no row yields, as 0).
+fn finite(v: f32) -> f32 {
+    if v.is_nan() {
+        0.0
+    } else {
+        v.clamp(-1e30, 1e30)
+    }
+}
+
 impl Signals {
     pub fn of(tokens: &[Token]) -> Self {
+        let s = Self::raw(tokens);
+        Self {
+            mean_logprob: finite(s.mean_logprob),
+            min_logprob: finite(s.min_logprob),
+            entropy_p50: finite(s.entropy_p50),
+            entropy_p90: finite(s.entropy_p90),
+            margin_p10: finite(s.margin_p10),
+            ..s
+        }
+    }
+
+    fn raw(tokens: &[Token]) -> Self {
         let lps: Vec<f32> = tokens.iter().map(|t| t.logprob).collect();
         let entropies: Vec<f32> = tokens.iter().map(|t| t.entropy).collect();
         let margins: Vec<f32> = tokens.iter().map(|t| t.margin).collect();
@@ -91,6 +113,26 @@ impl Signal {
             self,
             Signal::MeanLogprob | Signal::MinLogprob | Signal::MarginP10
         )
+    }
+
+    /// Whether `value` is less confident than `threshold` (which escalates).
+    pub fn unsure(self, value: f32, threshold: f32) -> bool {
+        if self.higher_is_confident() {
+            value < threshold
+        } else {
+            value > threshold
+        }
+    }
+
+    /// The `[confidence]` key that sets this signal's threshold.
+    pub fn threshold_key(self) -> &'static str {
+        match self {
+            Signal::MeanLogprob => "min_mean_logprob",
+            Signal::MinLogprob => "min_min_logprob",
+            Signal::EntropyP50 => "max_entropy_p50",
+            Signal::EntropyP90 => "max_entropy_p90",
+            Signal::MarginP10 => "min_margin_p10",
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -159,12 +201,7 @@ impl Thresholds {
     pub fn escalate(&self, signals: &Signals) -> Option<String> {
         self.set().into_iter().find_map(|(s, t)| {
             let v = signals.get(s);
-            let unsure = if s.higher_is_confident() {
-                v < t
-            } else {
-                v > t
-            };
-            unsure.then(|| {
+            s.unsure(v, t).then(|| {
                 let op = if s.higher_is_confident() { "<" } else { ">" };
                 format!("{} {v:.3} {op} {t:.3}", s.name())
             })

@@ -3,11 +3,13 @@
 //! a local answer only if the answer parses as one JSON value, an object for `json_object`, that
 //! the schema accepts.
 //!
-//! The schema is checked by the subset of JSON Schema that OpenAI's strict structured outputs
-//! accept (`type`, `properties`, `required`, `additionalProperties`, `items`, `enum`, `const`,
-//! `anyOf`, `minItems`/`maxItems`, `minimum`/`maximum`), written here because no JSON Schema crate
-//! is among this project's vendored dependencies; a keyword outside the subset is refused with the
-//! request, never ignored, so a schema is never taken as checked when it was not.
+//! The schema is checked by a subset of JSON Schema (`type`, `properties`, `required`,
+//! `additionalProperties`, `items` as one schema, `enum`, `const`, `anyOf`,
+//! `minItems`/`maxItems`, `minimum`/`maximum`; annotations such as `description` pass), written
+//! here because no JSON Schema crate is among this project's vendored dependencies. A keyword
+//! outside the subset (`$ref`, `pattern`, `format`, …), or one whose value is not of its shape, is
+//! refused with the request, never ignored, so a schema is never taken as checked when it was
+//! not. Numbers compare as numbers (`1.0` is `const: 1`).
 
 use k3mini_teacher::wire::openai::ResponseFormat;
 use serde_json::Value;
@@ -21,7 +23,8 @@ pub enum Gate {
     JsonSchema(Value),
 }
 
-const KEYWORDS: [&str; 16] = [
+/// The keywords checked.
+const CHECKED: [&str; 12] = [
     "type",
     "properties",
     "required",
@@ -34,10 +37,19 @@ const KEYWORDS: [&str; 16] = [
     "maxItems",
     "minimum",
     "maximum",
+];
+/// Keywords that say nothing about which values are valid.
+const ANNOTATIONS: [&str; 7] = [
     "description",
     "title",
     "$schema",
-    "strict",
+    "$comment",
+    "$id",
+    "default",
+    "examples",
+];
+const TYPES: [&str; 7] = [
+    "object", "array", "string", "number", "integer", "boolean", "null",
 ];
 
 impl Gate {
@@ -81,27 +93,47 @@ fn supported(schema: &Value, at: &str) -> Result<(), String> {
         };
     };
     for (key, sub) in map {
-        if !KEYWORDS.contains(&key.as_str()) {
+        let k = key.as_str();
+        if ANNOTATIONS.contains(&k) {
+            continue;
+        }
+        if !CHECKED.contains(&k) {
             return Err(format!(
                 "{at}: the gate does not check the JSON Schema keyword `{key}` (it checks {})",
-                KEYWORDS[..12].join(", ")
+                CHECKED.join(", ")
             ));
         }
-        match (key.as_str(), sub) {
+        let shaped = match (k, sub) {
             ("properties", Value::Object(props)) => {
                 for (name, s) in props {
                     supported(s, &format!("{at}.properties.{name}"))?;
                 }
+                true
             }
-            ("items" | "additionalProperties", s) if s.is_object() => {
-                supported(s, &format!("{at}.{key}"))?
+            ("items" | "additionalProperties", s) => {
+                supported(s, &format!("{at}.{key}"))?;
+                true
             }
-            ("anyOf", Value::Array(options)) => {
+            ("anyOf", Value::Array(options)) if !options.is_empty() => {
                 for (i, s) in options.iter().enumerate() {
                     supported(s, &format!("{at}.anyOf[{i}]"))?;
                 }
+                true
             }
-            _ => {}
+            ("type", Value::String(t)) => TYPES.contains(&t.as_str()),
+            ("type", Value::Array(ts)) => ts
+                .iter()
+                .all(|t| t.as_str().is_some_and(|t| TYPES.contains(&t))),
+            ("required", Value::Array(r)) => r.iter().all(Value::is_string),
+            ("enum", Value::Array(_)) | ("const", _) => true,
+            ("minItems" | "maxItems", v) => v.is_u64(),
+            ("minimum" | "maximum", v) => v.is_number(),
+            _ => false,
+        };
+        if !shaped {
+            return Err(format!(
+                "{at}.{key}: {sub} is not a valid value for `{key}`"
+            ));
         }
     }
     Ok(())
@@ -117,6 +149,26 @@ fn type_matches(name: &str, v: &Value) -> bool {
         "boolean" => v.is_boolean(),
         "null" => v.is_null(),
         _ => false,
+    }
+}
+
+/// JSON equality with numbers compared by value (JSON Schema's: `1.0` equals `1`).
+fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(x), Some(y), _, _) => x == y,
+                (_, _, Some(x), Some(y)) => x == y,
+                _ => x.as_f64() == y.as_f64(),
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, a)| y.get(k).is_some_and(|b| same(a, b)))
+        }
+        _ => a == b,
     }
 }
 
@@ -139,7 +191,7 @@ pub fn validate(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
         }
     }
     if let Some(Value::Array(allowed)) = map.get("enum")
-        && !allowed.contains(v)
+        && !allowed.iter().any(|a| same(a, v))
     {
         return Err(format!(
             "{at}: {v} is not one of {}",
@@ -147,7 +199,7 @@ pub fn validate(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
         ));
     }
     if let Some(c) = map.get("const")
-        && c != v
+        && !same(c, v)
     {
         return Err(format!("{at}: {v} is not {c}"));
     }
@@ -267,6 +319,25 @@ mod tests {
             err.contains("schema.properties.s") && err.contains("`pattern`"),
             "{err}"
         );
+        // A checked keyword with a value of the wrong shape is refused too, not ignored.
+        for bad in [
+            json!({"required": "city"}),
+            json!({"type": "int"}),
+            json!({"items": [{"type": "string"}]}),
+            json!({"anyOf": {"type": "string"}}),
+            json!({"minItems": -1}),
+        ] {
+            assert!(supported(&bad, "schema").is_err(), "{bad}");
+        }
+        assert!(
+            supported(
+                &json!({"type": "object", "default": {}, "$comment": "x"}),
+                "s"
+            )
+            .is_ok()
+        );
+        assert!(validate(&json!({"const": 1}), &json!(1.0), "$").is_ok());
+        assert!(validate(&json!({"enum": [2, "a"]}), &json!(2.0), "$").is_ok());
         let text: ResponseFormat = serde_json::from_value(json!({"type": "text"})).unwrap();
         assert_eq!(Gate::of(&text), Ok(None));
     }

@@ -8,12 +8,12 @@
 //!                         # JSON the request asked for), "all", or "none"
 //! escalate_by = "verify"  # how: "verify" (the speculative cascade) or "remote" (sent whole)
 //! on_remote_error = "local"   # a failing remote: answer locally, marked ("local"), or fail ("error")
+//! student_sha256 = "…"    # the student a calibrated policy is for (`agent calibrate` writes it)
 //! [confidence]            # thresholds (see confidence.rs); unset ones are not checked
 //! min_mean_logprob = -1.5
 //! [verify]                # k, draft, max_draft, min_acceptance, judge_after
 //! [budget]                # max_usd_per_request, max_usd_per_day, max_escalation_share
 //! [cost]                  # input_per_mtok, output_per_mtok, hardware_per_hour, watts, per_kwh
-//! student_sha256 = "…"     # (top level) the student a calibrated policy is for
 //! ```
 
 use super::confidence::Thresholds;
@@ -151,7 +151,7 @@ impl Policy {
     pub fn check_student(&self, student_sha256: &str) -> Result<(), String> {
         match &self.student_sha256 {
             Some(own) if own != student_sha256 => Err(format!(
-                "policy {:?} was calibrated for the student GGUF with SHA-256 {own}, not this                  one ({student_sha256}): its thresholds mean nothing for another model's                  signals; run `k3mini agent calibrate` for this student",
+                "policy {:?} was calibrated for the student GGUF with SHA-256 {own}, not this one ({student_sha256}): its thresholds mean nothing for another model's signals; run `k3mini agent calibrate` for this student",
                 self.name
             )),
             _ => Ok(()),

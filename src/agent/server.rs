@@ -17,6 +17,7 @@
 //! (`logprobs`, `echo`, `prompt_logprobs`) are refused with a 400 rather than ignored.
 
 use super::gate::Gate;
+use super::policy::Route;
 use super::{Agent, AgentError, Answer, Ask, Report};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::render;
@@ -245,6 +246,17 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
         Some(f) => Gate::of(f).map_err(|e| bad("response_format", e))?,
         None => None,
     };
+    let policy = &gw.agent.policy;
+    if gate.is_some() && !matches!(policy.route, Route::Gate | Route::Confidence) {
+        return Err(bad(
+            "response_format",
+            format!(
+                "policy {:?} does not check answers against a format (route {:?}); serve with \
+                 --policy gate or confidence, or leave response_format out",
+                policy.name, policy.route
+            ),
+        ));
+    }
     ask(
         gw,
         prompt,

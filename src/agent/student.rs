@@ -52,9 +52,11 @@ impl Student {
     }
 
     /// The ids an answer ends at unless the request ignores them: the end of a turn and of
-    /// text, as the tokenizer names them.
+    /// text, as the tokenizer and the GGUF name them.
     pub fn stops(&self) -> Vec<u32> {
-        self.model.tokenizer.special_ids().stops()
+        let mut stops = self.model.tokenizer.special_ids().stops();
+        stops.extend(self.model.meta.eos.filter(|id| !stops.contains(id)));
+        stops
     }
 
     /// Up to `max` tokens after `context` (stopping after any of `stop`), drawn at `s` with `rng`

@@ -13,7 +13,7 @@ use k3mini::teachers::{connect_served, open_local, progress_bar, resolve};
 use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions};
 use k3mini_teacher::local::Engine;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn api(s: &str) -> Result<Api, String> {
@@ -61,12 +61,29 @@ pub struct Sides {
 }
 
 impl Sides {
-    /// The gateway under `policy` (refused where the policy was calibrated for another
-    /// student), the student GGUF's SHA-256, and a line naming both sides.
-    fn open(self, policy: Policy) -> Result<(Agent, String, String)> {
+    /// What besides the student's bytes shapes its answers and timings, and the remote's.
+    fn setup(&self) -> String {
+        format!(
+            "engine {}, device {}, remote {} ({:?})",
+            self.engine,
+            self.device,
+            self.remote.join(","),
+            self.remote_api
+        )
+    }
+
+    /// The student GGUF's SHA-256, each policy refused unless it is for this student.
+    fn student_sha256(&self, policies: &[&Policy]) -> Result<String> {
+        let sha = k3mini_data::digest::sha256_file(&resolve(&self.local)?)?;
+        for p in policies {
+            p.check_student(&sha).map_err(anyhow::Error::msg)?;
+        }
+        Ok(sha)
+    }
+
+    /// The gateway under `policy`, and a line naming both sides.
+    fn open(self, policy: Policy) -> Result<(Agent, String)> {
         let path = resolve(&self.local)?;
-        let sha = k3mini_data::digest::sha256_file(&path)?;
-        policy.check_student(&sha).map_err(anyhow::Error::msg)?;
         let model = open_local(&path, self.engine, &self.device)?;
         let remote = connect_served(
             &self.remote,
@@ -96,7 +113,7 @@ impl Sides {
             scoring_output,
             policy,
         );
-        Ok((agent, sha, what))
+        Ok((agent, what))
     }
 }
 
@@ -107,7 +124,7 @@ pub struct Measured {
     /// or `{"messages"}` chats, each with an optional `id` and reference `answer`.
     #[arg(long, value_delimiter = ',', required = true)]
     tasks: Vec<PathBuf>,
-    /// A bench TOML: max_tokens, agree_at, policies, [cost].
+    /// A bench TOML: max_tokens, agree_at, policies, [verify], [cost].
     #[arg(long)]
     bench: Option<PathBuf>,
     /// Where each task's answers (local, remote, verify) are cached: `runs.jsonl` in it.
@@ -118,12 +135,8 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// The settings, the tasks, and their records measured (or read back from the cache).
-    fn measure(
-        &self,
-        agent: &mut Agent,
-        sha: &str,
-    ) -> Result<(Settings, Vec<bench::Task>, Vec<bench::Record>)> {
+    /// The settings and the tasks, read and checked before anything is measured.
+    fn read(&self) -> Result<(Settings, Vec<bench::Task>)> {
         let settings = match &self.bench {
             Some(path) => Settings::read(path)?,
             None => Settings::default(),
@@ -132,18 +145,31 @@ impl Measured {
         for path in &self.tasks {
             tasks.extend(bench::read_tasks(path)?);
         }
+        Ok((settings, tasks))
+    }
+
+    /// The tasks' records, measured (or read back from the cache).
+    fn measure(
+        &self,
+        agent: &mut Agent,
+        sha: &str,
+        setup: &str,
+        settings: &Settings,
+        tasks: &[bench::Task],
+    ) -> Result<Vec<bench::Record>> {
         std::fs::create_dir_all(&self.runs)?;
         let bar = progress_bar(self.quiet, "tasks");
         let records = bench::measure(
             agent,
             sha,
-            &tasks,
-            &settings,
+            setup,
+            tasks,
+            settings,
             &self.runs.join("runs.jsonl"),
             &bar,
         )?;
         bar.finish_and_clear();
-        Ok((settings, tasks, records))
+        Ok(records)
     }
 }
 
@@ -155,7 +181,7 @@ pub enum AgentCommand {
     Serve {
         #[command(flatten)]
         sides: Sides,
-        /// A built-in policy (verify, confidence, local, remote) or a policy .toml.
+        /// A built-in policy (verify, confidence, gate, local, remote) or a policy .toml.
         #[arg(long, default_value = "verify")]
         policy: String,
         #[command(flatten)]
@@ -210,8 +236,11 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
             serve: args,
         } => {
             let policy = Policy::resolve(&policy).map_err(anyhow::Error::msg)?;
+            if policy.student_sha256.is_some() {
+                sides.student_sha256(&[&policy])?;
+            }
             let (addr, options) = args.options()?;
-            let (agent, _, what) = sides.open(policy)?;
+            let (agent, what) = sides.open(policy)?;
             let stop = stop_on_ctrl_c()?;
             let limits = options.limits.clone();
             server::serve(agent, &addr, options, stop, |at| {
@@ -225,19 +254,26 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
             policy,
             out,
         } => {
-            let (mut agent, sha, _) = sides.open(Policy::built_in("local").expect("built-in"))?;
-            let (settings, tasks, records) = measured.measure(&mut agent, &sha)?;
+            let (settings, tasks) = measured.read()?;
+            // Policy files are checked before any money is spent at the remote; a bench file's
+            // are relative to it.
+            let base = measured
+                .bench
+                .as_ref()
+                .and_then(|b| b.parent())
+                .unwrap_or(Path::new(""));
             let mut policies = Vec::new();
-            for spec in settings
+            let named = settings
                 .policies
                 .iter()
-                .map(|p| p.display().to_string())
-                .chain(policy)
-            {
-                let p = Policy::resolve(&spec).map_err(anyhow::Error::msg)?;
-                p.check_student(&sha).map_err(anyhow::Error::msg)?;
-                policies.push(p);
+                .map(|p| base.join(p).display().to_string());
+            for spec in named.chain(policy) {
+                policies.push(Policy::resolve(&spec).map_err(anyhow::Error::msg)?);
             }
+            let sha = sides.student_sha256(&policies.iter().collect::<Vec<_>>())?;
+            let setup = sides.setup();
+            let (mut agent, _) = sides.open(Policy::built_in("local").expect("built-in"))?;
+            let records = measured.measure(&mut agent, &sha, &setup, &settings, &tasks)?;
             let report = bench::report(&tasks, &records, &policies, &settings, &out)?;
             print!("{}", report.markdown());
             println!("\nWritten: {}", out.display());
@@ -256,8 +292,11 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                 (_, Some(s)) => Target::Share(s),
                 _ => unreachable!("clap requires one"),
             };
-            let (mut agent, sha, _) = sides.open(Policy::built_in("local").expect("built-in"))?;
-            let (settings, tasks, records) = measured.measure(&mut agent, &sha)?;
+            let (settings, tasks) = measured.read()?;
+            let sha = sides.student_sha256(&[])?;
+            let setup = sides.setup();
+            let (mut agent, _) = sides.open(Policy::built_in("local").expect("built-in"))?;
+            let records = measured.measure(&mut agent, &sha, &setup, &settings, &tasks)?;
             let files: Vec<String> = measured
                 .tasks
                 .iter()

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# What distillation is worth to the agent, measured: the quickstart's two students (distilled,
+# and trained with cross-entropy only on the same tokens) each behind `k3mini agent`, with
+# SmolLM2-135M-Instruct (the teacher) as the remote. Tasks: continuations of The Tempest, which
+# neither student saw (scored by agreement with the remote's greedy continuation), and the word
+# problems (exact match). The confidence policy is calibrated on half of the tasks and replayed on
+# the other half beside the baselines.
+#   bash scripts/agent/bench-students.sh [QUICKSTART_DIR]
+# (runs `k3mini quickstart --fast` into QUICKSTART_DIR first when its students are not there;
+# writes QUICKSTART_DIR/agent/{tasks,runs,<student>/report.md,report.json,pareto.svg})
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+Q="${1:-quickstart-fast}"
+cargo build -q
+K3=target/debug/k3mini
+[ -d "$Q/runs/distill" ] && [ -d "$Q/runs/baseline" ] || "$K3" quickstart --fast --out "$Q"
+A="$Q/agent"
+mkdir -p "$A"
+for run in distill baseline; do
+  [ -f "$A/$run.q4_k_m.gguf" ] ||
+    "$K3" export "$Q/runs/$run" --format gguf --quant q4_k_m --out "$A/$run.q4_k_m.gguf"
+done
+
+# Tasks, alternating between the calibration half and the test half: 40 openings of about 30
+# words spread over the play, and the 12 word problems as chats.
+python3 - "$A" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+words = Path("recipes/corpus/shakespeare/tempest.txt").read_text().split()
+step = (len(words) - 40) // 40
+tasks = [{"id": f"tempest-{i:02}", "text": " ".join(words[i * step:i * step + 30])} for i in range(40)]
+tasks += [json.loads(l) for l in Path("recipes/prompts/word-problems.jsonl").read_text().splitlines() if l.strip()]
+for half, name in [(0, "calibrate"), (1, "test")]:
+    (out / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks[half::2]))
+PY
+cat > "$A/bench.toml" <<'TOML'
+max_tokens = 32
+agree_at = 0.5
+[cost]                      # a frontier MoE API with prefix caching, and a laptop
+input_per_mtok = 0.60
+cached_input_per_mtok = 0.15
+output_per_mtok = 2.50
+hardware_per_hour = 0.05
+watts = 30.0
+per_kwh = 0.30
+TOML
+
+"$K3" teacher serve smollm2 --port 0 > "$A/teacher.log" 2>&1 &
+TEACHER=$!
+trap 'kill $TEACHER 2>/dev/null' EXIT
+for _ in $(seq 100); do grep -q "^listening on" "$A/teacher.log" && break; sleep 0.2; done
+URL=$(awk '/^listening on/ {print $3; exit}' "$A/teacher.log")
+[ -n "$URL" ] || { cat "$A/teacher.log"; exit 1; }
+
+for run in distill baseline; do
+  side=(--local "$A/$run.q4_k_m.gguf" --remote "$URL" --bench "$A/bench.toml" --runs "$A/runs")
+  "$K3" agent calibrate "${side[@]}" --tasks "$A/calibrate.jsonl" --max-share 0.5 \
+    --out "$A/$run.confidence.toml"
+  "$K3" agent bench "${side[@]}" --tasks "$A/test.jsonl" --policy "$A/$run.confidence.toml" \
+    --out "$A/$run"
+done
