@@ -283,6 +283,33 @@ impl ShardRow {
         self.target_logprobs.len()
     }
 
+    /// The row cut into segments of at most `len` ids (`len` ≥ 2; top-k `k` wide), numbered
+    /// from 0: segment `s` holds ids `[s(len − 1), s(len − 1) + len)`, so consecutive segments
+    /// share one id and every position is in exactly one segment.
+    pub fn windows(self, len: usize, k: usize) -> Vec<ShardRow> {
+        let n = self.input_ids.len();
+        if n <= len {
+            return vec![self];
+        }
+        let step = len.max(2) - 1;
+        (0..n - 1)
+            .step_by(step)
+            .enumerate()
+            .map(|(s, a)| {
+                let b = (a + step).min(n - 1);
+                ShardRow {
+                    doc_id: self.doc_id,
+                    segment: s as u32,
+                    input_ids: self.input_ids[a..=b].to_vec(),
+                    parts: self.parts.as_ref().map(|p| p[a..=b].to_vec()),
+                    target_logprobs: self.target_logprobs[a..b].to_vec(),
+                    top_ids: self.top_ids[a * k..b * k].to_vec(),
+                    top_logprobs: self.top_logprobs[a * k..b * k].to_vec(),
+                }
+            })
+            .collect()
+    }
+
     /// Lengths, and values that can be log-probabilities: finite, at most 0 (up to f32 rounding),
     /// and a top-k whose probabilities sum to at most 1.
     fn check(&self, k: usize) -> Result<(), String> {

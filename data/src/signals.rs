@@ -201,6 +201,10 @@ pub fn padded_vocab_bound(tokens: usize) -> usize {
 pub enum SignalSource {
     /// Teacher-signal shards (`k3mini teacher score`); conversations train on `train_on`.
     Scores { train_on: LossParts },
+    /// Teacher-signal shards of a gateway's escalated requests (`k3mini agent serve
+    /// --traffic`): read as scores, a request longer than `seq_len` cut into segments
+    /// ([`ShardRow::windows`]).
+    Traffic { train_on: LossParts },
     /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
     Trajectories {
         think_close: Option<u32>,
@@ -275,6 +279,16 @@ impl SignalSpec {
                     }
                 }
                 Ok(kept)
+            }
+            SignalSource::Traffic { train_on } => {
+                let Shard { meta, rows, .. } = read_shard(path, Some(&file.sha256))?;
+                self.check(path, &meta)?;
+                Ok(rows
+                    .into_iter()
+                    .filter(|row| keep(row.doc_id))
+                    .flat_map(|row| row.windows(self.seq_len, meta.k))
+                    .map(|row| SignalRow::from_scores(row, meta.k, self.k, train_on))
+                    .collect())
             }
             SignalSource::Trajectories {
                 think_close,

@@ -204,9 +204,12 @@ fn read_cache(path: &Path) -> Result<HashMap<String, Record>> {
 /// The ids `task` asks the student with, and the greedy request.
 fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
     let tokenizer = &agent.student.model.tokenizer;
-    let prompt = match &task.input {
-        Input::Text(t) => tokenizer.encode(t)?,
-        Input::Chat(m) => render(m, ChatFormat::Chatml, true)?.encode(tokenizer)?.0,
+    let (prompt, parts) = match &task.input {
+        Input::Text(t) => (tokenizer.encode(t)?, None),
+        Input::Chat(m) => {
+            let (ids, parts) = render(m, ChatFormat::Chatml, true)?.encode(tokenizer)?;
+            (ids, Some(parts))
+        }
     };
     let context = agent.student.model.context_length();
     crate::ensure!(
@@ -223,6 +226,7 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
             ..GenerateParams::default()
         },
         gate: None,
+        parts,
     })
 }
 

@@ -13,6 +13,7 @@ pub mod gate;
 pub mod policy;
 pub mod server;
 pub mod student;
+pub mod traffic;
 pub mod verify;
 
 use confidence::Signals;
@@ -25,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use std::time::Instant;
 use student::Student;
+use traffic::Traffic;
 use verify::{Halt, Trace, Verifier};
 
 /// Who wrote the answer.
@@ -56,8 +58,20 @@ pub struct Report {
     /// The remote failed, and the student finished the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_error: Option<String>,
+    /// The traffic shard this escalation was written to ([`traffic`]), or why it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<Recorded>,
     pub usage: Usage,
     pub cost: Cost,
+}
+
+/// Where an escalation went for the next student: its shard, or why it was not written (the
+/// answer stands either way).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Recorded {
+    Shard(String),
+    Error(String),
 }
 
 /// A request as ids: the rendered prompt, its sampling, and what its answer must be.
@@ -65,6 +79,8 @@ pub struct Ask {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
     pub gate: Option<Gate>,
+    /// What each prompt id is, for a chat (markup, prompt); None for a completion's text.
+    pub parts: Option<Vec<k3mini_data::chat::Part>>,
 }
 
 /// An answer: its ids (a stop id last when it stopped), why it ended, and its report.
@@ -123,6 +139,8 @@ pub struct Agent {
     /// Output tokens the remote bills per scoring call ([`Verifier::scoring_output`]).
     pub scoring_output: u64,
     pub policy: Policy,
+    /// Where escalations are written for the next student, if anywhere.
+    pub traffic: Option<Traffic>,
     ledger: Mutex<Ledger>,
 }
 
@@ -140,6 +158,7 @@ impl Agent {
             remote,
             scoring_output,
             policy,
+            traffic: None,
             ledger: Mutex::new(Ledger::default()),
         }
     }
@@ -211,6 +230,10 @@ impl Agent {
         self.ledger().requests += 1;
         let mut spent = Spent::default();
         let answered = self.run(ask, &mut spent, interrupt, emit);
+        let answered = answered.map(|(ids, finish, mut report)| {
+            report.traffic = self.record(ask, &ids, &report, &mut spent);
+            (ids, finish, report)
+        });
         self.ledger().spent_today += spent.remote_usd(&self.policy.cost);
         let (ids, finish, mut report) = answered?;
         report.usage = Usage {
@@ -242,6 +265,7 @@ impl Agent {
             signals: None,
             verify: None,
             remote_error: None,
+            traffic: None,
             usage: Usage::default(),
             cost: Cost::of(&Usage::default(), &self.policy.cost),
         };
@@ -332,6 +356,39 @@ impl Agent {
         };
         let finish = finish_of(&ids, &p.stop);
         Ok((ids, finish, report))
+    }
+
+    /// Writes an answer the remote wrote (whole, or as the cascade's verifier) to the traffic
+    /// directory, after one more remote call that scores prompt and answer (its cost booked in
+    /// `spent`, the prompt a prefix-cache hit after the escalation's calls); None when there is
+    /// no directory or the remote wrote nothing of it.
+    fn record(
+        &self,
+        ask: &Ask,
+        ids: &[u32],
+        report: &Report,
+        spent: &mut Spent,
+    ) -> Option<Recorded> {
+        let traffic = self.traffic.as_ref()?;
+        if report.answered_by == AnsweredBy::Local || ids.is_empty() {
+            return None;
+        }
+        let mut seq = ask.prompt.clone();
+        seq.extend(ids);
+        let t0 = Instant::now();
+        let scored = self.remote.score(&seq, traffic.k());
+        spent.remote_seconds += t0.elapsed().as_secs_f64();
+        spent.remote_calls += 1;
+        spent.remote_input += seq.len() as u64;
+        spent.remote_cached += ask.prompt.len() as u64;
+        spent.remote_output += self.scoring_output;
+        let written = scored
+            .map_err(crate::error::Error::from)
+            .and_then(|s| traffic.record(ask, ids, s));
+        Some(match written {
+            Ok(file) => Recorded::Shard(file),
+            Err(e) => Recorded::Error(e.to_string()),
+        })
     }
 
     /// Why the local answer `ids` fails the request's gate, if it has one and it does.

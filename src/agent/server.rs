@@ -20,7 +20,7 @@ use super::gate::Gate;
 use super::policy::Route;
 use super::{Agent, AgentError, Answer, Ask, Report};
 use k3mini_data::ChatFormat;
-use k3mini_data::chat::render;
+use k3mini_data::chat::{Part, render};
 use k3mini_teacher::server::transport::{self, Bytes, EventSender, Peer, Reply, Request};
 use k3mini_teacher::server::{ApiError, Queue, Sampling, ServeOptions, bad, token_ids};
 use k3mini_teacher::wire::openai::{
@@ -169,6 +169,7 @@ fn ask(
     prompt: Vec<u32>,
     fields: Sampling,
     gate: Option<Gate>,
+    parts: Option<Vec<Part>>,
 ) -> Result<Ask, ApiError> {
     let student = &gw.agent.student.model;
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
@@ -196,6 +197,7 @@ fn ask(
         prompt,
         params,
         gate,
+        parts,
     })
 }
 
@@ -230,6 +232,7 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
             logprobs: 0,
         },
         None,
+        None,
     )
 }
 
@@ -239,7 +242,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
     let student = &gw.agent.student.model;
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
-    let (prompt, _) = rendered
+    let (prompt, parts) = rendered
         .encode(&student.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
     let gate = match &req.response_format {
@@ -273,6 +276,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
             logprobs: 0,
         },
         gate,
+        Some(parts),
     )
 }
 

@@ -7,6 +7,7 @@ use k3mini::agent::bench::{self, Settings};
 use k3mini::agent::calibrate::Target;
 use k3mini::agent::policy::{EscalateBy, Policy};
 use k3mini::agent::student::Student;
+use k3mini::agent::traffic::Traffic;
 use k3mini::agent::{Agent, server};
 use k3mini::device::DeviceList;
 use k3mini::teachers::{connect_served, open_local, progress_bar, resolve};
@@ -184,6 +185,11 @@ pub enum AgentCommand {
         /// A built-in policy (verify, confidence, gate, local, remote) or a policy .toml.
         #[arg(long, default_value = "verify")]
         policy: String,
+        /// Write every escalated request, scored once more by the remote, as teacher-signal
+        /// shards here (top-k as the policy's [verify] k), for `k3mini train` with
+        /// `distill.mode = "traffic"`.
+        #[arg(long)]
+        traffic: Option<PathBuf>,
         #[command(flatten)]
         serve: ServeArgs,
     },
@@ -233,6 +239,7 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
         AgentCommand::Serve {
             sides,
             policy,
+            traffic,
             serve: args,
         } => {
             let policy = Policy::resolve(&policy).map_err(anyhow::Error::msg)?;
@@ -240,7 +247,17 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                 sides.student_sha256(&[&policy])?;
             }
             let (addr, options) = args.options()?;
-            let (agent, what) = sides.open(policy)?;
+            let (mut agent, what) = sides.open(policy)?;
+            if let Some(dir) = traffic {
+                let tokenizer = &agent.student.model.tokenizer;
+                agent.traffic = Some(Traffic::open(
+                    &dir,
+                    agent.remote.name(),
+                    &tokenizer.fingerprint(),
+                    agent.policy.verify.k,
+                    tokenizer.vocab_size(),
+                )?);
+            }
             let stop = stop_on_ctrl_c()?;
             let limits = options.limits.clone();
             server::serve(agent, &addr, options, stop, |at| {

@@ -277,6 +277,8 @@ pub enum ModePlan {
     Online,
     /// The teacher's own completions (`teacher generate` shards in `trajectories`).
     Sequence { trajectories: PathBuf },
+    /// A gateway's escalations, as the remote scored them (`agent serve --traffic`).
+    Traffic { dir: PathBuf },
     /// The student samples continuations of `prompts` for a `mix` share of micro-batches (the
     /// rest are offline) and the teacher scores its tokens.
     OnPolicy {
@@ -610,8 +612,12 @@ fn data_plan(
                 format!("{}: a share must be positive", source.weight),
             );
         }
-        let from_shards = distill
-            .is_some_and(|d| matches!(d.mode, ModePlan::Offline | ModePlan::OnPolicy { .. }));
+        let from_shards = distill.is_some_and(|d| {
+            matches!(
+                d.mode,
+                ModePlan::Offline | ModePlan::OnPolicy { .. } | ModePlan::Traffic { .. }
+            )
+        });
         if from_shards && source.weight != 1.0 {
             return refuse(
                 &format!("data.sources.{i}.weight"),
@@ -962,6 +968,13 @@ fn distill_plan(
     if d.on_policy.is_some() && d.mode != DistillMode::OnPolicy {
         return refuse("distill.on_policy", "applies to mode = \"on_policy\" only");
     }
+    if d.traffic.is_some() != (d.mode == DistillMode::Traffic) {
+        return refuse(
+            "distill.traffic",
+            "names the directory `k3mini agent serve --traffic` wrote: give it with mode = \
+             \"traffic\", and only then",
+        );
+    }
     if !(d.temperature > 0.0 && d.temperature.is_finite()) {
         return refuse(
             "distill.temperature",
@@ -997,6 +1010,9 @@ fn distill_plan(
         DistillMode::Online => ModePlan::Online,
         DistillMode::Sequence => ModePlan::Sequence {
             trajectories: needs_prompts()?.out_dir.clone(),
+        },
+        DistillMode::Traffic => ModePlan::Traffic {
+            dir: d.traffic.as_deref().map(absolute).expect("checked above"),
         },
         DistillMode::OnPolicy => {
             let prompts = needs_prompts()?.prompts.clone();

@@ -62,6 +62,9 @@ pub struct DistillConfig {
     /// `mode = "on_policy"`: how the student samples and how often.
     #[serde(default)]
     pub on_policy: Option<OnPolicyConfig>,
+    /// `mode = "traffic"`: the directory `k3mini agent serve --traffic` wrote.
+    #[serde(default)]
+    pub traffic: Option<PathBuf>,
 }
 
 /// `[distill.on_policy]`: the student samples continuations of `[teacher.generate]`'s prompts and
@@ -105,6 +108,10 @@ pub enum DistillMode {
     /// Sequence-level KD: the teacher's own completions (`k3mini teacher generate` shards), trained
     /// on their completion tokens, with their top-k for the divergence objectives.
     Sequence,
+    /// The requests a deployed student escalated, as the remote scored them (`k3mini agent
+    /// serve --traffic DIR`, named by `distill.traffic`): the next student learns what the
+    /// current one could not answer.
+    Traffic,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -10,6 +10,7 @@
 //! the forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail. Training reads only
 //! the shards: the corpus is checked, by its files' names and sizes, to be the one scored.
 
+use crate::agent::traffic::TrafficJob;
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
@@ -123,6 +124,36 @@ pub fn signal_data(
                 source,
                 (m.job.tokenizer_sha256, m.job.k),
                 LOGPROB_TEMPERATURE,
+            )
+        }
+        ModePlan::Traffic { dir } => {
+            let path = dir.join(MANIFEST);
+            let text = std::fs::read(&path).with_context(|| {
+                format!(
+                    "{}: no traffic (serve with `k3mini agent serve --traffic {}`)",
+                    path.display(),
+                    dir.display()
+                )
+            })?;
+            let m: Manifest<TrafficJob> = serde_json::from_slice(&text)
+                .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
+            if m.shards.is_empty() {
+                bail!(
+                    "{}: no request has been escalated into it yet",
+                    dir.display()
+                );
+            }
+            let (seed, fraction) = (plan.seed, data.held_out_fraction);
+            let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
+            (
+                dir.clone(),
+                held_out,
+                shard_files(dir, &m),
+                SignalSource::Traffic {
+                    train_on: data.train_on.clone(),
+                },
+                (m.job.tokenizer_sha256, m.job.k),
+                f64::from(m.job.temperature),
             )
         }
         // Online runs ask the teacher instead; on-policy runs mix in offline micro-batches and

@@ -42,9 +42,10 @@ pub fn open(
             "the checkpoint's data position is not an online run's corpus stream (it was written \
              by another mode, or by a k3mini from before online runs streamed): start a new run"
         ),
-        (ModePlan::Offline | ModePlan::Sequence { .. }, DataCursor::Signals(cursor)) => {
-            Box::new(Shards::open(plan, distill, tokenizer, *cursor)?)
-        }
+        (
+            ModePlan::Offline | ModePlan::Sequence { .. } | ModePlan::Traffic { .. },
+            DataCursor::Signals(cursor),
+        ) => Box::new(Shards::open(plan, distill, tokenizer, *cursor)?),
         (ModePlan::OnPolicy { .. }, DataCursor::Signals(cursor)) => Box::new(OnPolicy::open(
             plan,
             distill,

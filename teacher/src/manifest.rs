@@ -131,10 +131,8 @@ pub fn ids_sha256<'a>(sequences: impl Iterator<Item = &'a [u32]>) -> String {
     d.finish()
 }
 
-pub(crate) fn write_manifest<J: Serialize>(
-    dir: &Path,
-    m: &Manifest<J>,
-) -> Result<(), TeacherError> {
+/// Replaces `dir`'s manifest with `m`, atomically.
+pub fn write_manifest<J: Serialize>(dir: &Path, m: &Manifest<J>) -> Result<(), TeacherError> {
     let path = dir.join(MANIFEST);
     let text = serde_json::to_vec_pretty(m).expect("manifest serialises");
     k3mini_durable::write(&path, &text).map_err(|e| io(&path, e))

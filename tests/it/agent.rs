@@ -421,6 +421,7 @@ fn confidence_and_budget_decide_who_answers() {
             ..Default::default()
         },
         gate: None,
+        parts: None,
     };
     let answer = |a: &Agent| a.answer(&ask, Default::default(), &mut |_| {}).unwrap();
 
@@ -664,4 +665,128 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     );
     assert_eq!(status, 400, "{got}");
     assert!(got.to_string().contains("response_format"), "{got}");
+}
+
+/// The learning loop end to end: a gateway escalating every request writes each one, scored
+/// once more by the remote, as a teacher-signal shard; `k3mini train` with `distill.mode =
+/// "traffic"` reads them back (cut into its 16-token segments) and trains from the student's
+/// checkpoint; a directory of another top-k is refused rather than mixed.
+#[test]
+fn escalations_become_shards_the_next_student_trains_on() {
+    let scratch = Scratch::new("agent-traffic");
+    let teacher = serve("smollm2", &[]);
+    let student = random_student(&scratch);
+    let traffic = scratch.path("traffic");
+    let dir = traffic.to_str().unwrap();
+    let gateway = agent(
+        student.to_str().unwrap(),
+        &teacher.url,
+        "remote",
+        &["--traffic", dir],
+    );
+    for (i, q) in ["What is the capital of France?", "Name a colour."]
+        .iter()
+        .enumerate()
+    {
+        let (status, got) = post(&gateway.url, "/v1/chat/completions", &chat(q));
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(
+            got["k3mini"]["traffic"]["shard"],
+            format!("shard-{i:05}.parquet"),
+            "{got}"
+        );
+        // The scoring call is booked: two remote calls, the prompt a cache hit.
+        assert_eq!(got["k3mini"]["usage"]["remote_calls"], 2, "{got}");
+    }
+    let body = json!({"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0});
+    let (status, got) = post(&gateway.url, "/v1/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(
+        got["k3mini"]["traffic"]["shard"], "shard-00002.parquet",
+        "{got}"
+    );
+    drop(gateway);
+
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(traffic.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(manifest["job"]["kind"], "traffic");
+    assert_eq!(manifest["shards"].as_array().unwrap().len(), 3);
+    let first =
+        k3mini_data::shards::read_shard(&traffic.join("shard-00000.parquet"), None).unwrap();
+    let row = &first.rows[0];
+    let parts = row.parts.as_ref().expect("a chat keeps its parts");
+    let answer = parts
+        .iter()
+        .filter(|p| **p == k3mini_data::chat::Part::Answer)
+        .count();
+    assert!(answer > 0 && answer < parts.len(), "{parts:?}");
+    assert_eq!(row.positions(), row.input_ids.len() - 1);
+
+    // The next student: the current one's checkpoint, trained on the traffic alone.
+    std::fs::write(
+        scratch.path("unused.txt"),
+        "The corpus a traffic run does not read.",
+    )
+    .unwrap();
+    let recipe = scratch.write(
+        "next.toml",
+        &format!(
+            "[run]\nname = \"next\"\nseed = 3\nout_dir = {:?}\n[model]\npreset = \"tiny\"\n\
+             vocab_size = 49152\nd_model = 64\n[data]\ntokenizer = \"teacher\"\nseq_len = 16\n\
+             held_out_fraction = 0.0\n[[data.sources]]\npath = \"unused.txt\"\n[teacher]\n\
+             model = \"smollm2\"\nk = 4\n[distill]\nmode = \"traffic\"\ntraffic = {dir:?}\n\
+             objectives = [{{ kind = \"forward_kl\", weight = 0.5 }}, {{ kind = \"ce\", weight = 0.5 }}]\n\
+             [optim]\nlr = 3e-3\n[schedule]\nkind = \"constant\"\nwarmup_steps = 0\n[train]\n\
+             steps = 3\nbatch_tokens = 64\nmicro_batch = 2\neval_every = 3\neval_batches = 0\ncheckpoint_every = 3\n",
+            scratch.path("next").display().to_string()
+        ),
+    );
+    k3mini_ok([
+        "train",
+        recipe.to_str().unwrap(),
+        "--init",
+        scratch.path("student").to_str().unwrap(),
+        "--quiet",
+    ]);
+    let metrics = std::fs::read_to_string(scratch.path("next").join("metrics.jsonl")).unwrap();
+    let steps: Vec<Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|m| m.get("loss").is_some())
+        .collect();
+    assert_eq!(steps.len(), 3, "{metrics}");
+    assert!(
+        steps
+            .iter()
+            .all(|m| m["loss"].as_f64().unwrap().is_finite()),
+        "{metrics}"
+    );
+
+    // A gateway asking another top-k may not add to this directory.
+    let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"));
+    let policy = scratch.write(
+        "k8.toml",
+        "route = \"all\"\nescalate_by = \"remote\"\n[verify]\nk = 8\n",
+    );
+    refused.args([
+        "agent",
+        "serve",
+        "--local",
+        student.to_str().unwrap(),
+        "--remote",
+    ]);
+    refused.args([
+        &teacher.url,
+        "--policy",
+        policy.to_str().unwrap(),
+        "--traffic",
+        dir,
+    ]);
+    let out = refused.args(["--port", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("another remote, top-k or tokenizer"),
+        "{err}"
+    );
 }

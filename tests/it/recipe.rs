@@ -385,6 +385,21 @@ fn teacher_and_chat_settings_are_checked() {
             "distill.objectives.0.design",
             "design.json",
         ),
+        // Traffic: the directory with its mode, and only with it.
+        (
+            format!(
+                "{GOOD}\n[distill]\nmode = \"traffic\"\nobjectives = [{{ kind = \"ce\" }}]\n{teacher}"
+            ),
+            "distill.traffic",
+            "agent serve --traffic",
+        ),
+        (
+            format!(
+                "{GOOD}\n[distill]\ntraffic = \"t\"\nobjectives = [{{ kind = \"ce\" }}]\n{teacher}"
+            ),
+            "distill.traffic",
+            "only then",
+        ),
         (
             format!(
                 "{GOOD}\n[distill]\nobjectives = [{{ kind = \"router_kl\", design = \"missing.json\" }}]\n{teacher}routing = true\n"

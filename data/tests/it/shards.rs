@@ -428,3 +428,52 @@ fn a_compact_shard_with_no_vocabulary_an_impossible_one_or_damaged_ids_is_refuse
     assert_eq!(read_shard(&path, None).unwrap().meta.vocab, Some(49152));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_long_row_cuts_into_segments_that_hold_every_position_once() {
+    let k = 3;
+    let mut long = rows(k).pop().unwrap(); // 19 ids, 18 positions
+    long.parts = Some(
+        (0..19)
+            .map(|i| [Part::Prompt, Part::Answer][i % 2])
+            .collect(),
+    );
+    assert_eq!(long.input_ids.len(), 19);
+    for len in [2, 4, 6, 19, 40] {
+        let windows = long.clone().windows(len, k);
+        assert!(
+            windows
+                .iter()
+                .all(|w| w.input_ids.len() <= len && w.input_ids.len() >= 2)
+        );
+        if windows.len() > 1 {
+            let segments: Vec<u32> = windows.iter().map(|w| w.segment).collect();
+            assert_eq!(segments, (0..windows.len() as u32).collect::<Vec<_>>());
+        }
+        // Positions, in order, are the row's: each once, with its ids, targets and top-k.
+        let cat =
+            |f: &dyn Fn(&ShardRow) -> Vec<f32>| windows.iter().flat_map(f).collect::<Vec<f32>>();
+        assert_eq!(
+            cat(&|w| w.target_logprobs.clone()),
+            long.target_logprobs,
+            "len {len}"
+        );
+        assert_eq!(
+            cat(&|w| w.top_logprobs.clone()),
+            long.top_logprobs,
+            "len {len}"
+        );
+        let next: Vec<u32> = windows
+            .iter()
+            .flat_map(|w| w.input_ids[1..].to_vec())
+            .collect();
+        assert_eq!(next, long.input_ids[1..], "len {len}");
+        let parts: Vec<Part> = windows
+            .iter()
+            .flat_map(|w| w.parts.clone().unwrap()[1..].to_vec())
+            .collect();
+        assert_eq!(parts, long.parts.clone().unwrap()[1..], "len {len}");
+        assert!(windows.iter().all(|w| w.doc_id == long.doc_id));
+    }
+    assert_eq!(long.clone().windows(19, k), vec![long]);
+}
