@@ -284,30 +284,37 @@ impl ShardRow {
     }
 
     /// The row cut into segments of at most `len` ids (`len` ≥ 2; top-k `k` wide), numbered
-    /// from 0: segment `s` holds ids `[s(len − 1), s(len − 1) + len)`, so consecutive segments
-    /// share one id and every position is in exactly one segment.
-    pub fn windows(self, len: usize, k: usize) -> Vec<ShardRow> {
+    /// from 0, each with how many of its leading positions are context only. Every position is
+    /// trained in exactly one segment; a segment after the first starts `(len − 1) / 2` ids
+    /// before its first trained position, so what it trains on keeps context the teacher saw.
+    pub fn windows(self, len: usize, k: usize) -> Vec<(ShardRow, usize)> {
         let n = self.input_ids.len();
         if n <= len {
-            return vec![self];
+            return vec![(self, 0)];
         }
-        let step = len.max(2) - 1;
-        (0..n - 1)
-            .step_by(step)
-            .enumerate()
-            .map(|(s, a)| {
-                let b = (a + step).min(n - 1);
+        let len = len.max(2);
+        let ctx = (len - 1) / 2;
+        let mut out = Vec::new();
+        let mut a = 0;
+        while a + 1 < n {
+            let start = if a == 0 { 0 } else { a - ctx };
+            let end = (start + len).min(n);
+            let b = end - 1;
+            out.push((
                 ShardRow {
                     doc_id: self.doc_id,
-                    segment: s as u32,
-                    input_ids: self.input_ids[a..=b].to_vec(),
-                    parts: self.parts.as_ref().map(|p| p[a..=b].to_vec()),
-                    target_logprobs: self.target_logprobs[a..b].to_vec(),
-                    top_ids: self.top_ids[a * k..b * k].to_vec(),
-                    top_logprobs: self.top_logprobs[a * k..b * k].to_vec(),
-                }
-            })
-            .collect()
+                    segment: out.len() as u32,
+                    input_ids: self.input_ids[start..end].to_vec(),
+                    parts: self.parts.as_ref().map(|p| p[start..end].to_vec()),
+                    target_logprobs: self.target_logprobs[start..b].to_vec(),
+                    top_ids: self.top_ids[start * k..b * k].to_vec(),
+                    top_logprobs: self.top_logprobs[start * k..b * k].to_vec(),
+                },
+                a - start,
+            ));
+            a = b;
+        }
+        out
     }
 
     /// Lengths, and values that can be log-probabilities: finite, at most 0 (up to f32 rounding),

@@ -202,8 +202,8 @@ pub enum SignalSource {
     /// Teacher-signal shards (`k3mini teacher score`); conversations train on `train_on`.
     Scores { train_on: LossParts },
     /// Teacher-signal shards of a gateway's escalated requests (`k3mini agent serve
-    /// --traffic`): read as scores, a request longer than `seq_len` cut into segments
-    /// ([`ShardRow::windows`]).
+    /// --traffic`): read as scores, a request longer than `seq_len` cut into segments with
+    /// context ([`ShardRow::windows`]), segments with no target dropped.
     Traffic { train_on: LossParts },
     /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
     Trajectories {
@@ -287,7 +287,12 @@ impl SignalSpec {
                     .into_iter()
                     .filter(|row| keep(row.doc_id))
                     .flat_map(|row| row.windows(self.seq_len, meta.k))
-                    .map(|row| SignalRow::from_scores(row, meta.k, self.k, train_on))
+                    .filter_map(|(row, context)| {
+                        let mut r = SignalRow::from_scores(row, meta.k, self.k, train_on);
+                        r.targets[..context].fill(false);
+                        // A segment with nothing to learn (all prompt) only fills a batch.
+                        r.targets.contains(&true).then_some(r)
+                    })
                     .collect())
             }
             SignalSource::Trajectories {

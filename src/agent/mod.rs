@@ -231,7 +231,7 @@ impl Agent {
         let mut spent = Spent::default();
         let answered = self.run(ask, &mut spent, interrupt, emit);
         let answered = answered.map(|(ids, finish, mut report)| {
-            report.traffic = self.record(ask, &ids, &report, &mut spent);
+            report.traffic = self.record(ask, &ids, &report, &mut spent, interrupt);
             (ids, finish, report)
         });
         self.ledger().spent_today += spent.remote_usd(&self.policy.cost);
@@ -368,6 +368,7 @@ impl Agent {
         ids: &[u32],
         report: &Report,
         spent: &mut Spent,
+        interrupt: Interrupt,
     ) -> Option<Recorded> {
         let traffic = self.traffic.as_ref()?;
         if report.answered_by == AnsweredBy::Local || ids.is_empty() {
@@ -375,6 +376,16 @@ impl Agent {
         }
         let mut seq = ask.prompt.clone();
         seq.extend(ids);
+        let blocked = interrupt
+            .check()
+            .err()
+            .map(|e| e.to_string())
+            .or_else(|| self.over_budget(spent, seq.len() as u64, self.scoring_output));
+        if let Some(why) = blocked {
+            return Some(Recorded::Error(format!(
+                "not scored for the traffic: {why}"
+            )));
+        }
         let t0 = Instant::now();
         let scored = self.remote.score(&seq, traffic.k());
         spent.remote_seconds += t0.elapsed().as_secs_f64();

@@ -14,26 +14,12 @@ use crate::error::{Context, Result};
 use k3mini_data::chat::Part;
 use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, Storage, write_shard};
-use k3mini_teacher::manifest::{MANIFEST, Manifest, ShardEntry, write_manifest};
+use k3mini_teacher::manifest::{
+    KIND_TRAFFIC, MANIFEST, Manifest, ShardEntry, TrafficJob, write_manifest,
+};
 use k3mini_teacher::{LOGPROB_TEMPERATURE, Scored};
-use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-
-/// What a traffic directory holds (its manifest's `job`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TrafficJob {
-    /// Always `"traffic"`: what tells this manifest from `teacher score`'s.
-    pub kind: String,
-    pub teacher: String,
-    pub tokenizer_sha256: String,
-    pub k: usize,
-    pub temperature: f32,
-    pub logprob_step: Storage,
-}
-
-pub const KIND: &str = "traffic";
 
 /// A directory escalations are written into.
 pub struct Traffic {
@@ -41,6 +27,8 @@ pub struct Traffic {
     meta: ShardMeta,
     storage: Storage,
     manifest: Mutex<Manifest<TrafficJob>>,
+    /// Held exclusively while this gateway writes here: two writers would take the same index.
+    _lock: std::fs::File,
 }
 
 /// A shard's index in the manifest (the next free one).
@@ -63,7 +51,7 @@ impl Traffic {
             step: k3mini_data::shards::DEFAULT_LOGPROB_STEP,
         };
         let job = TrafficJob {
-            kind: KIND.into(),
+            kind: KIND_TRAFFIC.into(),
             teacher: teacher.into(),
             tokenizer_sha256: tokenizer_sha256.into(),
             k,
@@ -71,6 +59,17 @@ impl Traffic {
             logprob_step: storage,
         };
         std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        let lock_path = dir.join(".lock");
+        let lock =
+            std::fs::File::create(&lock_path).with_context(|| lock_path.display().to_string())?;
+        if lock.try_lock().is_err() {
+            crate::bail!(
+                "{}: another gateway is writing its traffic here (it holds {}); give each its \
+                 own directory",
+                dir.display(),
+                lock_path.display()
+            );
+        }
         let path = dir.join(MANIFEST);
         let manifest = match std::fs::read(&path) {
             Ok(bytes) => {
@@ -102,6 +101,7 @@ impl Traffic {
             },
             storage,
             manifest: Mutex::new(manifest),
+            _lock: lock,
         })
     }
 
@@ -111,36 +111,28 @@ impl Traffic {
     }
 
     /// Writes `scored` (the remote's signals over `ask.prompt` followed by `answer`) as one
-    /// shard; returns its file name. A chat's prompt keeps its parts, the answer is `Answer`
-    /// (a stop id ending it, `Markup`), so training reads the answer by default.
+    /// shard; returns its file name. The prompt's ids are `Prompt` (a chat's keep their parts,
+    /// markup included) and the answer's `Answer`, its closing stop id too (the model must learn
+    /// to stop), so training reads the answer unless `data.train_on` says otherwise.
     pub fn record(&self, ask: &Ask, answer: &[u32], scored: Scored) -> Result<String> {
         let n = ask.prompt.len() + answer.len();
         crate::ensure!(
-            scored.ids.len() == n && scored.ids[..ask.prompt.len()] == ask.prompt[..],
-            "the remote scored {} ids, not the request's {n}",
+            scored.ids.len() == n
+                && scored.ids[..ask.prompt.len()] == ask.prompt[..]
+                && scored.ids[ask.prompt.len()..] == answer[..],
+            "the remote scored {} ids that are not the request's {n}",
             scored.ids.len()
         );
-        let parts = ask.parts.as_ref().map(|prompt| {
-            let mut parts = prompt.clone();
-            parts.extend(answer.iter().map(|id| {
-                if ask.params.stop.contains(id) {
-                    Part::Markup
-                } else {
-                    Part::Answer
-                }
-            }));
-            parts
-        });
-        // The document key the held-out split hashes: the sequence itself.
-        let digest = sha256_hex(
-            &scored
-                .ids
-                .iter()
-                .flat_map(|i| i.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        );
-        let doc_id = u64::from_str_radix(&digest[..16], 16).expect("hex");
-        let row = scored.into_row(doc_id, 0, parts);
+        let mut parts = ask
+            .parts
+            .clone()
+            .unwrap_or_else(|| vec![Part::Prompt; ask.prompt.len()]);
+        parts.extend(std::iter::repeat_n(Part::Answer, answer.len()));
+        // The document key the held-out split hashes: the prompt, so answers to one prompt
+        // (sampled, retried) fall on one side of the split.
+        let bytes: Vec<u8> = ask.prompt.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let doc_id = u64::from_str_radix(&sha256_hex(&bytes)[..16], 16).expect("hex");
+        let row = scored.into_row(doc_id, 0, Some(parts));
         let mut m = self.manifest.lock().unwrap_or_else(|p| p.into_inner());
         let index = next_index(&m);
         let file = format!("shard-{index:05}.parquet");
@@ -149,7 +141,9 @@ impl Traffic {
         let bytes = write_shard(&path, &self.meta, self.storage, std::slice::from_ref(&row))?;
         let sha256 =
             k3mini_data::digest::sha256_file(&path).with_context(|| path.display().to_string())?;
-        m.shards.push(ShardEntry {
+        // Kept in memory only once the manifest on disk lists it.
+        let mut next = m.clone();
+        next.shards.push(ShardEntry {
             index,
             file: file.clone(),
             sha256,
@@ -159,7 +153,8 @@ impl Traffic {
             bytes,
             routing: None,
         });
-        write_manifest(&self.dir, &m)?;
+        write_manifest(&self.dir, &next)?;
+        *m = next;
         Ok(file)
     }
 }

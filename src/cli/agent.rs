@@ -255,7 +255,7 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                     agent.remote.name(),
                     &tokenizer.fingerprint(),
                     agent.policy.verify.k,
-                    tokenizer.vocab_size(),
+                    agent.remote.vocab_size(),
                 )?);
             }
             let stop = stop_on_ctrl_c()?;

@@ -18,6 +18,7 @@ use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
 use k3mini_teacher::local::Engine;
+use k3mini_teacher::manifest::{Manifest, TrafficJob, shards_digest};
 use k3mini_teacher::routing::RoutingShape;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -277,8 +278,14 @@ pub enum ModePlan {
     Online,
     /// The teacher's own completions (`teacher generate` shards in `trajectories`).
     Sequence { trajectories: PathBuf },
-    /// A gateway's escalations, as the remote scored them (`agent serve --traffic`).
-    Traffic { dir: PathBuf },
+    /// A gateway's escalations, as the remote scored them (`agent serve --traffic`): the first
+    /// `shards` of `dir`'s manifest, pinned by their checksums' digest when the plan was made
+    /// (requests escalated later belong to a later run).
+    Traffic {
+        dir: PathBuf,
+        shards: usize,
+        digest: String,
+    },
     /// The student samples continuations of `prompts` for a `mix` share of micro-batches (the
     /// rest are offline) and the teacher scores its tokens.
     OnPolicy {
@@ -1011,9 +1018,42 @@ fn distill_plan(
         DistillMode::Sequence => ModePlan::Sequence {
             trajectories: needs_prompts()?.out_dir.clone(),
         },
-        DistillMode::Traffic => ModePlan::Traffic {
-            dir: d.traffic.as_deref().map(absolute).expect("checked above"),
-        },
+        DistillMode::Traffic => {
+            let dir = d.traffic.as_deref().map(absolute).expect("checked above");
+            let path = dir.join(k3mini_teacher::manifest::MANIFEST);
+            let read = std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| {
+                    serde_json::from_slice::<Manifest<TrafficJob>>(&bytes)
+                        .map_err(|e| e.to_string())
+                });
+            match read {
+                Ok(m) if !m.shards.is_empty() => ModePlan::Traffic {
+                    shards: m.shards.len(),
+                    digest: shards_digest(&m.shards),
+                    dir,
+                },
+                Ok(_) => {
+                    return refuse(
+                        "distill.traffic",
+                        format!(
+                            "{}: no request has been escalated into it yet",
+                            dir.display()
+                        ),
+                    );
+                }
+                Err(e) => {
+                    return refuse(
+                        "distill.traffic",
+                        format!(
+                            "{}: no traffic manifest ({e}); `k3mini agent serve --traffic {}` writes one",
+                            path.display(),
+                            dir.display()
+                        ),
+                    );
+                }
+            }
+        }
         DistillMode::OnPolicy => {
             let prompts = needs_prompts()?.prompts.clone();
             let o = d.on_policy.clone().unwrap_or_default();

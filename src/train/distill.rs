@@ -10,7 +10,6 @@
 //! the forward KL `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k plus tail. Training reads only
 //! the shards: the corpus is checked, by its files' names and sizes, to be the one scored.
 
-use crate::agent::traffic::TrafficJob;
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
@@ -35,7 +34,7 @@ use k3mini_student::head::{HeadChunks, head_loss};
 use k3mini_student::moe::Route;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
-use k3mini_teacher::manifest::{MANIFEST, Manifest};
+use k3mini_teacher::manifest::{MANIFEST, Manifest, TrafficJob, shards_digest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::collections::HashSet;
 use std::path::Path;
@@ -126,23 +125,23 @@ pub fn signal_data(
                 LOGPROB_TEMPERATURE,
             )
         }
-        ModePlan::Traffic { dir } => {
+        ModePlan::Traffic {
+            dir,
+            shards,
+            digest,
+        } => {
             let path = dir.join(MANIFEST);
-            let text = std::fs::read(&path).with_context(|| {
-                format!(
-                    "{}: no traffic (serve with `k3mini agent serve --traffic {}`)",
-                    path.display(),
-                    dir.display()
-                )
-            })?;
-            let m: Manifest<TrafficJob> = serde_json::from_slice(&text)
+            let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
+            let mut m: Manifest<TrafficJob> = serde_json::from_slice(&text)
                 .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
-            if m.shards.is_empty() {
+            if m.shards.len() < *shards || shards_digest(&m.shards[..*shards]) != *digest {
                 bail!(
-                    "{}: no request has been escalated into it yet",
+                    "{}: the {shards} shards this run's plan pinned are no longer the manifest's \
+                     first (the directory was rewritten): train on it from a fresh plan",
                     dir.display()
                 );
             }
+            m.shards.truncate(*shards);
             let (seed, fraction) = (plan.seed, data.held_out_fraction);
             let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
             (

@@ -70,11 +70,37 @@ pub fn handle_ctrl_c() {
 }
 
 /// Runs (or resumes) a plan. Everything that can refuse the run does so before it writes.
+/// A resumed traffic run keeps the shards its checkpoint's plan pinned: requests escalated into
+/// the directory since belong to a later run, not to this one's epoch (whose order depends on
+/// the shard count). signal_data checks that the pinned shards are still the manifest's first.
+fn keep_traffic_pin(plan: &RunPlan, resume: bool) -> Result<RunPlan> {
+    let mut plan = plan.clone();
+    let Some(crate::recipe::ModePlan::Traffic { dir, .. }) = plan.distill.as_ref().map(|d| &d.mode)
+    else {
+        return Ok(plan);
+    };
+    if !resume {
+        return Ok(plan);
+    }
+    let dir = dir.clone();
+    let Some((_, latest)) = k3mini_checkpoints::latest(&plan.out_dir)? else {
+        return Ok(plan);
+    };
+    let old = run_dir::open_checkpoint(&latest)?.plan;
+    if let (Some(d), Some(o)) = (plan.distill.as_mut(), old.distill)
+        && matches!(&o.mode, crate::recipe::ModePlan::Traffic { dir: at, .. } if *at == dir)
+    {
+        d.mode = o.mode;
+    }
+    Ok(plan)
+}
+
 pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
     let plan = &match &opts.out_dir {
         Some(dir) => plan.clone().with_out_dir(dir),
         None => plan.clone(),
     };
+    let plan = &keep_traffic_pin(plan, opts.resume)?;
     let (tokenizer, mut model, mut optim, mut state, devices) = begin(plan, opts)?;
     let mut parallel = Parallel::new(&model, devices);
     let mut objective = modes::open(plan, &tokenizer, &state)?;

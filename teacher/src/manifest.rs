@@ -10,6 +10,7 @@
 use crate::TeacherError;
 use crate::fetch::sha256_file;
 use k3mini_data::digest::{Digest, Sha256, hex};
+use k3mini_data::shards::Storage;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::ops::Range;
@@ -31,6 +32,34 @@ pub struct ShardEntry {
     /// Its routing shard ([`routing_file`]), where the job records routing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<Companion>,
+}
+
+/// What a traffic directory holds (its manifest's `job`): the escalations `k3mini agent serve
+/// --traffic` wrote, each a one-row teacher-signal shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficJob {
+    /// Always `"traffic"`: what tells this manifest from `teacher score`'s.
+    pub kind: String,
+    pub teacher: String,
+    pub tokenizer_sha256: String,
+    pub k: usize,
+    pub temperature: f32,
+    pub logprob_step: Storage,
+}
+
+/// [`TrafficJob::kind`].
+pub const KIND_TRAFFIC: &str = "traffic";
+
+/// What a run trains on from a growing directory: the SHA-256 of its first shards' checksums,
+/// in order (a run pins the shards it started with; more may arrive while it trains).
+pub fn shards_digest(shards: &[ShardEntry]) -> String {
+    let mut d = Sha256::new();
+    for s in shards {
+        d.update(s.sha256.as_bytes());
+        d.update(b"\n");
+    }
+    hex(d)
 }
 
 /// A file written beside a shard, holding more about the same rows.

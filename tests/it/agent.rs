@@ -321,6 +321,25 @@ fn a_failing_remote_gives_a_marked_local_answer_or_a_clear_error_never_a_hang() 
         "route = \"all\"\non_remote_error = \"error\"\n",
     );
     let strict = agent(student, &remote, strict_policy.to_str().unwrap(), &fast);
+    // A bench against a failing remote stops naming it, and caches nothing as its answer.
+    let tasks = scratch.write("tasks.jsonl", "{\"text\": \"Hello\"}\n");
+    let runs = scratch.path("runs");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args([
+            "agent", "bench", "--local", student, "--remote", &remote, "--quiet",
+        ])
+        .args([
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--runs",
+            runs.to_str().unwrap(),
+        ])
+        .args(fast)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("(remote)"), "{err}");
+    assert!(!runs.join("runs.jsonl").exists());
     for (m, what) in [(0u8, "garbage"), (1, "a stall"), (2, "a dead remote")] {
         mode.store(m, Ordering::SeqCst);
         if m == 2 {
@@ -721,6 +740,12 @@ fn escalations_become_shards_the_next_student_trains_on() {
         .filter(|p| **p == k3mini_data::chat::Part::Answer)
         .count();
     assert!(answer > 0 && answer < parts.len(), "{parts:?}");
+    // The answer's closing stop id trains too: the next student must learn to stop.
+    assert_eq!(
+        parts.last(),
+        Some(&k3mini_data::chat::Part::Answer),
+        "{parts:?}"
+    );
     assert_eq!(row.positions(), row.input_ids.len() - 1);
 
     // The next student: the current one's checkpoint, trained on the traffic alone.
@@ -762,6 +787,41 @@ fn escalations_become_shards_the_next_student_trains_on() {
             .all(|m| m["loss"].as_f64().unwrap().is_finite()),
         "{metrics}"
     );
+
+    // Traffic escalated after the run's plan was made belongs to a later run: a resume keeps
+    // the three shards its checkpoint pinned (no plan change), while a fresh plan takes four.
+    let gateway = agent(
+        student.to_str().unwrap(),
+        &teacher.url,
+        "remote",
+        &["--traffic", dir],
+    );
+    let (status, got) = post(&gateway.url, "/v1/completions", &body);
+    let shard = &got["k3mini"]["traffic"]["shard"];
+    assert_eq!(
+        (status, shard),
+        (200, &json!("shard-00003.parquet")),
+        "{got}"
+    );
+    drop(gateway);
+    let init = scratch.path("student");
+    let resumed = k3mini_ok([
+        "train",
+        recipe.to_str().unwrap(),
+        "--init",
+        init.to_str().unwrap(),
+        "--resume",
+        "--quiet",
+    ]);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(!err.contains("changed plan"), "{err}");
+    let shards = |p: &k3mini::recipe::RunPlan| match &p.distill.as_ref().unwrap().mode {
+        k3mini::recipe::ModePlan::Traffic { shards, .. } => *shards,
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(shards(&k3mini::recipe::load(&recipe).unwrap()), 4);
+    let ck = k3mini::run_dir::open_checkpoint(&scratch.path("next")).unwrap();
+    assert_eq!(shards(&ck.plan), 3);
 
     // A gateway asking another top-k may not add to this directory.
     let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"));

@@ -430,7 +430,7 @@ fn a_compact_shard_with_no_vocabulary_an_impossible_one_or_damaged_ids_is_refuse
 }
 
 #[test]
-fn a_long_row_cuts_into_segments_that_hold_every_position_once() {
+fn a_long_row_cuts_into_segments_that_train_every_position_once_with_context() {
     let k = 3;
     let mut long = rows(k).pop().unwrap(); // 19 ids, 18 positions
     long.parts = Some(
@@ -439,41 +439,43 @@ fn a_long_row_cuts_into_segments_that_hold_every_position_once() {
             .collect(),
     );
     assert_eq!(long.input_ids.len(), 19);
-    for len in [2, 4, 6, 19, 40] {
+    for len in [2, 3, 4, 6, 7, 18] {
         let windows = long.clone().windows(len, k);
-        assert!(
-            windows
-                .iter()
-                .all(|w| w.input_ids.len() <= len && w.input_ids.len() >= 2)
-        );
-        if windows.len() > 1 {
-            let segments: Vec<u32> = windows.iter().map(|w| w.segment).collect();
-            assert_eq!(segments, (0..windows.len() as u32).collect::<Vec<_>>());
+        assert!(windows.len() > 1);
+        let mut trained = Vec::new();
+        for (s, (w, context)) in windows.iter().enumerate() {
+            assert!(
+                w.input_ids.len() <= len && w.input_ids.len() >= 2,
+                "len {len}"
+            );
+            assert_eq!((w.segment, w.doc_id), (s as u32, long.doc_id));
+            // Context: (len − 1) / 2 ids before the first trained position, after the first.
+            assert_eq!(
+                *context,
+                if s == 0 { 0 } else { (len - 1) / 2 },
+                "len {len}"
+            );
+            for t in *context..w.positions() {
+                trained.push((
+                    w.input_ids[t + 1],
+                    w.target_logprobs[t],
+                    w.top_logprobs[t * k..(t + 1) * k].to_vec(),
+                    w.parts.as_ref().unwrap()[t + 1],
+                ));
+            }
         }
-        // Positions, in order, are the row's: each once, with its ids, targets and top-k.
-        let cat =
-            |f: &dyn Fn(&ShardRow) -> Vec<f32>| windows.iter().flat_map(f).collect::<Vec<f32>>();
-        assert_eq!(
-            cat(&|w| w.target_logprobs.clone()),
-            long.target_logprobs,
-            "len {len}"
-        );
-        assert_eq!(
-            cat(&|w| w.top_logprobs.clone()),
-            long.top_logprobs,
-            "len {len}"
-        );
-        let next: Vec<u32> = windows
-            .iter()
-            .flat_map(|w| w.input_ids[1..].to_vec())
+        // Every position of the row, once, in order, with its target, top-k and part.
+        let want: Vec<_> = (0..long.positions())
+            .map(|t| {
+                (
+                    long.input_ids[t + 1],
+                    long.target_logprobs[t],
+                    long.top_logprobs[t * k..(t + 1) * k].to_vec(),
+                    long.parts.as_ref().unwrap()[t + 1],
+                )
+            })
             .collect();
-        assert_eq!(next, long.input_ids[1..], "len {len}");
-        let parts: Vec<Part> = windows
-            .iter()
-            .flat_map(|w| w.parts.clone().unwrap()[1..].to_vec())
-            .collect();
-        assert_eq!(parts, long.parts.clone().unwrap()[1..], "len {len}");
-        assert!(windows.iter().all(|w| w.doc_id == long.doc_id));
+        assert_eq!(trained, want, "len {len}");
     }
-    assert_eq!(long.clone().windows(19, k), vec![long]);
+    assert_eq!(long.clone().windows(19, k), vec![(long, 0)]);
 }
