@@ -44,10 +44,22 @@ pub struct Task {
     pub input: Input,
     /// The reference answer (its last number is compared), where the task has one.
     pub answer: Option<String>,
+    /// Tests the answer must pass ([`super::code`]), for a code task.
+    pub tests: Option<CodeTests>,
+    /// Tokens its answers may have, where not the bench's `max_tokens`.
+    pub max_tokens: Option<usize>,
+}
+
+/// A code task's tests: HumanEval's `test` (defining `check(candidate)`) and `entry_point`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CodeTests {
+    pub tests: String,
+    pub entry_point: String,
 }
 
 /// A tasks file's line: `{"text": …}`, `{"prompt": …}` (one user turn) or `{"messages": […]}`,
-/// each with an optional `id` (default `FILE:LINE`) and `answer`.
+/// each with an optional `id` (default `FILE:LINE`), `max_tokens`, and either a reference
+/// `answer` or, for a `text` the answer completes as code, `tests` and `entry_point`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Line {
@@ -56,6 +68,9 @@ struct Line {
     prompt: Option<String>,
     messages: Option<Vec<Message>>,
     answer: Option<Scalar>,
+    tests: Option<String>,
+    entry_point: Option<String>,
+    max_tokens: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -99,10 +114,30 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
                 at()
             );
         }
+        let tests = match (line.tests, line.entry_point) {
+            (None, None) => None,
+            (Some(tests), Some(entry_point))
+                if answer.is_none() && matches!(input, Input::Text(_)) =>
+            {
+                Some(CodeTests { tests, entry_point })
+            }
+            _ => crate::bail!(
+                "{}: `tests` and `entry_point` go together, on a `text` the answer completes \
+                 as code, without an `answer`",
+                at()
+            ),
+        };
+        crate::ensure!(
+            line.max_tokens != Some(0),
+            "{}: max_tokens must be > 0",
+            at()
+        );
         tasks.push(Task {
             id: line.id.unwrap_or_else(at),
             input,
             answer,
+            tests,
+            max_tokens: line.max_tokens,
         });
     }
     crate::ensure!(!tasks.is_empty(), "{}: no tasks", path.display());
@@ -122,6 +157,11 @@ pub struct Settings {
     pub policies: Vec<PathBuf>,
     /// The cascade's settings for the verify runs.
     pub verify: VerifySettings,
+    /// Run code tasks' tests: model-written Python on this machine ([`super::code`]); a bench
+    /// of code tasks refuses to start without it.
+    pub run_tests: bool,
+    /// Seconds a code task's program may run.
+    pub test_seconds: f64,
     pub cost: Prices,
 }
 
@@ -132,6 +172,8 @@ impl Default for Settings {
             agree_at: 0.5,
             policies: Vec::new(),
             verify: VerifySettings::default(),
+            run_tests: false,
+            test_seconds: 10.0,
             cost: Prices::default(),
         }
     }
@@ -144,8 +186,11 @@ impl Settings {
         let s: Settings = toml::from_str(&text)
             .map_err(|e| Error::Refused(format!("bench {}: {e}", path.display())))?;
         crate::ensure!(
-            s.max_tokens > 0 && (0.0..=1.0).contains(&s.agree_at),
-            "bench {}: max_tokens must be > 0 and agree_at in [0, 1]",
+            s.max_tokens > 0
+                && (0.0..=1.0).contains(&s.agree_at)
+                && s.test_seconds > 0.0
+                && s.test_seconds.is_finite(),
+            "bench {}: max_tokens and test_seconds must be > 0, and agree_at in [0, 1]",
             path.display()
         );
         s.cost
@@ -249,7 +294,7 @@ pub fn measure(
     let mut records = Vec::with_capacity(tasks.len());
     for task in tasks {
         bar.set_message(task.id.clone());
-        let ask = ask(agent, task, settings.max_tokens)?;
+        let ask = ask(agent, task, task.max_tokens.unwrap_or(settings.max_tokens))?;
         let key = sha256_hex(
             serde_json::to_string(&(
                 RECORD_VERSION,
@@ -259,7 +304,7 @@ pub fn measure(
                 agent.scoring_output,
                 &ask.prompt,
                 &ask.params.stop,
-                settings.max_tokens,
+                ask.params.max_tokens,
                 &settings.verify,
             ))?
             .as_bytes(),
@@ -325,8 +370,14 @@ pub struct Row {
     pub signals: Signals,
 }
 
-fn score(task: &Task, run: &Run, remote: &Run, agree_at: f64) -> (f64, bool) {
-    match &task.answer {
+fn score(task: &Task, run: &Run, remote: &Run, settings: &Settings) -> Result<(f64, bool)> {
+    if let (Some(t), Input::Text(prompt)) = (&task.tests, &task.input) {
+        let program = super::code::program(prompt, &run.text, &t.tests, &t.entry_point);
+        let limit = std::time::Duration::from_secs_f64(settings.test_seconds);
+        let ok = super::code::passes(&program, limit).map_err(Error::Refused)?;
+        return Ok((f64::from(u8::from(ok)), ok));
+    }
+    Ok(match &task.answer {
         Some(reference) => {
             let got = last_number(&run.text);
             let ok = got.is_some() && got == last_number(reference);
@@ -338,35 +389,48 @@ fn score(task: &Task, run: &Run, remote: &Run, agree_at: f64) -> (f64, bool) {
             } else {
                 common_prefix(&run.ids, &remote.ids) as f64 / remote.ids.len() as f64
             };
-            (agreement, agreement >= agree_at)
+            (agreement, agreement >= settings.agree_at)
         }
-    }
+    })
 }
 
-/// Scores and prices the records of `tasks` (in order).
-pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Vec<Row> {
+/// Scores and prices the records of `tasks` (in order); an error only where a code task's tests
+/// cannot be run.
+pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<Vec<Row>> {
     tasks
         .iter()
         .zip(records)
         .map(|(task, r)| {
-            let outcome = |run: &Run| {
-                let (score, correct) = score(task, run, &r.remote, settings.agree_at);
+            let outcome = |run: &Run| -> Result<Outcome> {
+                let (score, correct) = score(task, run, &r.remote, settings)?;
                 let spent = &run.report.usage.spent;
-                Outcome {
+                Ok(Outcome {
                     score,
                     correct,
                     usd: Cost::of(&run.report.usage, &settings.cost).total_usd,
                     seconds: spent.local_seconds + spent.remote_seconds,
-                }
+                })
             };
-            Row {
-                local: outcome(&r.local),
-                remote: outcome(&r.remote),
-                verify: outcome(&r.verify),
+            Ok(Row {
+                local: outcome(&r.local)?,
+                remote: outcome(&r.remote)?,
+                verify: outcome(&r.verify)?,
                 signals: r.local.report.signals.unwrap_or_default(),
-            }
+            })
         })
         .collect()
+}
+
+/// Refuses tasks with tests unless the settings allow running them.
+pub fn check_tasks(tasks: &[Task], settings: &Settings) -> Result<()> {
+    match tasks.iter().find(|t| t.tests.is_some()) {
+        Some(t) if !settings.run_tests => crate::bail!(
+            "task {} carries tests, which run model-written Python on this machine: pass \
+             --run-tests (in a sandbox: a container or a VM)",
+            t.id
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// A policy at one setting, over all tasks.
@@ -797,7 +861,7 @@ pub fn report(
     settings: &Settings,
     out: &Path,
 ) -> Result<Bench> {
-    let rows = rows(tasks, records, settings);
+    let rows = rows(tasks, records, settings)?;
     let bench = evaluate(records, &rows, policies, settings);
     std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let write = |name: &str, bytes: &[u8]| {

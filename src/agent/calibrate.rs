@@ -138,7 +138,7 @@ pub fn calibrate_into(
     provenance: &str,
     out: &Path,
 ) -> Result<Calibrated> {
-    let rows = rows(tasks, records, settings);
+    let rows = rows(tasks, records, settings)?;
     let c = calibrate(
         &rows,
         target,

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod code;
 pub mod confidence;
 pub mod cost;
 pub mod gate;

@@ -131,6 +131,10 @@ pub struct Measured {
     /// Where each task's answers (local, remote, verify) are cached: `runs.jsonl` in it.
     #[arg(long, default_value = "agent-runs")]
     runs: PathBuf,
+    /// Score code tasks by running their tests: model-written Python on this machine (use a
+    /// sandbox).
+    #[arg(long)]
+    run_tests: bool,
     #[arg(long)]
     quiet: bool,
 }
@@ -138,14 +142,16 @@ pub struct Measured {
 impl Measured {
     /// The settings and the tasks, read and checked before anything is measured.
     fn read(&self) -> Result<(Settings, Vec<bench::Task>)> {
-        let settings = match &self.bench {
+        let mut settings = match &self.bench {
             Some(path) => Settings::read(path)?,
             None => Settings::default(),
         };
+        settings.run_tests |= self.run_tests;
         let mut tasks = Vec::new();
         for path in &self.tasks {
             tasks.extend(bench::read_tasks(path)?);
         }
+        bench::check_tasks(&tasks, &settings)?;
         Ok((settings, tasks))
     }
 

@@ -529,7 +529,10 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
         "{\"id\": \"fox\", \"text\": \"The quick brown fox\"}\n\
          {\"text\": \"Once upon a time, in a land far away,\"}\n\
          {\"id\": \"sum\", \"prompt\": \"What is 2 + 3? Answer with a number.\", \"answer\": 5}\n\
-         {\"text\": \"Water boils at\"}\n",
+         {\"text\": \"Water boils at\"}\n\
+         {\"id\": \"add\", \"text\": \"def add(a, b):\\n    \\\"\\\"\\\"Return the sum of a and b.\\\"\\\"\\\"\\n\", \
+         \"tests\": \"def check(candidate):\\n    assert candidate(2, 3) == 5\\n\", \
+         \"entry_point\": \"add\", \"max_tokens\": 16}\n",
     );
     let bench = scratch.write(
         "bench.toml",
@@ -552,17 +555,30 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
             "--runs",
             runs.to_str().unwrap(),
             "--quiet",
+            "--run-tests",
         ]
         .map(String::from)
         .to_vec()
     };
+    // A code task runs model-written Python: only when asked to.
+    let mut unasked = sides("bench");
+    unasked.pop();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args(&unasked)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("task add carries tests"),
+        "{err}"
+    );
     let mut args = sides("bench");
     args.extend(["--out".into(), out.to_str().unwrap().into()]);
     let printed = String::from_utf8(k3mini_ok(&args).stdout).unwrap();
     assert!(printed.contains("| all-remote | 100% |"), "{printed}");
     let b: Bench =
         serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
-    assert_eq!((b.tasks, b.settings.max_tokens), (4, 12));
+    assert_eq!((b.tasks, b.settings.max_tokens), (5, 12));
     assert_eq!(b.verify.equal, 1.0, "{b:?}");
     assert!(
         b.verify.acceptance.unwrap() >= 0.8 && b.verify.output_saved.unwrap() >= 0.5,
@@ -580,7 +596,7 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
     let svg = std::fs::read_to_string(out.join("pareto.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("confidence: mean_logprob"));
     let cache = std::fs::read_to_string(runs.join("runs.jsonl")).unwrap();
-    assert_eq!(cache.lines().count(), 4);
+    assert_eq!(cache.lines().count(), 5);
 
     // Calibrating on the same tasks reads the cache: no task is answered again.
     let policy = scratch.path("calibrated.toml");
@@ -624,7 +640,7 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&broken.stderr);
-    assert!(err.contains("runs.jsonl:5 is not a bench record"), "{err}");
+    assert!(err.contains("runs.jsonl:6 is not a bench record"), "{err}");
 }
 
 /// The gate through real servers: a chat that asks for JSON a schema accepts escalates when the
