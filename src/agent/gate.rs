@@ -1,7 +1,15 @@
 //! `gate`: hard checks on the student's answer that escalate when it fails them. A request that
 //! asks for JSON (OpenAI's `response_format`: `json_object`, or `json_schema` with a schema) gets
 //! a local answer only if the answer parses as one JSON value, an object for `json_object`, that
-//! the schema accepts.
+//! the schema accepts. A completion that carries tests (`k3mini_tests`: HumanEval's `test` and
+//! `entry_point`) gets a local answer only if it passes them ([`super::code`]), under a policy
+//! that runs tests (`[gate] run_tests = true`: model-written code runs on the gateway's machine).
+//!
+//! ```toml
+//! [gate]
+//! run_tests = false   # run the tests a completion request carries
+//! test_seconds = 10.0 # how long its program may run
+//! ```
 //!
 //! The schema is checked by a subset of JSON Schema (`type`, `properties`, `required`,
 //! `additionalProperties`, `items` as one schema, `enum`, `const`, `anyOf`,
@@ -21,6 +29,43 @@ pub enum Gate {
     JsonObject,
     /// One JSON value the schema accepts.
     JsonSchema(Value),
+    /// Code that passes tests: the prompt it completes, the tests, their entry point and the
+    /// program's time limit.
+    Tests {
+        prompt: String,
+        tests: String,
+        entry_point: String,
+        limit: std::time::Duration,
+    },
+}
+
+/// The `[gate]` table of a policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateSettings {
+    pub run_tests: bool,
+    pub test_seconds: f64,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        Self {
+            run_tests: false,
+            test_seconds: 10.0,
+        }
+    }
+}
+
+impl GateSettings {
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.test_seconds > 0.0 && self.test_seconds.is_finite()) {
+            return Err(format!(
+                "gate.test_seconds = {} must be > 0",
+                self.test_seconds
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The keywords checked.
@@ -68,18 +113,35 @@ impl Gate {
 
     /// Why `text` fails the gate, or None when it passes.
     pub fn fails(&self, text: &str) -> Option<String> {
-        let value: Value = match serde_json::from_str(text.trim()) {
-            Ok(v) => v,
-            Err(e) => return Some(format!("gate: the answer is not JSON ({e})")),
+        let json = || {
+            serde_json::from_str::<Value>(text.trim())
+                .map_err(|e| format!("gate: the answer is not JSON ({e})"))
         };
         match self {
-            Gate::JsonObject if !value.is_object() => {
-                Some("gate: the answer is JSON but not an object".into())
+            Gate::Tests {
+                prompt,
+                tests,
+                entry_point,
+                limit,
+            } => {
+                let program = super::code::program(prompt, text, tests, entry_point);
+                match super::code::passes(&program, *limit) {
+                    Ok(true) => None,
+                    Ok(false) => Some("gate: the completion fails the request's tests".into()),
+                    Err(e) => Some(format!("gate: the tests could not run ({e})")),
+                }
             }
-            Gate::JsonObject => None,
-            Gate::JsonSchema(schema) => validate(schema, &value, "$")
-                .err()
-                .map(|e| format!("gate: the answer does not match the schema: {e}")),
+            Gate::JsonObject => match json() {
+                Ok(v) if v.is_object() => None,
+                Ok(_) => Some("gate: the answer is JSON but not an object".into()),
+                Err(e) => Some(e),
+            },
+            Gate::JsonSchema(schema) => match json() {
+                Ok(v) => validate(schema, &v, "$")
+                    .err()
+                    .map(|e| format!("gate: the answer does not match the schema: {e}")),
+                Err(e) => Some(e),
+            },
         }
     }
 }

@@ -12,12 +12,14 @@
 //! [confidence]            # thresholds (see confidence.rs); unset ones are not checked
 //! min_mean_logprob = -1.5
 //! [verify]                # k, draft, max_draft, min_acceptance, judge_after
+//! [gate]                  # run_tests, test_seconds (see gate.rs)
 //! [budget]                # max_usd_per_request, max_usd_per_day, max_escalation_share
 //! [cost]                  # input_per_mtok, output_per_mtok, hardware_per_hour, watts, per_kwh
 //! ```
 
 use super::confidence::Thresholds;
 use super::cost::Prices;
+use super::gate::GateSettings;
 use super::verify::VerifySettings;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -102,6 +104,8 @@ pub struct Policy {
     #[serde(default)]
     pub verify: VerifySettings,
     #[serde(default)]
+    pub gate: GateSettings,
+    #[serde(default)]
     pub budget: Budget,
     #[serde(default)]
     pub cost: Prices,
@@ -141,6 +145,7 @@ impl Policy {
             on_remote_error: OnRemoteError::Local,
             confidence: Thresholds::default(),
             verify: VerifySettings::default(),
+            gate: GateSettings::default(),
             budget: Budget::default(),
             cost: Prices::default(),
             student_sha256: None,
@@ -189,6 +194,7 @@ impl Policy {
     fn check(&self) -> Result<(), String> {
         self.confidence.check()?;
         self.verify.check()?;
+        self.gate.check()?;
         self.budget.check()?;
         self.cost.check()?;
         if self.route == Route::Confidence && self.confidence.set().is_empty() {

@@ -201,6 +201,51 @@ fn ask(
     })
 }
 
+/// Refuses a request asking for a check (`field`) the policy does not make: its route never
+/// judges a local answer.
+fn gated(gw: &Gateway, field: &str) -> Result<(), ApiError> {
+    let policy = &gw.agent.policy;
+    if matches!(policy.route, Route::Gate | Route::Confidence) {
+        return Ok(());
+    }
+    Err(bad(
+        field,
+        format!(
+            "policy {:?} does not check the student's answers (route {:?}); serve with a gate or \
+             confidence policy, or leave {field} out",
+            policy.name, policy.route
+        ),
+    ))
+}
+
+/// The tests a completion request carries, as a gate, where the policy runs them.
+fn tests_gate(gw: &Gateway, req: &CompletionRequest) -> Result<Option<Gate>, ApiError> {
+    let Some(t) = &req.k3mini_tests else {
+        return Ok(None);
+    };
+    gated(gw, "k3mini_tests")?;
+    let settings = &gw.agent.policy.gate;
+    if !settings.run_tests {
+        return Err(bad(
+            "k3mini_tests",
+            "running a request's tests runs model-written code on this machine: the policy must \
+             say [gate] run_tests = true",
+        ));
+    }
+    let Prompt::Text(prompt) = &req.prompt else {
+        return Err(bad(
+            "k3mini_tests",
+            "tests go with a text prompt the answer completes",
+        ));
+    };
+    Ok(Some(Gate::Tests {
+        prompt: prompt.clone(),
+        tests: t.tests.clone(),
+        entry_point: t.entry_point.clone(),
+        limit: std::time::Duration::from_secs_f64(settings.test_seconds),
+    }))
+}
+
 fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError> {
     unserved(req.logprobs.is_some(), "logprobs")?;
     unserved(req.echo == Some(true), "echo")?;
@@ -231,7 +276,7 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
             ignore_eos: req.ignore_eos,
             logprobs: 0,
         },
-        None,
+        tests_gate(gw, req)?,
         None,
     )
 }
@@ -239,6 +284,13 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
 fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
     unserved(req.logprobs == Some(true), "logprobs")?;
     unserved(req.top_logprobs.is_some(), "top_logprobs")?;
+    if req.tools.is_some() {
+        return Err(bad(
+            "tools",
+            "the gateway renders no tool-call template for the student (not built yet): leave \
+             tools out",
+        ));
+    }
     let student = &gw.agent.student.model;
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
@@ -249,16 +301,8 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
         Some(f) => Gate::of(f).map_err(|e| bad("response_format", e))?,
         None => None,
     };
-    let policy = &gw.agent.policy;
-    if gate.is_some() && !matches!(policy.route, Route::Gate | Route::Confidence) {
-        return Err(bad(
-            "response_format",
-            format!(
-                "policy {:?} does not check answers against a format (route {:?}); serve with \
-                 --policy gate or confidence, or leave response_format out",
-                policy.name, policy.route
-            ),
-        ));
+    if gate.is_some() {
+        gated(gw, "response_format")?;
     }
     ask(
         gw,

@@ -700,6 +700,43 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     );
     assert_eq!(status, 400, "{got}");
     assert!(got.to_string().contains("response_format"), "{got}");
+
+    // Tests a completion carries: run only where the policy says so, and a failing completion
+    // escalates (the random student cannot write `add`; SmolLM2 may).
+    let scratch = Scratch::new("agent-gate-tests");
+    let student = random_student(&scratch);
+    let tests = json!({"tests": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+                       "entry_point": "add"});
+    let body = json!({"prompt": "def add(a, b):\n    \"\"\"Return a + b.\"\"\"\n",
+                      "max_tokens": 12, "temperature": 0, "k3mini_tests": tests});
+    let (status, got) = post(&gateway.url, "/v1/completions", &body);
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("run_tests = true"), "{got}");
+    let runs = scratch.write(
+        "tests.toml",
+        "route = \"gate\"\nescalate_by = \"remote\"\n[gate]\nrun_tests = true\n",
+    );
+    let policy = runs.to_str().unwrap();
+    let weak = agent(student.to_str().unwrap(), &teacher.url, policy, &[]);
+    let (status, got) = post(&weak.url, "/v1/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    let k = &got["k3mini"];
+    assert_eq!(k["answered_by"], "remote", "{k}");
+    assert_eq!(
+        k["reason"], "gate: the completion fails the request's tests",
+        "{k}"
+    );
+    let (status, got) = post(&teacher.url, "/v1/completions", &body);
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("k3mini_tests"), "{got}");
+    // Tools would be ignored by a renderer without a tool-call template: refused, not ignored.
+    let mut with_tools = chat("What is the weather?");
+    with_tools["tools"] = json!([{"type": "function", "function": {"name": "weather"}}]);
+    for url in [&gateway.url, &teacher.url] {
+        let (status, got) = post(url, "/v1/chat/completions", &with_tools);
+        assert_eq!(status, 400, "{got}");
+        assert!(got.to_string().contains("tools"), "{got}");
+    }
 }
 
 /// The learning loop end to end: a gateway escalating every request writes each one, scored

@@ -60,6 +60,13 @@ pub(super) fn completions(
     interrupt: Interrupt,
 ) -> Result<CompletionResponse, ApiError> {
     refuse_stream(req.stream)?;
+    if req.k3mini_tests.is_some() {
+        return Err(bad(
+            "k3mini_tests",
+            "this server does not run tests (`k3mini agent serve` does, under a policy with \
+             [gate] run_tests = true)",
+        ));
+    }
     let ids = match &req.prompt {
         Prompt::Text(s) => state.encode(s, "prompt")?,
         Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
@@ -231,6 +238,12 @@ pub(super) fn chat(
             "response_format",
             "this server does not constrain its answers to JSON (`k3mini agent serve` checks \
              them and escalates); send `{\"type\": \"text\"}` or leave it out",
+        ));
+    }
+    if req.tools.is_some() {
+        return Err(bad(
+            "tools",
+            "this server renders no tool-call template: leave tools out",
         ));
     }
     let rendered = render(&req.messages, ChatFormat::Chatml, true)

@@ -99,6 +99,18 @@ pub struct CompletionRequest {
     /// Server-sent events ([`CompletionChunk`]s) instead of one response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// A k3mini extension: tests the completion must pass (HumanEval's `test` and
+    /// `entry_point`), run by `k3mini agent serve` under a policy whose `[gate] run_tests` is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k3mini_tests: Option<CodeTestsField>,
+}
+
+/// [`CompletionRequest::k3mini_tests`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeTestsField {
+    pub tests: String,
+    pub entry_point: String,
 }
 
 /// `/v1/completions`' answer.
@@ -193,6 +205,10 @@ pub struct ChatRequest {
     /// What the answer must be (JSON, or JSON a schema accepts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call. Read only to be refused: k3mini's chat renderer has no
+    /// tool-call template, and a request whose tools were ignored would be answered wrongly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<serde_json::Value>>,
 }
 
 /// A chat request's `response_format`.
