@@ -158,7 +158,7 @@ pub struct Settings {
     /// The cascade's settings for the verify runs.
     pub verify: VerifySettings,
     /// Run code tasks' tests: model-written Python on this machine ([`super::code`]); a bench
-    /// of code tasks refuses to start without it.
+    /// of code tasks refuses to start without it (here or `--run-tests`).
     pub run_tests: bool,
     /// Seconds a code task's program may run.
     pub test_seconds: f64,
@@ -189,8 +189,8 @@ impl Settings {
             s.max_tokens > 0
                 && (0.0..=1.0).contains(&s.agree_at)
                 && s.test_seconds > 0.0
-                && s.test_seconds.is_finite(),
-            "bench {}: max_tokens and test_seconds must be > 0, and agree_at in [0, 1]",
+                && s.test_seconds <= 3600.0,
+            "bench {}: max_tokens must be > 0, test_seconds in (0, 3600], agree_at in [0, 1]",
             path.display()
         );
         s.cost
@@ -202,7 +202,7 @@ impl Settings {
 }
 
 /// What a record's figures mean; records of another version are measured again.
-const RECORD_VERSION: u32 = 1;
+const RECORD_VERSION: u32 = 2;
 
 /// One way of answering a task, as it happened.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -324,8 +324,13 @@ pub fn measure(
             let answered = agent.answer(&ask, Interrupt::default(), &mut |_| {});
             agent.policy = kept.clone();
             let a = answered.with_context(|| format!("task {} ({name})", task.id))?;
+            // The text as a client reads it: without the stop id that ended it.
+            let body = match a.ids.split_last() {
+                Some((last, rest)) if ask.params.stop.contains(last) => rest,
+                _ => &a.ids[..],
+            };
             Ok(Run {
-                text: agent.student.model.tokenizer.decode(&a.ids)?,
+                text: agent.student.model.tokenizer.decode(body)?,
                 ids: a.ids,
                 report: a.report,
             })
@@ -754,7 +759,7 @@ impl Bench {
     pub fn markdown(&self) -> String {
         let c = &self.settings.cost;
         let mut md = format!(
-            "# Agent bench: {} tasks\n\nGreedy, up to {} tokens an answer; a task without a \
+            "# Agent bench: {} tasks\n\nGreedy, up to {} tokens an answer (or a task's own max_tokens); a task without a \
              reference is correct at ≥ {} agreement with the remote. Prices: remote ${}/M input, \
              ${}/M output; local ${}/h + {} W at ${}/kWh.\n\n\
              | policy | escalated | quality | accuracy | $ / 1k requests | $ / correct | p50 s | p95 s |\n\

@@ -99,7 +99,7 @@ pub fn calibrate(
     let toml = format!(
         "# Calibrated by `k3mini agent calibrate` {provenance}.\n\
          # On those tasks: {:.1}% escalated, quality {:.3}, accuracy {:.3}, ${:.4} per 1,000 requests,\n\
-         # with answers of up to {} tokens (the signals of longer answers differ).\n\
+         # with answers of up to {} tokens, or a task's own max_tokens (longer answers' signals differ).\n\
          route = \"confidence\"\n\
          escalate_by = \"{by_name}\"\n\
          student_sha256 = \"{student_sha256}\"\n\n\

