@@ -1,13 +1,17 @@
-//! The `k3mini` library's error: each lower crate's typed error, I/O and format errors, a refusal
-//! that says what to do, and context around any of them (what was being done). The binary
+//! The `k3mini` library's error: each lower crate's typed error, the recipe's and the agent's
+//! (defined here, so this module depends on no other of the crate's and every module can use
+//! it), I/O and format errors, a refusal that says what to do, and context around any of them
+//! (what was being done). The binary
 //! prints the chain; tests match on the variants or the message.
 
-use std::fmt::Display;
+use k3mini_teacher::TeacherError;
+use std::fmt::{self, Display};
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Recipe(#[from] crate::recipe::RecipeError),
+    Recipe(#[from] RecipeError),
     #[error(transparent)]
     Config(#[from] k3mini_student::ConfigError),
     #[error(transparent)]
@@ -21,7 +25,7 @@ pub enum Error {
     #[error(transparent)]
     Teacher(#[from] k3mini_teacher::TeacherError),
     #[error(transparent)]
-    Agent(#[from] crate::agent::AgentError),
+    Agent(#[from] AgentError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -38,6 +42,43 @@ pub enum Error {
     /// printed once).
     #[error("{context}: {inner}")]
     Context { context: String, inner: Box<Error> },
+}
+
+/// A recipe problem, located in its file (`k3mini::recipe`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecipeError {
+    pub file: PathBuf,
+    /// 1-based line of the offending key (or of its table), when it is in the file.
+    pub line: Option<usize>,
+    /// Dotted key, e.g. `optim.lr`; empty for syntax errors.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for RecipeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", self.key)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for RecipeError {}
+
+/// A request the agent's gateway could not answer (`k3mini::agent`).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The student failed (or the request asked it for the impossible).
+    #[error("the local model: {0}")]
+    Local(TeacherError),
+    /// The remote failed and the policy says to fail with it.
+    #[error("the remote: {0}")]
+    Remote(TeacherError),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -14,5 +14,6 @@ pub mod recipe;
 pub mod routing;
 pub mod run_dir;
 pub mod teachers;
+pub mod tensorboard;
 pub mod train;
 pub mod units;

@@ -20,7 +20,7 @@
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::ModePlan;
-use crate::recipe::RunPlan;
+use crate::recipe::{PLAN, RunPlan, checkpoint_plan};
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
 use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
@@ -38,7 +38,6 @@ pub const METRICS: &str = "metrics.jsonl";
 const IDS: &str = "param_ids.json";
 const OPTIMIZER: &str = "optimizer.bpk";
 const STATE: &str = "state.json";
-const PLAN: &str = "plan.toml";
 
 /// One line of `metrics.jsonl`. A non-finite loss or norm is written as `null` (JSON has no NaN).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -155,22 +154,7 @@ pub struct Checkpoint {
 /// A checkpoint directory, or a run directory (its newest checkpoint), verified: every file against
 /// the manifest (read in pieces, none kept in memory), the weights finite, the plan parsed.
 pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
-    let (step, dir) = if path.join(k3mini_checkpoints::MANIFEST).is_file() {
-        // A checkpoint directory is named step-NNNNNNNN.
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let digits = name.as_deref().and_then(|n| n.rsplit('-').next());
-        (
-            digits.and_then(|d| d.parse().ok()).unwrap_or(0),
-            path.to_path_buf(),
-        )
-    } else {
-        k3mini_checkpoints::latest(path)?.with_context(|| {
-            format!(
-                "{}: neither a checkpoint nor a run directory with checkpoints",
-                path.display()
-            )
-        })?
-    };
+    let (step, dir) = k3mini_checkpoints::locate(path)?;
     let files = k3mini_checkpoints::verify(&dir)?;
     let weights =
         hf_weight_files(&dir).map_err(|e| crate::refused!("checkpoint {}: {e}", dir.display()))?;
@@ -184,21 +168,8 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint> {
         );
         check_finite(&dir, w)?;
     }
-    let plan = files
-        .get(PLAN)
-        .map(std::fs::read_to_string)
-        .transpose()
-        .with_context(|| format!("checkpoint {}: {PLAN}", dir.display()))?
-        .with_context(|| {
-            format!(
-                "checkpoint {}: no {PLAN} (written by a k3mini before runs stored their resolved \
-                 plan; train it again with this version)",
-                dir.display()
-            )
-        })?;
-    let plan = RunPlan::from_toml(&plan)
-        .ok()
-        .with_context(|| format!("checkpoint {}: {PLAN} is not a run plan", dir.display()))?;
+    let plan = checkpoint_plan(&files)
+        .map_err(|e| crate::refused!("checkpoint {}: {e}", dir.display()))?;
     Ok(Checkpoint {
         dir,
         step,

@@ -274,6 +274,25 @@ pub fn latest(run_dir: &Path) -> Result<Option<(usize, PathBuf)>, CheckpointErro
     Ok(list(run_dir)?.pop())
 }
 
+/// A checkpoint directory (named `step-NNNNNNNN`), or a run directory's newest checkpoint: its step
+/// and directory.
+pub fn locate(path: &Path) -> Result<(usize, PathBuf), CheckpointError> {
+    if path.join(MANIFEST).is_file() {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let digits = name.as_deref().and_then(|n| n.rsplit('-').next());
+        return Ok((
+            digits.and_then(|d| d.parse().ok()).unwrap_or(0),
+            path.to_path_buf(),
+        ));
+    }
+    latest(path)?.ok_or_else(|| {
+        io(
+            path,
+            "neither a checkpoint nor a run directory with checkpoints",
+        )
+    })
+}
+
 /// Verifies every file of a checkpoint against its manifest, reading each in pieces: name → path.
 /// A missing, truncated or altered file is named.
 pub fn verify(dir: &Path) -> Result<BTreeMap<String, PathBuf>, CheckpointError> {

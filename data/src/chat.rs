@@ -16,7 +16,7 @@
 //! tokenized one by one, so every id has exactly one part.
 
 use crate::error::DataError;
-use crate::tokenizer::{KIMI_THINK_TAGS, Tokenizer};
+use crate::tokenizer::{END_OF_TURN, KIMI_THINK_TAGS, Tokenizer};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,9 +207,6 @@ pub fn split_thinking(text: &str) -> (Option<String>, String) {
     let thinking = before.split_once(THINK_OPEN).map_or(before, |(_, t)| t);
     (Some(thinking.trim().to_string()), after.trim().to_string())
 }
-
-/// The marker that ends every turn (both templates use `<|im_end|>`): where sampling stops.
-pub const END_OF_TURN: &str = "<|im_end|>";
 
 impl ChatFormat {
     /// The marker that ends a turn in this template.

@@ -4,33 +4,8 @@
 
 use crate::chat::Message;
 use crate::error::DataError;
-use crate::stream::{RawDoc, file_items, read_text, source_files};
-use serde::{Deserialize, Serialize};
+use crate::stream::{RawDoc, SourceFormat, file_items, read_text, source_files};
 use std::path::{Path, PathBuf};
-
-/// Corpus file formats.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceFormat {
-    /// Plain UTF-8 text: one document per file. A directory of any format means every file of that
-    /// format's extension in it (`.txt`, `.jsonl`, `.parquet`), sorted by name.
-    Text,
-    /// One JSON object per line; the document is the string at `field`.
-    Jsonl,
-    /// A Parquet file; the document is the string column `field`.
-    Parquet,
-}
-
-impl SourceFormat {
-    /// `.jsonl` → JSONL, `.parquet` → Parquet, anything else (files or directories) → text.
-    pub fn infer(path: &Path) -> Self {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("jsonl") => Self::Jsonl,
-            Some("parquet") => Self::Parquet,
-            _ => Self::Text,
-        }
-    }
-}
 
 /// One document and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod corpus;
+pub mod design;
 pub mod digest;
 pub mod error;
 pub mod pack;
@@ -22,7 +23,8 @@ pub mod topk_codec;
 pub mod trajectories;
 
 pub use chat::{ChatFormat, LossParts, Message, Part, Role};
-pub use corpus::{ChatDocument, Document, SourceFormat, read_chats, read_source};
+pub use corpus::{ChatDocument, Document, read_chats, read_source};
 pub use error::DataError;
 pub use pack::{DocFeed, PackCursor, PackedBatch, Packer, TokenDoc};
+pub use stream::SourceFormat;
 pub use tokenizer::Tokenizer;

@@ -30,7 +30,6 @@
 //!   JSONL file re-read up to its line).
 
 use crate::chat::Message;
-use crate::corpus::SourceFormat;
 use crate::error::DataError;
 use crate::pack::{DocFeed, TokenDoc, epoch_order};
 use crate::rng::splitmix64;
@@ -49,6 +48,30 @@ pub const BLOCK: usize = 256;
 pub const QUEUE: usize = 64;
 /// Parquet rows decoded at a time.
 const PARQUET_BATCH: usize = 256;
+
+/// Corpus file formats.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceFormat {
+    /// Plain UTF-8 text: one document per file. A directory of any format means every file of that
+    /// format's extension in it (`.txt`, `.jsonl`, `.parquet`), sorted by name.
+    Text,
+    /// One JSON object per line; the document is the string at `field`.
+    Jsonl,
+    /// A Parquet file; the document is the string column `field`.
+    Parquet,
+}
+
+impl SourceFormat {
+    /// `.jsonl` → JSONL, `.parquet` → Parquet, anything else (files or directories) → text.
+    pub fn infer(path: &Path) -> Self {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl") => Self::Jsonl,
+            Some("parquet") => Self::Parquet,
+            _ => Self::Text,
+        }
+    }
+}
 
 /// One corpus source of a stream.
 #[derive(Clone, Debug, PartialEq)]

@@ -26,8 +26,11 @@ pub const BPE_EOS: &str = "<|endoftext|>";
 /// documents have never ended in one, and teacher shards do not record which id ends them, so
 /// adding it would mix shards of two tokenizations in one job.)
 const EOS_NAMES: [&str; 3] = [BPE_EOS, "</s>", "<|end_of_text|>"];
+/// The marker that ends every turn of both chat templates (ChatML's and Kimi K2's): where
+/// sampling stops.
+pub const END_OF_TURN: &str = "<|im_end|>";
 /// ChatML's and Kimi K2's end of turn, then Kimi K3's.
-const END_OF_TURN_NAMES: [&str; 2] = [crate::chat::END_OF_TURN, "<|end_of_msg|>"];
+const END_OF_TURN_NAMES: [&str; 2] = [END_OF_TURN, "<|end_of_msg|>"];
 /// SmolLM2's and ChatML's configs name `<|im_start|>` their beginning of sequence.
 const BOS_NAMES: [&str; 3] = ["<|im_start|>", "<s>", "<|begin_of_text|>"];
 const PAD_NAMES: [&str; 2] = [BPE_EOS, "<pad>"];

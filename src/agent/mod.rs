@@ -21,7 +21,7 @@ use confidence::Signals;
 use cost::{Cost, Spent, Usage};
 use gate::Gate;
 use k3mini_teacher::sampling::Sampling;
-use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
+use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher};
 use policy::{EscalateBy, OnRemoteError, Policy, Route};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
@@ -91,16 +91,7 @@ pub struct Answer {
     pub report: Report,
 }
 
-/// A request the gateway could not answer.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The student failed (or the request asked it for the impossible).
-    #[error("the local model: {0}")]
-    Local(TeacherError),
-    /// The remote failed and the policy says to fail with it.
-    #[error("the remote: {0}")]
-    Remote(TeacherError),
-}
+pub use crate::error::AgentError;
 
 /// Remote spending and escalations since the gateway started (the budget's ledger).
 #[derive(Default)]

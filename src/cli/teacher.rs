@@ -173,7 +173,7 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
                 "{}",
                 t.tokenizer
                     .decode(&out.ids)?
-                    .trim_end_matches(k3mini_data::chat::END_OF_TURN)
+                    .trim_end_matches(k3mini_data::tokenizer::END_OF_TURN)
             );
             eprintln!(
                 "{} prompt + {} generated tokens in {secs:.1}s ({:?})",

@@ -9,34 +9,9 @@ pub mod schema;
 pub use plan::*;
 pub use schema::*;
 
-use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-/// A recipe problem, located in its file.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecipeError {
-    pub file: PathBuf,
-    /// 1-based line of the offending key (or of its table), when it is in the file.
-    pub line: Option<usize>,
-    /// Dotted key, e.g. `optim.lr`; empty for syntax errors.
-    pub key: String,
-    pub message: String,
-}
-
-impl fmt::Display for RecipeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if !self.key.is_empty() {
-            write!(f, ": {}", self.key)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-impl std::error::Error for RecipeError {}
+pub use crate::error::RecipeError;
 
 /// Recipes are small: a larger "recipe" is not one (and is not read into memory whole).
 const MAX_RECIPE_BYTES: u64 = 1 << 20;

@@ -258,7 +258,7 @@ pub struct RouterKlPlan {
     pub weight: f64,
     /// Where the design was read from.
     pub path: PathBuf,
-    pub design: crate::routing::design::Design,
+    pub design: k3mini_data::design::Design,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
@@ -506,6 +506,23 @@ fn check_replicas(accumulation: usize, devices: &DeviceList) -> Result<(), Refus
     Ok(())
 }
 
+/// The file in each checkpoint that holds the plan it was trained with.
+pub const PLAN: &str = "plan.toml";
+
+/// The plan a checkpoint was trained with, from its verified `files`.
+pub fn checkpoint_plan(
+    files: &std::collections::BTreeMap<String, PathBuf>,
+) -> Result<RunPlan, String> {
+    let path = files.get(PLAN).ok_or_else(|| {
+        format!(
+            "no {PLAN} (written by a k3mini before runs stored their resolved plan; train it \
+             again with this version)"
+        )
+    })?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{PLAN}: {e}"))?;
+    RunPlan::from_toml(&text).map_err(|_| format!("{PLAN} is not a run plan"))
+}
+
 /// `[model] init = "checkpoint"` (a checkpoint or run directory, relative to the recipe): the
 /// model is the checkpoint's, so no other model key may say otherwise.
 fn init_model(
@@ -521,12 +538,17 @@ fn init_model(
     let Some(toml::Value::String(path)) = table.get("init") else {
         return refuse("model.init", "must be a checkpoint or run directory");
     };
-    let ck = crate::run_dir::open_checkpoint(&at(Path::new(path)))
-        .map_err(|e| ("model.init".to_string(), e.to_string()))?;
+    // The checkpoint's files are verified here and again, with its weights, when `train` loads it.
+    let refusal = |e: String| ("model.init".to_string(), e);
+    let (_, dir) =
+        k3mini_checkpoints::locate(&at(Path::new(path))).map_err(|e| refusal(e.to_string()))?;
+    let files = k3mini_checkpoints::verify(&dir).map_err(|e| refusal(e.to_string()))?;
+    let plan = checkpoint_plan(&files)
+        .map_err(|e| refusal(format!("checkpoint {}: {e}", dir.display())))?;
     // Named in the plan as it is on disk (`../` resolved), so the plan does not change with the
     // recipe's spelling of it.
-    let dir = std::fs::canonicalize(&ck.dir).unwrap_or(ck.dir);
-    Ok((ck.plan.model, Some(dir)))
+    let dir = std::fs::canonicalize(&dir).unwrap_or(dir);
+    Ok((plan.model, Some(dir)))
 }
 
 fn model_config(table: &toml::Table) -> Result<ModelConfig, Refusal> {
@@ -1119,7 +1141,7 @@ fn router_kl_plan(
         );
     };
     let path = at(rel);
-    let design = crate::routing::design::Design::read(&path)
+    let design = k3mini_data::design::Design::read(&path)
         .map_err(|e| (format!("{key}.design"), e.to_string()))?;
     let Some(moe) = &model.moe else {
         return refuse(

@@ -1,12 +1,12 @@
 //! Batches as the model takes them: packed rows as `[rows, T]` tensors, teacher-signal batches
 //! flattened to one row per predicting position.
 
-use crate::train::objective::RouterTerms;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_data::PackedBatch;
 use k3mini_data::signals::SignalBatch;
-use k3mini_student::K3Mini;
 use k3mini_student::distill::TeacherTopK;
+use k3mini_student::moe::{ExpertLoad, Route};
+use k3mini_student::{K3Mini, Trunk};
 
 /// A packed batch as `[rows, T]` tensors: tokens, document starts, loss mask.
 pub fn packed_tensors(b: &PackedBatch, device: &Device) -> (Tensor<2, Int>, Tensor<2>, Tensor<2>) {
@@ -53,6 +53,30 @@ pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
             logprobs,
             sampled: None,
         },
+    }
+}
+
+/// What a forward's routers hand the step, whatever the mode's loss.
+pub struct RouterTerms {
+    /// Tokens per expert, for each MoE layer (empty for dense students), for the bias update.
+    pub expert_load: Vec<ExpertLoad>,
+    /// The MoE layers' weighted balance loss, which the step adds to the mode's loss.
+    pub balance_loss: Option<Tensor<1>>,
+    /// Each MoE layer's routing (its scores for router distillation).
+    pub routing: Vec<Route>,
+}
+
+impl RouterTerms {
+    /// Splits a forward into the LM head's input at the predicting positions `[B·(T−1), d]`
+    /// and its routers' terms.
+    pub fn split(out: Trunk) -> (Tensor<2>, Self) {
+        let hidden = out.predicting();
+        let terms = Self {
+            expert_load: out.expert_load,
+            balance_loss: out.balance_loss,
+            routing: out.routing,
+        };
+        (hidden, terms)
     }
 }
 

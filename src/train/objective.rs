@@ -12,12 +12,12 @@
 
 use crate::error::Result;
 use crate::run_dir::DataCursor;
+use crate::train::batch::RouterTerms;
 use crate::train::held_out::HeldOut;
 use crate::train::qat::FakeQuantizer;
 use burn::tensor::Tensor;
 use k3mini_data::signals::SignalCursor;
-use k3mini_student::moe::{ExpertLoad, Route};
-use k3mini_student::{K3Mini, Trunk};
+use k3mini_student::K3Mini;
 use std::cell::OnceCell;
 
 /// What one micro-batch gave. Its tensors stay on the replica's device, unread: the step reads
@@ -34,30 +34,6 @@ pub struct MicroBatch {
 /// thread and device that replica runs. It holds the micro-batch's data on the host and makes
 /// its tensors on the replica's device.
 pub type Job = Box<dyn FnOnce(&K3Mini) -> MicroBatch + Send>;
-
-/// What a forward's routers hand the step, whatever the mode's loss.
-pub struct RouterTerms {
-    /// Tokens per expert, for each MoE layer (empty for dense students), for the bias update.
-    pub expert_load: Vec<ExpertLoad>,
-    /// The MoE layers' weighted balance loss, which the step adds to the mode's loss.
-    pub balance_loss: Option<Tensor<1>>,
-    /// Each MoE layer's routing (its scores for router distillation).
-    pub routing: Vec<Route>,
-}
-
-impl RouterTerms {
-    /// Splits a forward into the LM head's input at the predicting positions `[B·(T−1), d]`
-    /// and its routers' terms.
-    pub fn split(out: Trunk) -> (Tensor<2>, Self) {
-        let hidden = out.predicting();
-        let terms = Self {
-            expert_load: out.expert_load,
-            balance_loss: out.balance_loss,
-            routing: out.routing,
-        };
-        (hidden, terms)
-    }
-}
 
 /// What one on-policy micro-batch measured, before it is read: the sampled tokens (counted on
 /// the host) and `Σ (log q(x_t) − log p(x_t))` over them, a `[1]` tensor on the replica (over

@@ -12,6 +12,7 @@ use crate::device::DeviceKind;
 use crate::error::{Context, Error, Result};
 use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
+use crate::tensorboard::{self, EventLog};
 use crate::train::modes;
 use crate::train::objective::TrainingObjective;
 use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
@@ -27,7 +28,7 @@ use k3mini_student::moe::ExpertLoad;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 /// How to run a plan.
 #[derive(Clone, Debug, Default)]
@@ -240,9 +241,11 @@ fn begin(
     Ok((tokenizer, model, optim, state, devices))
 }
 
-/// What a run reports as it goes: `metrics.jsonl`, the progress bar, the summary.
+/// What a run reports as it goes: `metrics.jsonl`, TensorBoard's event file, the progress bar,
+/// the summary.
 struct RunLog {
     metrics: std::fs::File,
+    events: EventLog,
     progress: indicatif::ProgressBar,
     started: Instant,
     first_loss: Option<f64>,
@@ -256,6 +259,7 @@ impl RunLog {
         k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
         Ok(Self {
             metrics: run_dir::open_metrics(&plan.out_dir, state.step)?,
+            events: EventLog::open(&plan.out_dir, state.step, SystemTime::now())?,
             progress: progress_bar(quiet, plan.train.steps, state.step),
             started: Instant::now(),
             first_loss: None,
@@ -273,6 +277,8 @@ impl RunLog {
         }
         if state.step % plan.train.log_every == 0 || m.eval_loss.is_some() || m.skipped {
             run_dir::log_metrics(&mut self.metrics, m)?;
+            self.events
+                .write(m.step, SystemTime::now(), tensorboard::scalars(m))?;
         }
         self.first_loss.get_or_insert(m.loss);
         self.last_loss = Some(m.loss);

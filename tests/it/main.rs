@@ -10,6 +10,7 @@ mod export;
 mod export_llama_cpp;
 mod fixture;
 mod held_out;
+mod layout;
 mod mixture;
 #[cfg(feature = "llama-cpp")]
 mod prune;
@@ -21,4 +22,5 @@ mod routing_design;
 mod routing_stats;
 mod teacher_http;
 mod teacher_server;
+mod tensorboard;
 mod train;

@@ -267,6 +267,9 @@ fn a_killed_process_resumes_bit_identically() {
     resume_to_the_end(&path, &killed);
     assert_eq!(loss_bits(&straight), loss_bits(&killed));
     assert_eq!(metrics(&killed).len(), 30);
+    // TensorBoard's curves follow on too: the lost steps' records dropped, each step once.
+    crate::tensorboard::assert_events_match_metrics(&killed);
+    crate::tensorboard::assert_events_match_metrics(&straight);
 }
 
 #[cfg(unix)]

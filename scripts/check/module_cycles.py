@@ -1,0 +1,170 @@
+"""Finds cycles between the files of each crate's module tree (rustc allows them; the layout forbids them).
+
+A file depends on another when it names an item there: `crate::a::b::Item`, `super::x`, or a path
+through a parent module's `pub use child::Item` re-export, which is followed to the child's file.
+A parent's `mod child;` is not an edge (declaring is not depending). Prints every strongly
+connected component of more than one file and exits 1 if there is one.
+
+    python3 scripts/check/module_cycles.py          # from the repository root
+"""
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CRATES = [ROOT / "src"] + sorted(p.parent / "src" for p in ROOT.glob("*/Cargo.toml"))
+
+
+def strip(text):
+    """The source without comments, string and char literals, and its #[cfg(test)] module."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i) % (n + 1)
+        elif text.startswith("/*", i):
+            i = text.find("*/", i) + 2 if text.find("*/", i) >= 0 else n
+        elif c == "r" and re.match(r'r#*"', text[i:]) and not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+            hashes = re.match(r'r(#*)"', text[i:]).group(1)
+            close = text.find('"' + hashes, i + len(hashes) + 2)
+            i = close + 1 + len(hashes) if close >= 0 else n
+            out.append('""')
+        elif c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            out.append('""')
+        elif c == "'" and re.match(r"'(\\.[^']*|[^\\'])'", text[i:]):
+            i += len(re.match(r"'(\\.[^']*|[^\\'])'", text[i:]).group(0))
+            out.append("' '")
+        else:
+            out.append(c)
+            i += 1
+    text = "".join(out)
+    cut = re.search(r"#\[cfg\(test\)\]\s*mod\s+tests", text)
+    return text[: cut.start()] if cut else text
+
+
+def module_of(src, path):
+    rel = path.relative_to(src).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts = parts[:-1]
+    return tuple(parts)
+
+
+def main():
+    found = []
+    for src in CRATES:
+        if not src.is_dir():
+            continue
+        files = {}
+        for path in src.rglob("*.rs"):
+            if path.name == "main.rs" and path.parent == src and (src / "lib.rs").exists():
+                continue  # the binary: a crate of its own over the library
+            if "bin" in path.relative_to(src).parts:
+                continue
+            files[module_of(src, path)] = path
+        texts = {m: strip(p.read_text()) for m, p in files.items()}
+        # Where a module's names come from: `pub use child::{A, B}` and `pub use child::*`.
+        named, globs = {}, {}
+        for m, text in texts.items():
+            for child, names in re.findall(r"pub(?:\([^)]*\))?\s+use\s+(?:self::)?(\w+)::(\{[^}]*\}|\w+|\*)", text):
+                if names == "*":
+                    globs.setdefault(m, []).append(m + (child,))
+                for name in re.findall(r"\w+", names):
+                    named.setdefault(m, {})[name] = m + (child,)
+
+        def defines(m, name):
+            return re.search(rf"\b(struct|enum|fn|type|const|static|trait|mod)\s+{name}\b", texts[m])
+
+        def resolve(segments):
+            """The file an item path names: the deepest module file, or the child a parent re-exports it from."""
+            mod = ()
+            for s in segments:
+                if mod + (s,) in files:
+                    mod = mod + (s,)
+                    continue
+                target = named.get(mod, {}).get(s)
+                if target is None:
+                    target = next((c for c in globs.get(mod, []) if c in files and defines(c, s)), None)
+                return target if target in files else mod
+            return mod
+
+        edges = {m: set() for m in files}
+        for m, text in texts.items():
+            paths = []
+            for head, rest in re.findall(r"\b(crate|super)((?:::\w+)+|::\{[^;]*?\})", text):
+                if rest.startswith("::{"):
+                    for inner in rest[3:-1].split(","):
+                        segs = re.findall(r"\w+", inner.split(" as ")[0])
+                        if segs:
+                            paths.append((head, segs))
+                else:
+                    paths.append((head, rest.strip(":").split("::")))
+            for head, segs in paths:
+                target = resolve(list(m[:-1]) + segs if head == "super" else segs)
+                # A child naming what its parent module holds is not counted: the parent is the
+                # module's face, and its children are its parts.
+                if target != m and m[: len(target)] != target:
+                    edges[m].add(target)
+        # Every level of the tree: a module's children, each with all beneath it, must not form
+        # a cycle either (two files can be acyclic while their directories depend on each other).
+        depth = max(len(m) for m in files)
+        for d in range(1, depth + 1):
+            level = {}
+            for m, targets in edges.items():
+                for t in targets:
+                    a, b = m[:d], t[:d]
+                    if len(m) >= d and len(t) >= d and a != b and a[:-1] == b[:-1]:
+                        level.setdefault(a, set()).add(b)
+                        level.setdefault(b, set())
+            for comp in sccs(level):
+                if len(comp) > 1 and (src, sorted(comp)) not in [(s, sorted(c)) for s, c, _ in found]:
+                    found.append((src, comp, level))
+    for src, comp, edges in found:
+        names = sorted("/".join(m) for m in comp)
+        print(f"{src.relative_to(ROOT)}: cycle among {', '.join(names)}")
+        for m in sorted(comp):
+            for t in sorted(edges[m] & set(comp)):
+                print(f"    {'/'.join(m) or 'lib'} -> {'/'.join(t) or 'lib'}")
+    if not found:
+        print(f"no module cycles in {len(CRATES)} crates")
+    return 1 if found else 0
+
+
+def sccs(edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
