@@ -1,4 +1,4 @@
-//! `k3mini recipe check`.
+//! `k3mini recipe check` and `k3mini recipe reference`.
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -12,6 +12,9 @@ pub enum RecipeCommand {
     /// model config): what `train` would refuse before its first step is refused here (devices,
     /// memory, tokenizer, a corpus without documents).
     Check { file: PathBuf },
+    /// Print every recipe key with its type, default and meaning, as Markdown (docs/recipes.md
+    /// is this output), from the schema's own doc comments.
+    Reference,
 }
 
 pub fn run(cmd: RecipeCommand) -> Result<()> {
@@ -34,6 +37,13 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                 plan.out_dir.display()
             );
             print!("{}", plan.to_toml());
+            Ok(())
+        }
+        RecipeCommand::Reference => {
+            print!(
+                "{}",
+                recipe::reference::reference().map_err(anyhow::Error::msg)?
+            );
             Ok(())
         }
     }

@@ -4,6 +4,7 @@
 //! (`recipes/ci-tiny.toml:14: optim.lr: must be positive`).
 
 pub mod plan;
+pub mod reference;
 pub mod schema;
 
 pub use plan::*;

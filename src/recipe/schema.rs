@@ -117,7 +117,9 @@ pub enum DistillMode {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectiveConfig {
+    /// The objective (formulas in `k3mini_student::distill`).
     pub kind: ObjectiveKind,
+    /// Its weight in the loss `Σ weight · objective`.
     #[serde(default = "default_weight")]
     pub weight: f64,
     /// `jsd`: the teacher's share β of the mixture (default 0.5).
@@ -244,13 +246,16 @@ pub struct GenerateConfig {
     /// A system turn put before every prompt that has none.
     #[serde(default)]
     pub system: Option<String>,
+    /// Tokens the teacher generates per prompt, at most.
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
     /// 0 = greedy.
     #[serde(default)]
     pub temperature: f32,
+    /// Nucleus sampling's p (1 = off).
     #[serde(default = "default_top_p")]
     pub top_p: f32,
+    /// Trajectories per shard: a kill loses at most one shard of work.
     #[serde(default = "default_prompts_per_shard")]
     pub prompts_per_shard: usize,
     /// Where trajectory shards go (default `<run out_dir>/trajectories`).
@@ -263,10 +268,13 @@ pub struct GenerateConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PromptSource {
+    /// A JSONL file of prompts. Give this or `dataset`.
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// A built-in prompt set (`champ`, fetched when missing).
     #[serde(default)]
     pub dataset: Option<String>,
+    /// Only the first this many prompts.
     #[serde(default)]
     pub limit: Option<usize>,
 }
@@ -274,6 +282,7 @@ pub struct PromptSource {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
+    /// The run's name: its default output directory and its label in reports.
     pub name: String,
     /// Where checkpoints and metrics go (default `runs/<name>`), relative to the working directory.
     #[serde(default)]
@@ -349,8 +358,10 @@ pub struct DataConfig {
 pub struct OptimConfig {
     /// Peak learning rate.
     pub lr: f64,
+    /// AdamW's β1, β2.
     #[serde(default = "default_betas")]
     pub betas: [f64; 2],
+    /// AdamW's ε.
     #[serde(default = "default_adam_eps")]
     pub eps: f64,
     /// Decoupled weight decay on matrices; norms, biases and gate/decay parameters get none.
@@ -392,6 +403,7 @@ pub struct TrainConfig {
     pub batch_tokens: usize,
     /// Sequences per forward/backward.
     pub micro_batch: usize,
+    /// A line of `metrics.jsonl` (and TensorBoard's event file) every this many steps.
     #[serde(default = "one")]
     pub log_every: usize,
     /// Held-out loss every this many steps (and at the end).
@@ -400,6 +412,7 @@ pub struct TrainConfig {
     /// Held-out micro-batches per evaluation.
     #[serde(default = "default_eval_batches")]
     pub eval_batches: usize,
+    /// A checkpoint every this many steps (and at the last).
     #[serde(default = "default_checkpoint_every")]
     pub checkpoint_every: usize,
     /// Checkpoints kept on disk (oldest removed first).
@@ -435,7 +448,9 @@ pub struct TrainConfig {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QatConfig {
+    /// The format the weights are fake-quantised to.
     pub format: QatFormat,
+    /// The first step that trains quantised.
     #[serde(default)]
     pub start_step: usize,
 }

@@ -1,6 +1,9 @@
 //! Model configuration: every hyperparameter of the K3 Mini student, with validation that names the
 //! offending field instead of panicking deep inside a layer.
 
+/// This file, for `k3mini recipe reference`: its doc comments document `[model]`'s keys.
+pub const CONFIG_SOURCE: &str = include_str!("config.rs");
+
 use crate::precision::Precision;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -115,8 +118,11 @@ pub struct AttnResConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// Token vocabulary: the teacher's (the student must use its tokenizer).
     pub vocab_size: usize,
+    /// Hidden width.
     pub d_model: usize,
+    /// Layers (mixer + FFN each).
     pub n_layers: usize,
     /// One head count for KDA and MLA layers (llama.cpp's kimi-linear graph requires it).
     pub n_heads: usize,

@@ -4,6 +4,7 @@ mod agent;
 mod cli;
 mod devices;
 mod distill;
+mod docs;
 mod eval;
 mod export;
 #[cfg(feature = "llama-cpp")]
