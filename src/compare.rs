@@ -1,7 +1,7 @@
 //! `k3mini compare RUN…`: runs side by side, from their `metrics.jsonl`.
 
 use crate::error::{Context, Result};
-use crate::run_dir::{StepMetrics, read_metrics};
+use crate::run_dir::{METRICS, StepMetrics, read_metrics};
 use std::path::{Path, PathBuf};
 
 /// What a run reached: its last logged step and its last held-out evaluation.
@@ -15,7 +15,7 @@ pub struct RunSummary {
 /// A run's last logged step and last held-out evaluation.
 pub fn summarise(run: &Path) -> Result<RunSummary> {
     let lines = read_metrics(run)?;
-    let path = run.join("metrics.jsonl");
+    let path = run.join(METRICS);
     let last = lines
         .last()
         .cloned()

@@ -19,7 +19,6 @@ use crate::recipe::{self, RunPlan};
 use crate::run_dir::open_checkpoint;
 use crate::teachers::{progress_bar, resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
-use k3mini_checkpoints::write_atomic;
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
 use k3mini_gguf::mix::FileType;
 use k3mini_teacher::local::Engine;
@@ -123,7 +122,8 @@ fn write_if_changed(path: &Path, contents: &str) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(path.parent().expect("a file in a directory"))?;
-    Ok(write_atomic(path, contents.as_bytes())?)
+    k3mini_durable::write(path, contents.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The finished stages, one name per line in `OUT/stages`.

@@ -329,7 +329,8 @@ pub fn open_metrics(run: &Path, step: usize) -> Result<std::fs::File> {
             .map(|l| format!("{l}\n"))
             .collect();
         if kept.len() != text.len() {
-            k3mini_checkpoints::write_atomic(&path, kept.as_bytes())?;
+            k3mini_durable::write(&path, kept.as_bytes())
+                .with_context(|| format!("rewriting {}", path.display()))?;
         }
     }
     std::fs::OpenOptions::new()

@@ -3,7 +3,7 @@
 //! tokenizer; prompt sets; scoring a plan's corpus.
 
 use crate::device::DeviceList;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::recipe::{
     DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RoutingPlan, RunPlan,
     TeacherSource, TokenizerSpec,
@@ -25,30 +25,23 @@ use k3mini_teacher::{PROBE, Teacher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// A built-in teacher's GGUF (fetched when missing; progress on stderr) or an existing file.
+/// A teacher named on a command line (a built-in name or a GGUF file), as a recipe's
+/// `teacher.model` names one: its GGUF, a built-in one fetched when missing.
 pub fn resolve(teacher: &str) -> Result<PathBuf> {
-    if fetch::known(teacher, Kind::Teacher).is_some() {
-        return Ok(fetch::fetch(
-            teacher,
-            Kind::Teacher,
-            &fetch::cache_dir(),
-            &mut |l| eprintln!("{l}"),
-        )?);
-    }
-    let path = Path::new(teacher);
-    crate::ensure!(!path.is_dir(), "{teacher}: is a directory, not a GGUF file");
-    crate::ensure!(
-        path.is_file(),
-        "{teacher}: not a built-in teacher (smollm2) and no such file"
-    );
-    Ok(path.to_path_buf())
+    let model = LocalModel::parse(teacher, &|p| p.to_path_buf()).map_err(Error::Refused)?;
+    local_model_path(&model)
 }
 
 /// A local teacher's GGUF file (a built-in one is fetched when missing).
 pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
     match model {
-        LocalModel::Builtin { name } => resolve(name),
-        LocalModel::Gguf { path } => resolve(&path.display().to_string()),
+        LocalModel::Builtin { name } => Ok(fetch::fetch(
+            name,
+            Kind::Teacher,
+            &fetch::cache_dir(),
+            &mut |l| eprintln!("{l}"),
+        )?),
+        LocalModel::Gguf { path } => Ok(path.clone()),
     }
 }
 

@@ -53,11 +53,6 @@ pub fn step_dir(run_dir: &Path, step: usize) -> PathBuf {
     run_dir.join(format!("{PREFIX}{step:08}"))
 }
 
-/// Writes `bytes` to `path` atomically and durably (see `k3mini_durable`).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    k3mini_durable::write(path, bytes).map_err(|e| io(path, e))
-}
-
 /// SHA-256 (hex) of a file, read in pieces (a checkpoint's files can be larger than memory).
 fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
     use std::io::Read;
@@ -151,7 +146,8 @@ fn write_stages<E: From<CheckpointError>>(
         }
     }
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-    write_atomic(&tmp.join(MANIFEST), &json)?;
+    let manifest_path = tmp.join(MANIFEST);
+    k3mini_durable::write(&manifest_path, &json).map_err(|e| io(&manifest_path, e))?;
     k3mini_durable::sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
     if last == Stage::Synced {
         return Ok(tmp);

@@ -107,5 +107,5 @@ pub fn write_text_parquet(path: &Path, field: &str, texts: &[String]) -> Result<
         std::sync::Arc::new(StringArray::from_iter_values(texts)) as ArrayRef,
     )])
     .map_err(|e| DataError::io(path, e))?;
-    crate::parquet_io::write_atomic(path, "corpus file", &batch, &[], &[], &[])
+    crate::parquet_io::write_parquet(path, "corpus file", &batch, &[], &[], &[])
 }

@@ -115,7 +115,7 @@ pub(crate) fn file_err(path: &Path, what: &str, message: impl std::fmt::Display)
 /// and the float columns at `float_paths` byte-stream-split (so zstd finds the exponent bytes'
 /// redundancy; dictionaries never help logprobs) and the binary `blob_columns` plain (their bytes
 /// are already coded; zstd does the rest). Returns the bytes written.
-pub(crate) fn write_atomic(
+pub(crate) fn write_parquet(
     path: &Path,
     what: &str,
     batch: &RecordBatch,

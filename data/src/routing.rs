@@ -26,7 +26,7 @@
 
 use crate::error::DataError;
 use crate::parquet_io::{
-    Col, Opened, column, f32s, file_err, float_lists, int_lists, u32s, write_atomic,
+    Col, Opened, column, f32s, file_err, float_lists, int_lists, u32s, write_parquet,
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
@@ -349,7 +349,7 @@ pub fn write_routing_shard(
         ("moe_layers", layers.join(",")),
         ("white_box", meta.white_box.to_string()),
     ];
-    write_atomic(
+    write_parquet(
         path,
         WHAT,
         &batch,
@@ -553,7 +553,7 @@ pub fn write_report_table(
         ("co_selected", Arc::new(co) as ArrayRef),
     ])
     .map_err(|e| file_err(path, what, e))?;
-    write_atomic(
+    write_parquet(
         path,
         what,
         &batch,

@@ -45,7 +45,7 @@ use crate::chat::Part;
 use crate::error::DataError;
 use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
-    u32s, write_atomic,
+    u32s, write_parquet,
 };
 use crate::tokenizer::MAX_VOCAB;
 use crate::topk_codec::{self, ID_TABLE_MAX, IdTable};
@@ -445,7 +445,7 @@ pub fn write_shard(
         "id_table",
         BASE64.encode(topk_codec::put_counted(table.ids())),
     ));
-    write_atomic(
+    write_parquet(
         path,
         WHAT,
         &batch,
@@ -542,7 +542,7 @@ fn write_exact(path: &Path, meta: &ShardMeta, rows: &[ShardRow]) -> Result<u64, 
             ("tail_mass", float_lists(tails.iter().map(Vec::as_slice))),
         ],
     )?;
-    write_atomic(
+    write_parquet(
         path,
         WHAT,
         &batch,

@@ -20,7 +20,7 @@
 use crate::error::DataError;
 use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, strings, topk_float_lists,
-    topk_int_lists, u32s, write_atomic,
+    topk_int_lists, u32s, write_parquet,
 };
 use crate::shards::{KIND as SIGNALS, ShardMeta};
 use arrow_array::cast::AsArray;
@@ -165,7 +165,7 @@ pub fn write_trajectories(
         ),
     ] as [(&str, ArrayRef, bool); 10])
     .map_err(|e| file_err(path, WHAT, e))?;
-    write_atomic(
+    write_parquet(
         path,
         WHAT,
         &batch,

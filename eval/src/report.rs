@@ -85,7 +85,7 @@ pub fn write_report(
 ) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(dir)?;
     let io = |e: Box<dyn std::error::Error>| std::io::Error::other(e.to_string());
-    write_atomic(
+    k3mini_durable::write(
         &dir.join("eval.json"),
         serde_json::to_string_pretty(reports)?.as_bytes(),
     )?;
@@ -188,12 +188,6 @@ pub fn write_report(
         }
     }
     let path = dir.join("report.md");
-    write_atomic(&path, md.as_bytes())?;
+    k3mini_durable::write(&path, md.as_bytes())?;
     Ok(path)
-}
-
-/// Writes `bytes` to `path` atomically and durably: a reader sees the old file or the new one,
-/// never half of one, after a crash of the machine too.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    k3mini_durable::write(path, bytes)
 }

@@ -1,10 +1,10 @@
 //! `k3mini model info`.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use k3mini_student::head::HeadChunks;
 use k3mini_student::info::{Footprint, GPUS, ModelInfo, TrainingMemory, USABLE_SHARE, model_info};
-use k3mini_student::presets::{from_recipe_toml, preset};
+use k3mini_student::presets::preset;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]
@@ -51,25 +51,12 @@ fn info(args: InfoArgs) -> Result<()> {
     let (name, config, mut footprint) = match (&args.preset, &args.recipe) {
         (Some(p), None) => (p.clone(), preset(p)?, default),
         (None, Some(path)) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let name = path.display().to_string();
-            if text
-                .parse::<toml::Table>()
-                .is_ok_and(|t| t.contains_key("run"))
-            {
-                let mut plan = k3mini::recipe::load(path)?;
-                if let Some(devices) = args.device.clone() {
-                    plan = plan.with_devices(devices)?;
-                }
-                let footprint = plan.footprint();
-                (name, plan.model, footprint)
-            } else {
-                // A model-only recipe (recipes/tiny-k3.toml): its [model] table alone.
-                let config =
-                    from_recipe_toml(&text).with_context(|| format!("in recipe {name}"))?;
-                (name, config, default)
+            let mut plan = k3mini::recipe::load(path)?;
+            if let Some(devices) = args.device.clone() {
+                plan = plan.with_devices(devices)?;
             }
+            let footprint = plan.footprint();
+            (path.display().to_string(), plan.model, footprint)
         }
         _ => bail!("give --preset NAME or --recipe FILE"),
     };

@@ -4,7 +4,6 @@
 use crate::error::{Context, Result};
 use crate::run_dir::Checkpoint;
 use burn::tensor::{Int, Tensor, TensorData};
-use k3mini_checkpoints::write_atomic;
 use k3mini_data::Tokenizer;
 use k3mini_student::hf::{WEIGHTS_FILE, WEIGHTS_INDEX, config_to_kimi_linear};
 use k3mini_student::precision::Precision;
@@ -25,7 +24,8 @@ pub fn export_hf(
     let mut written = copy_weights(ck, out)?;
     let mut put = |name: &str, bytes: &[u8]| -> Result<()> {
         let path = out.join(name);
-        write_atomic(&path, bytes)?;
+        k3mini_durable::write(&path, bytes)
+            .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
         Ok(())
     };
@@ -85,7 +85,8 @@ fn copy_weights(ck: &Checkpoint, out: &Path) -> Result<Vec<PathBuf>> {
 
 /// Writes [`reference_logits`] to `path` (atomically).
 pub fn write_reference(ck: &Checkpoint, tokenizer: Option<&Tokenizer>, path: &Path) -> Result<()> {
-    Ok(write_atomic(path, &reference_logits(ck, tokenizer)?)?)
+    k3mini_durable::write(path, &reference_logits(ck, tokenizer)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// A text with spaces, newlines, punctuation, digits and non-ASCII, for tokenizer checks.

@@ -730,26 +730,30 @@ fn burn() -> Engine {
 }
 
 fn local_model(name: &str, at: &dyn Fn(&Path) -> PathBuf) -> Result<LocalModel, Refusal> {
-    if fetch::known(name, Kind::Teacher).is_some() {
-        return Ok(LocalModel::Builtin { name: name.into() });
-    }
-    let path = at(Path::new(name));
-    if path.is_dir() {
-        return refuse(
-            "teacher.model",
-            format!("{} is a directory, not a GGUF file", path.display()),
-        );
-    }
-    if !path.is_file() {
-        return refuse(
-            "teacher.model",
-            format!(
+    LocalModel::parse(name, at).map_err(|e| ("teacher.model".to_string(), e))
+}
+
+impl LocalModel {
+    /// A local teacher's name: a built-in one, or a GGUF file (`at` makes a path absolute).
+    pub fn parse(name: &str, at: &dyn Fn(&Path) -> PathBuf) -> Result<Self, String> {
+        if fetch::known(name, Kind::Teacher).is_some() {
+            return Ok(Self::Builtin { name: name.into() });
+        }
+        let path = at(Path::new(name));
+        if path.is_dir() {
+            return Err(format!(
+                "{} is a directory, not a GGUF file",
+                path.display()
+            ));
+        }
+        if !path.is_file() {
+            return Err(format!(
                 "{name}: not a built-in teacher (smollm2) and no file at {}",
                 path.display()
-            ),
-        );
+            ));
+        }
+        Ok(Self::Gguf { path })
     }
-    Ok(LocalModel::Gguf { path })
 }
 
 fn teacher_plan(

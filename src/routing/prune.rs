@@ -27,7 +27,6 @@ use crate::train::modes::held_out;
 use k3mini_data::routing::{LayerRouting, Routing};
 use k3mini_data::stream::{Split, StreamCursor};
 use k3mini_data::{PackedBatch, Packer, Tokenizer};
-use k3mini_eval::report::write_atomic;
 use k3mini_gguf::writer::GgufWriter;
 use k3mini_gguf::{GgufFile, Value};
 use k3mini_student::K3Mini;
@@ -336,7 +335,7 @@ fn verdicts(
 
 fn write_report(report: &PruneReport, path: &Path) -> Result<()> {
     let json = serde_json::to_vec_pretty(report)?;
-    write_atomic(path, &json).with_context(|| path.display().to_string())
+    k3mini_durable::write(path, &json).with_context(|| path.display().to_string())
 }
 
 /// Prunes a checkpoint (or a run's newest) into a new run directory `out` holding one checkpoint

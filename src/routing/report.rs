@@ -8,7 +8,6 @@ use k3mini_data::routing::{
     ExpertRow, RoutingMeta, RoutingRow, read_routing_shard, write_report_table,
 };
 use k3mini_eval::plots::heatmap;
-use k3mini_eval::report::write_atomic;
 use k3mini_teacher::manifest::{MANIFEST, Manifest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::fmt::Write as _;
@@ -153,7 +152,7 @@ pub fn write_report(
         sources(stats, meta, out, &mut md)?;
     }
     let path = out.join("report.md");
-    write_atomic(&path, md.as_bytes()).with_context(|| path.display().to_string())?;
+    k3mini_durable::write(&path, md.as_bytes()).with_context(|| path.display().to_string())?;
     Ok(path)
 }
 

@@ -185,10 +185,8 @@ mod tests {
     #[test]
     fn the_gradient_passes_straight_through_to_the_f32_weights() {
         let device = Device::default().autodiff();
-        let cfg = k3mini_student::presets::from_recipe_toml(
-            "[model]\npreset = \"tiny\"\nvocab_size = 256\nd_model = 64\n",
-        )
-        .unwrap();
+        let overrides = "vocab_size = 256\nd_model = 64".parse().unwrap();
+        let cfg = k3mini_student::presets::resolve("tiny", &overrides).unwrap();
         device.seed(5);
         let model = K3Mini::new(&cfg, &device).unwrap();
         let ids = Tensor::<2, Int>::from_data(
@@ -239,10 +237,8 @@ mod tests {
         use k3mini_student::head::{HeadChunks, head_loss};
         use k3mini_student::loss::cross_entropy;
         let device = Device::default().autodiff();
-        let cfg = k3mini_student::presets::from_recipe_toml(
-            "[model]\npreset = \"tiny\"\nvocab_size = 256\nd_model = 64\n",
-        )
-        .unwrap();
+        let overrides = "vocab_size = 256\nd_model = 64".parse().unwrap();
+        let cfg = k3mini_student::presets::resolve("tiny", &overrides).unwrap();
         device.seed(7);
         let model = K3Mini::new(&cfg, &device).unwrap();
         let ids = Tensor::<2, Int>::from_data(

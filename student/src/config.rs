@@ -232,11 +232,6 @@ impl ModelConfig {
         self.moe.as_ref().is_some_and(|m| i >= m.first_dense_layers)
     }
 
-    /// KDA inner width H * dk.
-    pub fn kda_dim(&self) -> usize {
-        self.n_heads * self.kda.head_dim
-    }
-
     /// Checks every constraint the layers rely on.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive = [

@@ -210,32 +210,6 @@ fn culprit(base: &toml::Table, overrides: &toml::Table, path: &[&str]) -> Option
     None
 }
 
-/// The `[model]` table of a recipe: `preset = "NAME"` plus overrides.
-pub fn from_recipe_toml(text: &str) -> Result<ModelConfig, ConfigError> {
-    let err = |field: &str, message: String| ConfigError {
-        field: field.into(),
-        message,
-    };
-    let recipe: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| err("recipe", e.to_string()))?;
-    let mut model = match recipe.get("model") {
-        Some(toml::Value::Table(t)) => t.clone(),
-        _ => return Err(err("model", "the recipe has no [model] table".into())),
-    };
-    let name = match model.remove("preset") {
-        Some(toml::Value::String(s)) => s,
-        Some(_) => return Err(err("model.preset", "must be a string".into())),
-        None => {
-            return Err(err(
-                "model.preset",
-                format!("missing; one of {}", PRESETS.join(", ")),
-            ));
-        }
-    };
-    resolve(&name, &model)
-}
-
 fn merge(base: &mut toml::Table, overrides: &toml::Table) {
     for (key, value) in overrides {
         match (base.get_mut(key), value) {

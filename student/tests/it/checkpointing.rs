@@ -3,12 +3,12 @@
 //! packed documents and KDA's chunk padding included, K3's layer features (safe gate, q-LoRA,
 //! Gated MLA) on; with MoE layers (not regions) and AttnRes between the sub-layers.
 
+use crate::common::model_config;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use k3mini_student::K3Mini;
 use k3mini_student::loss::cross_entropy;
-use k3mini_student::presets::from_recipe_toml;
 
 /// Every float parameter's gradient (empty where it has none), in module order.
 struct Collect<'a>(&'a GradientsParams, Vec<Vec<f32>>);
@@ -25,7 +25,7 @@ impl ModuleVisitor for Collect<'_> {
 /// The next-token loss over two packed rows of `t` tokens and every weight's gradient (a model
 /// built from the same seed each time).
 fn run(recipe: &str, t: usize, checkpointing: bool) -> (f32, Vec<Vec<f32>>) {
-    let cfg = from_recipe_toml(recipe).unwrap();
+    let cfg = model_config(recipe);
     let device = &Device::flex().autodiff();
     device.seed(5);
     let model = K3Mini::new(&cfg, device)
@@ -76,12 +76,12 @@ fn worst_relative(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
 
 #[test]
 fn checkpointed_layers_give_the_losses_and_gradients_of_the_plain_ones() {
-    let dense = "[model]\npreset = \"tiny\"\nvocab_size = 300\nd_model = 64\nn_layers = 4\n\
-                 [model.kda]\ngate_rank = 16\ngate_lower_bound = -5.0\n\
-                 [model.mla]\nq_lora_rank = 32\noutput_gate = true\n";
-    let moe = "[model]\npreset = \"tiny\"\nvocab_size = 300\nd_model = 64\nn_layers = 4\n\
-               [model.moe]\nnum_experts = 4\ntop_k = 2\nnum_shared_experts = 1\nexpert_hidden = 32\n\
-               [model.attn_res]\nblock_size = 2\n";
+    let dense = "preset = \"tiny\"\nvocab_size = 300\nd_model = 64\nn_layers = 4\n\
+                 [kda]\ngate_rank = 16\ngate_lower_bound = -5.0\n\
+                 [mla]\nq_lora_rank = 32\noutput_gate = true\n";
+    let moe = "preset = \"tiny\"\nvocab_size = 300\nd_model = 64\nn_layers = 4\n\
+               [moe]\nnum_experts = 4\ntop_k = 2\nnum_shared_experts = 1\nexpert_hidden = 32\n\
+               [attn_res]\nblock_size = 2\n";
     for (name, recipe) in [("dense", dense), ("moe + attn-res", moe)] {
         let plain = run(recipe, 83, false);
         let checkpointed = run(recipe, 83, true);

@@ -7,7 +7,7 @@ use k3mini_student::info::{
     Footprint, GPUS, USABLE_SHARE, active_params, model_info, owned_params, param_breakdown,
     shard_by_bytes, state_size, training_memory,
 };
-use k3mini_student::presets::{self, from_recipe_toml, preset};
+use k3mini_student::presets::{self, preset};
 use k3mini_student::{K3Mini, PRESETS};
 
 fn small_variants() -> Vec<ModelConfig> {
@@ -177,25 +177,13 @@ fn bad_configs_name_the_field() {
 
 #[test]
 fn recipes_override_presets_and_reject_unknown_keys() {
-    let c =
-        from_recipe_toml("[model]\npreset = \"tiny\"\nd_model = 256\n[model.kda]\nhead_dim = 32\n")
-            .unwrap();
+    let over = |text: &str| presets::resolve("tiny", &text.parse::<toml::Table>().unwrap());
+    let c = over("d_model = 256\n[kda]\nhead_dim = 32\n").unwrap();
     assert_eq!((c.d_model, c.kda.head_dim, c.kda.conv_kernel), (256, 32, 4));
-    let err = from_recipe_toml("[model]\npreset = \"tiny\"\nd_modle = 256\n").unwrap_err();
+    let err = over("d_modle = 256\n").unwrap_err();
     assert!(err.message.contains("d_modle"), "{err}");
-    assert_eq!(
-        from_recipe_toml("[model]\nd_model = 3\n")
-            .unwrap_err()
-            .field,
-        "model.preset"
-    );
-    assert_eq!(from_recipe_toml("[data]\n").unwrap_err().field, "model");
-    assert_eq!(
-        from_recipe_toml("[model]\npreset = \"tiny\"\nn_heads = 5\n")
-            .unwrap_err()
-            .field,
-        "n_heads"
-    );
+    assert_eq!(over("n_heads = 5\n").unwrap_err().field, "n_heads");
+    assert!(presets::resolve("tinyy", &toml::Table::new()).is_err());
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! logits under one graph: the loss value and the gradient of every parameter, for cross-entropy,
 //! every distillation objective on sparse top-k targets (tail bucket and sampled targets
 //! included), the on-policy loss, f32 and bf16 heads; chunks that do not divide the positions.
+use crate::common::model_config;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Distribution, Int, Tensor, TensorData};
@@ -13,7 +14,6 @@ use k3mini_student::distill::{
 use k3mini_student::head::{HeadChunks, head_loss};
 use k3mini_student::loss::cross_entropy;
 use k3mini_student::precision::Precision;
-use k3mini_student::presets::from_recipe_toml;
 
 const VOCAB: usize = 300;
 const K: usize = 6;
@@ -120,10 +120,9 @@ fn worst_relative(a: &[Vec<f32>], b: &[Vec<f32>]) -> f64 {
 }
 
 fn model(precision: Precision, device: &Device) -> K3Mini {
-    let cfg = from_recipe_toml(&format!(
-        "[model]\npreset = \"tiny\"\nvocab_size = {VOCAB}\nd_model = 64\nn_layers = 4\n"
-    ))
-    .unwrap();
+    let cfg = model_config(&format!(
+        "preset = \"tiny\"\nvocab_size = {VOCAB}\nd_model = 64\nn_layers = 4\n"
+    ));
     device.seed(11);
     K3Mini::new(&cfg, device).unwrap().with_precision(precision)
 }

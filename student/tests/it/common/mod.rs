@@ -4,6 +4,16 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use std::path::PathBuf;
 
+/// A recipe's `[model]` table (`preset = "NAME"` plus overrides, as TOML) resolved as the recipe's
+/// plan resolves it.
+pub fn model_config(model_table: &str) -> k3mini_student::ModelConfig {
+    let mut table: toml::Table = model_table.parse().unwrap();
+    let Some(toml::Value::String(name)) = table.remove("preset") else {
+        panic!("no preset in {model_table}")
+    };
+    k3mini_student::presets::resolve(&name, &table).unwrap()
+}
+
 pub fn device() -> Device {
     Device::flex()
 }
