@@ -19,7 +19,6 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
-use crate::recipe::ModePlan;
 use crate::recipe::{PLAN, RunPlan, checkpoint_plan};
 use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
@@ -104,17 +103,12 @@ pub struct TrainState {
 }
 
 impl TrainState {
-    /// The state of a run that has not started.
-    pub fn fresh(plan: &RunPlan) -> Self {
+    /// The state of a run that has not started, its data at `cursor` (the mode's start:
+    /// `train::modes::fresh_cursor`).
+    pub fn fresh(plan: &RunPlan, cursor: DataCursor) -> Self {
         Self {
             step: 0,
-            // Plain and online runs stream the corpus; the other modes walk shards.
-            cursor: match &plan.distill {
-                Some(d) if d.mode != ModePlan::Online => {
-                    DataCursor::Signals(SignalCursor::default())
-                }
-                _ => DataCursor::Stream(PackCursor::default()),
-            },
+            cursor,
             prompts: None,
             seed: plan.seed,
             consecutive_bad_steps: 0,

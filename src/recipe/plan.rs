@@ -286,15 +286,21 @@ pub enum ModePlan {
         shards: usize,
         digest: String,
     },
-    /// The student samples continuations of `prompts` for a `mix` share of micro-batches (the
-    /// rest are offline) and the teacher scores its tokens.
-    OnPolicy {
-        mix: f64,
-        max_tokens: usize,
-        /// The student's sampling temperature (0 = greedy).
-        sampling_temperature: f32,
-        prompts: PromptPlan,
-    },
+    /// The student samples continuations of prompts for a share of micro-batches (the rest are
+    /// offline) and the teacher scores its tokens.
+    OnPolicy(OnPolicyPlan),
+}
+
+/// `ModePlan::OnPolicy`'s settings: what the on-policy objective is opened with.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct OnPolicyPlan {
+    /// The share of micro-batches the student samples.
+    pub mix: f64,
+    pub max_tokens: usize,
+    /// The student's sampling temperature (0 = greedy).
+    pub sampling_temperature: f32,
+    pub prompts: PromptPlan,
 }
 
 impl RunPlan {
@@ -328,7 +334,7 @@ impl RunPlan {
     pub fn prompts(&self) -> Option<&PromptPlan> {
         let d = self.distill.as_ref()?;
         match &d.mode {
-            ModePlan::OnPolicy { prompts, .. } => Some(prompts),
+            ModePlan::OnPolicy(o) => Some(&o.prompts),
             _ => d.teacher.generate.as_ref().map(|g| &g.prompts),
         }
     }
@@ -644,7 +650,7 @@ fn data_plan(
         let from_shards = distill.is_some_and(|d| {
             matches!(
                 d.mode,
-                ModePlan::Offline | ModePlan::OnPolicy { .. } | ModePlan::Traffic { .. }
+                ModePlan::Offline | ModePlan::OnPolicy(_) | ModePlan::Traffic { .. }
             )
         });
         if from_shards && source.weight != 1.0 {
@@ -1098,12 +1104,12 @@ fn distill_plan(
                     format!("must be 0 (greedy) or positive, got {}", o.temperature),
                 );
             }
-            ModePlan::OnPolicy {
+            ModePlan::OnPolicy(OnPolicyPlan {
                 mix: o.mix,
                 max_tokens: o.max_tokens,
                 sampling_temperature: o.temperature,
                 prompts,
-            }
+            })
         }
     };
     Ok(DistillPlan {

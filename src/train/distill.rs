@@ -18,6 +18,7 @@ use crate::train::batch::{flatten, position_hidden};
 use crate::train::held_out::HeldOut;
 use crate::train::objective::{Job, MicroBatch, StepModel, TrainingObjective};
 use burn::tensor::{Tensor, TensorData};
+use k3mini_data::Tokenizer;
 use k3mini_data::chat::THINK_CLOSE;
 use k3mini_data::pack::split_held_out;
 use k3mini_data::rng::uniform;
@@ -37,7 +38,7 @@ use k3mini_teacher::generate::GenerateManifestJob;
 use k3mini_teacher::manifest::{MANIFEST, Manifest, TrafficJob, shards_digest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Whether a row's document (a corpus document's key, or a prompt's index) is held out.
@@ -90,154 +91,187 @@ fn finished_manifest<J: serde::de::DeserializeOwned>(
     Ok(m)
 }
 
-/// Reads the shard manifest the plan's mode trains from (scores for offline and on-policy runs,
-/// trajectories for sequence runs) and checks it is complete and made for this plan.
+/// One mode's shards, opened and checked against the plan: where they are, how their rows are
+/// read and held out, and what they were made with.
+struct Opened {
+    dir: PathBuf,
+    files: Vec<ShardFile>,
+    held_out: HeldOutDoc,
+    source: SignalSource,
+    /// The tokenizer fingerprint and top-k the shards were made with.
+    tokenizer_sha256: String,
+    k: usize,
+    /// The temperature their logprobs were scored at.
+    temperature: f64,
+}
+
+/// Sequence-level KD's shards: `teacher generate`'s trajectories, held out by prompt.
+fn open_trajectories(plan: &RunPlan, dir: &Path, tokenizer: &Tokenizer) -> Result<Opened> {
+    let m: Manifest<GenerateManifestJob> =
+        finished_manifest(dir, "generate", plan, |j: &GenerateManifestJob| {
+            (j.prompts, j.prompts_per_shard)
+        })?;
+    // Prompt sets are small and in memory: a draw over their indices.
+    let (_, held) = split_held_out(m.job.prompts, plan.data.held_out_fraction, plan.seed);
+    let held: HashSet<u64> = held.into_iter().map(|d| d as u64).collect();
+    Ok(Opened {
+        dir: dir.to_path_buf(),
+        files: shard_files(dir, &m),
+        held_out: Arc::new(move |doc| held.contains(&doc)),
+        source: SignalSource::Trajectories {
+            think_close: tokenizer.token_id(THINK_CLOSE),
+            train_on: plan.data.train_on.clone(),
+        },
+        tokenizer_sha256: m.job.tokenizer_sha256,
+        k: m.job.k,
+        // Generation samples at its own temperature; the logprobs it returns are untempered.
+        temperature: LOGPROB_TEMPERATURE,
+    })
+}
+
+/// The traffic mode's shards: the first `shards` of a gateway's traffic directory, as the plan
+/// pinned them by `digest`.
+fn open_traffic(plan: &RunPlan, dir: &Path, shards: usize, digest: &str) -> Result<Opened> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
+    let mut m: Manifest<TrafficJob> = serde_json::from_slice(&text)
+        .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
+    if m.shards.len() < shards || shards_digest(&m.shards[..shards]) != digest {
+        bail!(
+            "{}: the {shards} shards this run's plan pinned are no longer the manifest's \
+             first (the directory was rewritten): train on it from a fresh plan",
+            dir.display()
+        );
+    }
+    m.shards.truncate(shards);
+    let (seed, fraction) = (plan.seed, plan.data.held_out_fraction);
+    Ok(Opened {
+        dir: dir.to_path_buf(),
+        files: shard_files(dir, &m),
+        held_out: Arc::new(move |key| is_held_out(seed, key, fraction)),
+        source: SignalSource::Traffic {
+            train_on: plan.data.train_on.clone(),
+        },
+        tokenizer_sha256: m.job.tokenizer_sha256,
+        k: m.job.k,
+        temperature: f64::from(m.job.temperature),
+    })
+}
+
+/// `teacher score`'s shards of the recipe's corpus (offline runs; online runs' held-out set;
+/// on-policy runs' offline micro-batches), checked to be of this corpus and segment length, and
+/// to hold the routing `router_kl` distils.
+fn open_scores(plan: &RunPlan, distill: &DistillPlan) -> Result<Opened> {
+    let data = &plan.data;
+    let dir = &distill.teacher.shards_dir;
+    let m: Manifest<ScoreManifestJob> =
+        finished_manifest(dir, "score", plan, |j: &ScoreManifestJob| {
+            (j.segments, j.segments_per_shard)
+        })?;
+    if m.job.seq_len != data.seq_len {
+        bail!(
+            "{}: the shards hold {}-token segments but data.seq_len is {}: rescore or match them",
+            dir.display(),
+            m.job.seq_len,
+            data.seq_len
+        );
+    }
+    if m.job.sources_sha256.is_empty() {
+        bail!(
+            "{}: these shards number documents by their place in an in-memory list (a \
+             k3mini from before corpora streamed), not by their key: rescore into a new \
+             directory with `k3mini teacher score {}`",
+            dir.display(),
+            plan.recipe_name()
+        );
+    }
+    if crate::corpus::sources_sha256(data)? != m.job.sources_sha256 {
+        bail!(
+            "{}: the recipe's corpus changed since scoring (its sources' files, their \
+             sizes or settings differ): rescore it into a new directory",
+            dir.display()
+        );
+    }
+    if !(m.job.temperature > 0.0 && m.job.temperature.is_finite()) {
+        bail!(
+            "{}: the shards say they were scored at temperature {}",
+            dir.display(),
+            m.job.temperature
+        );
+    }
+    if let Some(rk) = &distill.router_kl {
+        match &m.job.routing {
+            None => bail!(
+                "{}: these shards hold no routing, which router_kl distils: rescore with \
+                 teacher.routing = true",
+                dir.display()
+            ),
+            Some(shape) if *shape != rk.design.teacher_shape => bail!(
+                "{}: the shards hold the routing of a teacher shaped {:?}; {} was \
+                 designed from {:?}",
+                dir.display(),
+                shape,
+                rk.path.display(),
+                rk.design.teacher_shape
+            ),
+            Some(_) => {}
+        }
+    }
+    let (seed, fraction) = (plan.seed, data.held_out_fraction);
+    Ok(Opened {
+        dir: dir.clone(),
+        files: shard_files(dir, &m),
+        held_out: Arc::new(move |key| is_held_out(seed, key, fraction)),
+        source: SignalSource::Scores {
+            train_on: data.train_on.clone(),
+        },
+        tokenizer_sha256: m.job.tokenizer_sha256,
+        k: m.job.k,
+        temperature: m.job.temperature as f64,
+    })
+}
+
+/// The shards the plan's mode trains from, opened by the mode, checked complete and made for
+/// this plan's tokenizer and top-k.
 pub fn signal_data(
     plan: &RunPlan,
     distill: &DistillPlan,
-    tokenizer: &k3mini_data::Tokenizer,
+    tokenizer: &Tokenizer,
 ) -> Result<SignalData> {
     let data = &plan.data;
     let teacher = &distill.teacher;
     let fingerprint = tokenizer.fingerprint();
-    let (dir, held_out, files, source, made_with, temperature) = match &distill.mode {
-        ModePlan::Sequence { trajectories } => {
-            let m: Manifest<GenerateManifestJob> =
-                finished_manifest(trajectories, "generate", plan, |j: &GenerateManifestJob| {
-                    (j.prompts, j.prompts_per_shard)
-                })?;
-            let files = shard_files(trajectories, &m);
-            let source = SignalSource::Trajectories {
-                think_close: tokenizer.token_id(THINK_CLOSE),
-                train_on: data.train_on.clone(),
-            };
-            // Prompt sets are small and in memory: a draw over their indices.
-            let (_, held) = split_held_out(m.job.prompts, data.held_out_fraction, plan.seed);
-            let held: HashSet<u64> = held.into_iter().map(|d| d as u64).collect();
-            let held_out: HeldOutDoc = Arc::new(move |doc| held.contains(&doc));
-            // Generation samples at its own temperature; the logprobs it returns are untempered.
-            (
-                trajectories.clone(),
-                held_out,
-                files,
-                source,
-                (m.job.tokenizer_sha256, m.job.k),
-                LOGPROB_TEMPERATURE,
-            )
-        }
+    let opened = match &distill.mode {
+        ModePlan::Sequence { trajectories } => open_trajectories(plan, trajectories, tokenizer)?,
         ModePlan::Traffic {
             dir,
             shards,
             digest,
-        } => {
-            let path = dir.join(MANIFEST);
-            let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
-            let mut m: Manifest<TrafficJob> = serde_json::from_slice(&text)
-                .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
-            if m.shards.len() < *shards || shards_digest(&m.shards[..*shards]) != *digest {
-                bail!(
-                    "{}: the {shards} shards this run's plan pinned are no longer the manifest's \
-                     first (the directory was rewritten): train on it from a fresh plan",
-                    dir.display()
-                );
-            }
-            m.shards.truncate(*shards);
-            let (seed, fraction) = (plan.seed, data.held_out_fraction);
-            let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
-            (
-                dir.clone(),
-                held_out,
-                shard_files(dir, &m),
-                SignalSource::Traffic {
-                    train_on: data.train_on.clone(),
-                },
-                (m.job.tokenizer_sha256, m.job.k),
-                f64::from(m.job.temperature),
-            )
-        }
+        } => open_traffic(plan, dir, *shards, digest)?,
         // Online runs ask the teacher instead; on-policy runs mix in offline micro-batches and
         // evaluate on the scored shards.
-        ModePlan::Offline | ModePlan::Online | ModePlan::OnPolicy { .. } => {
-            let dir = &teacher.shards_dir;
-            let m: Manifest<ScoreManifestJob> =
-                finished_manifest(dir, "score", plan, |j: &ScoreManifestJob| {
-                    (j.segments, j.segments_per_shard)
-                })?;
-            if m.job.seq_len != data.seq_len {
-                bail!(
-                    "{}: the shards hold {}-token segments but data.seq_len is {}: rescore or match them",
-                    dir.display(),
-                    m.job.seq_len,
-                    data.seq_len
-                );
-            }
-            if m.job.sources_sha256.is_empty() {
-                bail!(
-                    "{}: these shards number documents by their place in an in-memory list (a \
-                     k3mini from before corpora streamed), not by their key: rescore into a new \
-                     directory with `k3mini teacher score {}`",
-                    dir.display(),
-                    plan.recipe_name()
-                );
-            }
-            if crate::corpus::sources_sha256(data)? != m.job.sources_sha256 {
-                bail!(
-                    "{}: the recipe's corpus changed since scoring (its sources' files, their \
-                     sizes or settings differ): rescore it into a new directory",
-                    dir.display()
-                );
-            }
-            if !(m.job.temperature > 0.0 && m.job.temperature.is_finite()) {
-                bail!(
-                    "{}: the shards say they were scored at temperature {}",
-                    dir.display(),
-                    m.job.temperature
-                );
-            }
-            if let Some(rk) = &distill.router_kl {
-                match &m.job.routing {
-                    None => bail!(
-                        "{}: these shards hold no routing, which router_kl distils: rescore with \
-                         teacher.routing = true",
-                        dir.display()
-                    ),
-                    Some(shape) if *shape != rk.design.teacher_shape => bail!(
-                        "{}: the shards hold the routing of a teacher shaped {:?}; {} was \
-                         designed from {:?}",
-                        dir.display(),
-                        shape,
-                        rk.path.display(),
-                        rk.design.teacher_shape
-                    ),
-                    Some(_) => {}
-                }
-            }
-            let files = shard_files(dir, &m);
-            let (seed, fraction) = (plan.seed, data.held_out_fraction);
-            let held_out: HeldOutDoc = Arc::new(move |key| is_held_out(seed, key, fraction));
-            (
-                dir.clone(),
-                held_out,
-                files,
-                SignalSource::Scores {
-                    train_on: data.train_on.clone(),
-                },
-                (m.job.tokenizer_sha256, m.job.k),
-                m.job.temperature as f64,
-            )
-        }
+        ModePlan::Offline | ModePlan::Online | ModePlan::OnPolicy(_) => open_scores(plan, distill)?,
     };
-    if made_with.0 != fingerprint {
+    let Opened {
+        dir,
+        files,
+        held_out,
+        source,
+        tokenizer_sha256,
+        k,
+        temperature,
+    } = opened;
+    if tokenizer_sha256 != fingerprint {
         bail!(
             "{}: the shards were made with another tokenizer than the student's",
             dir.display()
         );
     }
-    if made_with.1 < teacher.k {
+    if k < teacher.k {
         bail!(
             "{}: the shards hold top-{} but teacher.k is {}",
             dir.display(),
-            made_with.1,
+            k,
             teacher.k
         );
     }

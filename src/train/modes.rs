@@ -11,7 +11,22 @@ use crate::train::lm::Lm;
 use crate::train::objective::TrainingObjective;
 use crate::train::on_policy::OnPolicy;
 use crate::train::online::{self, Online};
-use k3mini_data::Tokenizer;
+use k3mini_data::signals::SignalCursor;
+use k3mini_data::{PackCursor, Tokenizer};
+
+/// Where a fresh run of `plan` starts its data: plain and online runs stream the corpus, the
+/// other modes walk shards.
+pub fn fresh_cursor(plan: &RunPlan) -> DataCursor {
+    match plan.distill.as_ref().map(|d| &d.mode) {
+        None | Some(ModePlan::Online) => DataCursor::Stream(PackCursor::default()),
+        Some(
+            ModePlan::Offline
+            | ModePlan::Sequence { .. }
+            | ModePlan::Traffic { .. }
+            | ModePlan::OnPolicy(_),
+        ) => DataCursor::Signals(SignalCursor::default()),
+    }
+}
 
 /// The objective of `plan`, its streams positioned at `state`'s cursors.
 pub fn open(
@@ -46,9 +61,10 @@ pub fn open(
             ModePlan::Offline | ModePlan::Sequence { .. } | ModePlan::Traffic { .. },
             DataCursor::Signals(cursor),
         ) => Box::new(Shards::open(plan, distill, tokenizer, *cursor)?),
-        (ModePlan::OnPolicy { .. }, DataCursor::Signals(cursor)) => Box::new(OnPolicy::open(
+        (ModePlan::OnPolicy(on_policy), DataCursor::Signals(cursor)) => Box::new(OnPolicy::open(
             plan,
             distill,
+            on_policy,
             tokenizer,
             *cursor,
             state.prompts.unwrap_or_default(),

@@ -8,7 +8,7 @@
 
 use crate::bail;
 use crate::error::Result;
-use crate::recipe::{DistillPlan, ModePlan, RunPlan};
+use crate::recipe::{DistillPlan, OnPolicyPlan, RunPlan};
 use crate::run_dir::DataCursor;
 use crate::train::batch::position_hidden;
 use crate::train::distill::Shards;
@@ -162,19 +162,17 @@ impl OnPolicy {
     pub fn open(
         plan: &RunPlan,
         distill: &DistillPlan,
+        on_policy: &OnPolicyPlan,
         tokenizer: &Tokenizer,
         cursor: SignalCursor,
         prompts: SignalCursor,
     ) -> Result<Self> {
-        let ModePlan::OnPolicy {
+        let OnPolicyPlan {
             mix,
             max_tokens,
             sampling_temperature,
             prompts: prompt_plan,
-        } = &distill.mode
-        else {
-            bail!("{}: not an on-policy plan", plan.recipe_name());
-        };
+        } = on_policy;
         let offline = Shards::open(plan, distill, tokenizer, cursor)?;
         let teacher = crate::teachers::plan_teacher(distill, &plan.devices, tokenizer, None)?;
         let seq_len = plan.data.seq_len;

@@ -215,7 +215,8 @@ fn begin(
                 None => K3Mini::new(&plan.model, &device)?,
             };
             let optim = build_optimizer(&plan.optim, &model);
-            (model, optim, TrainState::fresh(plan))
+            let state = TrainState::fresh(plan, modes::fresh_cursor(plan));
+            (model, optim, state)
         }
         Start::Resume {
             checkpoint,

@@ -51,14 +51,12 @@ fn unknown_preset_is_a_clear_error() {
 
 #[test]
 fn bad_recipe_names_file_and_field() {
-    let dir = std::env::temp_dir().join(format!("k3mini-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let recipe = dir.join("bad.toml");
-    std::fs::write(
-        &recipe,
-        "[model]\npreset = \"tiny\"\nlayer_pattern = \"KKQM\"\n",
-    )
-    .unwrap();
+    let s = crate::fixture::Scratch::new("cli-bad-recipe");
+    s.write("corpus.txt", "To be, or not to be.\n");
+    let text = crate::fixture::Recipe::default()
+        .with("model", "preset = \"tiny\"\nlayer_pattern = \"KKQM\"")
+        .text();
+    let recipe = s.write("bad.toml", &text);
     let out = k3mini()
         .args(["model", "info", "--recipe"])
         .arg(&recipe)
@@ -70,7 +68,6 @@ fn bad_recipe_names_file_and_field() {
         err.contains("bad.toml") && err.contains("layer_pattern") && err.contains("'Q'"),
         "{err}"
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Recipes that read what another recipe's commands make (README, "Routing statistics"): each
