@@ -68,7 +68,8 @@ pub fn evaluate(
         Suite::Quick => held_plan.train.eval_batches,
         Suite::Full => 4 * held_plan.train.eval_batches,
     };
-    let progress = |what: &str| eprintln!("eval {}: {what}", run.display());
+    let progress =
+        |what: &str| crate::progress::observer().note(&format!("eval {}: {what}", run.display()));
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
     progress("held-out data");
     if held_out_from.is_some() {

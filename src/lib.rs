@@ -9,6 +9,7 @@ pub mod device;
 pub mod error;
 pub mod evaluate;
 pub mod export;
+pub mod progress;
 pub mod quickstart;
 pub mod recipe;
 pub mod routing;

@@ -15,9 +15,10 @@
 use crate::error::{Context, Result};
 use crate::evaluate::{Suite, evaluate};
 use crate::export::export_gguf;
+use crate::progress::observer;
 use crate::recipe::{self, RunPlan};
 use crate::run_dir::open_checkpoint;
-use crate::teachers::{progress_bar, resolve, score_plan};
+use crate::teachers::{resolve, score_plan};
 use crate::train::trainer::{TrainOptions, train};
 use k3mini_eval::report::{EvalReport, summary_table, write_report};
 use k3mini_gguf::mix::FileType;
@@ -146,13 +147,16 @@ impl Stages {
     /// Runs `stage` unless it finished before, then records it.
     fn run(&mut self, n: usize, name: &str, stage: impl FnOnce() -> Result<()>) -> Result<()> {
         if self.done.iter().any(|d| d == name) {
-            eprintln!("[{n}/7] {name}: done before, skipped");
+            observer().note(&format!("[{n}/7] {name}: done before, skipped"));
             return Ok(());
         }
-        eprintln!("[{n}/7] {name}");
+        observer().note(&format!("[{n}/7] {name}"));
         let t0 = std::time::Instant::now();
         stage().with_context(|| format!("quickstart stage {name}"))?;
-        eprintln!("[{n}/7] {name}: {:.0} s", t0.elapsed().as_secs_f64());
+        observer().note(&format!(
+            "[{n}/7] {name}: {:.0} s",
+            t0.elapsed().as_secs_f64()
+        ));
         self.done.push(name.into());
         write_if_changed(&self.path, &(self.done.join("\n") + "\n"))
     }
@@ -192,7 +196,10 @@ pub fn quickstart(out: &Path, fast: bool, engine: Engine) -> Result<Outcome> {
     let mut stages = Stages::open(&out);
     stages.run(1, "fetch the teacher", || resolve("smollm2").map(drop))?;
     let [distill_path, baseline_path] = prepare_sized(&out, size, engine)?;
-    eprintln!("[2/7] corpus, prompts and recipes: {}", out.display());
+    observer().note(&format!(
+        "[2/7] corpus, prompts and recipes: {}",
+        out.display()
+    ));
     let distill = recipe::load(&distill_path)?;
     let baseline = recipe::load(&baseline_path)?;
     let teacher = distill
@@ -200,12 +207,12 @@ pub fn quickstart(out: &Path, fast: bool, engine: Engine) -> Result<Outcome> {
         .as_ref()
         .context("the quickstart's distillation recipe distils")?;
     stages.run(3, "score the corpus with the teacher", || {
-        let bar = progress_bar(false, "segments");
+        let bar = observer().bar("segments", 0, 0);
         score_plan(&distill, teacher, None, &mut |p| {
-            bar.set_length(p.segments_total as u64);
-            bar.set_position(p.segments_done as u64);
+            bar.set_total(p.segments_total as u64);
+            bar.set(p.segments_done as u64);
         })?;
-        bar.finish_and_clear();
+        bar.finish(true);
         Ok(())
     })?;
     let run = |r: &RunPlan| -> Result<()> {

@@ -39,7 +39,7 @@ pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
             name,
             Kind::Teacher,
             &fetch::cache_dir(),
-            &mut |l| eprintln!("{l}"),
+            &mut |l| crate::progress::observer().note(&l),
         )?),
         LocalModel::Gguf { path } => Ok(path.clone()),
     }
@@ -200,7 +200,7 @@ pub fn plan_prompts(
             PromptSet::Jsonl { path, limit } => (read_prompts(path)?, limit),
             PromptSet::Builtin { name, limit } => {
                 let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
-                    eprintln!("{l}")
+                    crate::progress::observer().note(&l)
                 })?;
                 (read_champ(&file)?, limit)
             }
@@ -304,18 +304,4 @@ pub fn generate_plan(
     let decode = |ids: &[u32]| Ok(tokenizer.decode(ids)?);
     let manifest = generate_trajectories(teacher.as_ref(), &prompts, &job, &decode, on_progress)?;
     Ok((manifest, job.out_dir))
-}
-
-/// The progress bar of a teacher job (scoring, generation): `unit`s done of a total set later,
-/// a message, elapsed time and ETA; hidden when `quiet`.
-pub fn progress_bar(quiet: bool, unit: &str) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(&format!(
-            "{{bar:30}} {{pos}}/{{len}} {unit}  {{msg}}  [{{elapsed}} < {{eta}}]"
-        ))
-        .expect("valid template"),
-    )
 }

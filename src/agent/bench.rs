@@ -286,14 +286,13 @@ pub fn measure(
     tasks: &[Task],
     settings: &Settings,
     cache: &Path,
-    bar: &indicatif::ProgressBar,
 ) -> Result<Vec<Record>> {
     let mut cached = read_cache(cache)?;
     let kept = agent.policy.clone();
-    bar.set_length(tasks.len() as u64);
+    let bar = crate::progress::observer().bar("tasks", tasks.len() as u64, 0);
     let mut records = Vec::with_capacity(tasks.len());
     for task in tasks {
-        bar.set_message(task.id.clone());
+        bar.message(task.id.clone());
         let ask = ask(agent, task, task.max_tokens.unwrap_or(settings.max_tokens))?;
         let key = sha256_hex(
             serde_json::to_string(&(
@@ -354,6 +353,7 @@ pub fn measure(
             .with_context(|| cache.display().to_string())?;
         bar.inc(1);
     }
+    bar.finish(true);
     Ok(records)
 }
 

@@ -10,7 +10,7 @@ use k3mini::agent::student::Student;
 use k3mini::agent::traffic::Traffic;
 use k3mini::agent::{Agent, server};
 use k3mini::device::DeviceList;
-use k3mini::teachers::{connect_served, open_local, progress_bar, resolve};
+use k3mini::teachers::{connect_served, open_local, resolve};
 use k3mini_teacher::Teacher;
 use k3mini_teacher::client::{Api, ClientOptions};
 use k3mini_teacher::local::Engine;
@@ -165,18 +165,16 @@ impl Measured {
         tasks: &[bench::Task],
     ) -> Result<Vec<bench::Record>> {
         std::fs::create_dir_all(&self.runs)?;
-        let bar = progress_bar(self.quiet, "tasks");
-        let records = bench::measure(
+        crate::cli::progress::set_quiet(self.quiet);
+        bench::measure(
             agent,
             sha,
             setup,
             tasks,
             settings,
             &self.runs.join("runs.jsonl"),
-            &bar,
-        )?;
-        bar.finish_and_clear();
-        Ok(records)
+        )
+        .map_err(Into::into)
     }
 }
 

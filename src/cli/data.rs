@@ -1,8 +1,8 @@
 //! `k3mini data`: tokenizer tools, chat rendering with the part of every token, shard conversion.
 
+use crate::cli::progress::bar as progress_bar;
 use anyhow::Result;
 use clap::Subcommand;
-use k3mini::teachers::progress_bar;
 use k3mini_data::chat::{check_markers, render};
 use k3mini_data::shards::Storage;
 use k3mini_data::tokenizer::train_byte_level_bpe;

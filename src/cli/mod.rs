@@ -6,6 +6,7 @@ mod data;
 mod eval;
 mod export;
 mod model;
+mod progress;
 mod prune;
 mod recipe;
 mod routing;
@@ -106,6 +107,7 @@ pub fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    progress::install();
     let result = match cli.command {
         Command::Model { command } => model::run(command),
         Command::Train(args) => train::run(args),

@@ -1,10 +1,10 @@
 //! `k3mini prune MODEL --keep F --method reap|frequency --calibration RECIPE --out OUT`.
 
+use crate::cli::progress::bar as progress_bar;
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 use k3mini::recipe;
 use k3mini::routing::prune::{Method, PruneOptions, PruneReport, prune_checkpoint, prune_gguf};
-use k3mini::teachers::progress_bar;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -1,10 +1,10 @@
 //! `k3mini routing`: what a MoE teacher's harvested routing says.
 
+use crate::cli::progress::bar as progress_bar;
 use anyhow::Result;
 use clap::Subcommand;
 use k3mini::routing::design::{DesignOptions, design};
 use k3mini::routing::report::{read_stats, write_report};
-use k3mini::teachers::progress_bar;
 use std::path::PathBuf;
 
 #[derive(Subcommand)]

@@ -1,13 +1,12 @@
 //! `k3mini teacher`: fetch the built-in teachers and talk to them.
 
 use super::serve::{ServeArgs, announce, stop_on_ctrl_c};
+use crate::cli::progress::bar as progress_bar;
 use anyhow::Result;
 use clap::Subcommand;
 use k3mini::device::DeviceList;
 use k3mini::recipe::{DistillPlan, RunPlan};
-use k3mini::teachers::{
-    generate_plan, gguf_tokenizer, open_local, progress_bar, resolve, score_plan,
-};
+use k3mini::teachers::{generate_plan, gguf_tokenizer, open_local, resolve, score_plan};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Message, Role, render};
 use k3mini_teacher::local::Engine;

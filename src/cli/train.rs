@@ -50,8 +50,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
         resume: args.resume,
         accept_changes: args.accept_changes,
         stop_after: args.stop_after,
-        quiet: args.quiet,
     };
+    crate::cli::progress::set_quiet(args.quiet);
     let s = train(&loaded, &opts)?;
     let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
     println!(

@@ -41,12 +41,7 @@ pub fn export_gguf(
         .collect();
     let types = tensor_types(&shapes, ck.plan.model.n_layers, ftype);
     let jobs: Vec<_> = tensors.iter().zip(types).collect();
-    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
-        indicatif::ProgressStyle::with_template(
-            "quantising {bar:30} {pos}/{len} tensors {elapsed}",
-        )
-        .expect("template"),
-    );
+    let bar = crate::progress::observer().bar("tensors quantised", jobs.len() as u64, 0);
     // Tensors quantise independently (K-quants are slow): one worker per core.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let quantised = run_many(
@@ -58,7 +53,7 @@ pub fn export_gguf(
         },
         &mut |_| bar.inc(1),
     )?;
-    bar.finish_and_clear();
+    bar.finish(true);
     for (((name, ne, _), ty), bytes) in jobs.iter().zip(quantised) {
         w.add_tensor(name, ne, *ty, bytes)?;
     }

@@ -65,7 +65,6 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     let opts = TrainOptions {
         out_dir: Some(out.clone()),
         stop_after: Some(steps),
-        quiet: true,
         ..Default::default()
     };
     let result =

@@ -10,6 +10,7 @@
 use crate::bail;
 use crate::device::DeviceKind;
 use crate::error::{Context, Error, Result};
+use crate::progress::Bar;
 use crate::recipe::RunPlan;
 use crate::run_dir::{self, Start, StepMetrics, TrainState};
 use crate::tensorboard::{self, EventLog};
@@ -41,8 +42,6 @@ pub struct TrainOptions {
     pub accept_changes: bool,
     /// Stop (with a checkpoint) after this many optimizer steps of this invocation.
     pub stop_after: Option<usize>,
-    /// No progress bar (tests, CI logs).
-    pub quiet: bool,
 }
 
 /// What a finished (or stopped) run reports.
@@ -105,7 +104,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
     let (tokenizer, mut model, mut optim, mut state, devices) = begin(plan, opts)?;
     let mut parallel = Parallel::new(&model, devices);
     let mut objective = modes::open(plan, &tokenizer, &state)?;
-    let mut log = RunLog::open(plan, &state, opts.quiet)?;
+    let mut log = RunLog::open(plan, &state)?;
     let (total, first) = (plan.train.steps, state.step);
     let last = opts.stop_after.map_or(total, |n| (first + n).min(total));
     while state.step < last {
@@ -164,10 +163,11 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             run_dir::write_checkpoint(plan, &model, &optim, &state)?;
         }
         if interrupted {
-            log.progress.abandon_with_message(format!(
+            log.progress.message(format!(
                 "interrupted: checkpoint at step {} written",
                 state.step
             ));
+            log.progress.finish(false);
             break;
         }
     }
@@ -223,7 +223,8 @@ fn begin(
             changes,
         } => {
             for change in changes {
-                eprintln!("resuming under a changed plan: {change}");
+                crate::progress::observer()
+                    .note(&format!("resuming under a changed plan: {change}"));
             }
             let (model, record, state) = checkpoint.resume(&device)?;
             let optim = build_optimizer(&plan.optim, &model).load_record(record);
@@ -247,7 +248,7 @@ fn begin(
 struct RunLog {
     metrics: std::fs::File,
     events: EventLog,
-    progress: indicatif::ProgressBar,
+    progress: Box<dyn Bar>,
     started: Instant,
     first_loss: Option<f64>,
     last_loss: Option<f64>,
@@ -255,13 +256,17 @@ struct RunLog {
 }
 
 impl RunLog {
-    fn open(plan: &RunPlan, state: &TrainState, quiet: bool) -> Result<Self> {
+    fn open(plan: &RunPlan, state: &TrainState) -> Result<Self> {
         std::fs::create_dir_all(&plan.out_dir)?;
         k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
         Ok(Self {
             metrics: run_dir::open_metrics(&plan.out_dir, state.step)?,
             events: EventLog::open(&plan.out_dir, state.step, SystemTime::now())?,
-            progress: progress_bar(quiet, plan.train.steps, state.step),
+            progress: crate::progress::observer().bar(
+                "steps",
+                plan.train.steps as u64,
+                state.step as u64,
+            ),
             started: Instant::now(),
             first_loss: None,
             last_loss: None,
@@ -271,7 +276,7 @@ impl RunLog {
 
     fn step(&mut self, plan: &RunPlan, state: &TrainState, m: &StepMetrics) -> Result<()> {
         if m.skipped {
-            self.progress.println(format!(
+            self.progress.note(format!(
                 "step {}: non-finite loss or gradient, update skipped",
                 m.step - 1
             ));
@@ -284,8 +289,8 @@ impl RunLog {
         self.first_loss.get_or_insert(m.loss);
         self.last_loss = Some(m.loss);
         self.last_eval = m.eval_loss.or(self.last_eval);
-        self.progress.set_position(state.step as u64);
-        self.progress.set_message(format!(
+        self.progress.set(state.step as u64);
+        self.progress.message(format!(
             "loss {:.4}{}  lr {:.2e}  {:.0} tok/s",
             m.loss,
             m.eval_loss
@@ -297,7 +302,7 @@ impl RunLog {
     }
 
     fn abandon_bad_steps(&self, plan: &RunPlan, state: &TrainState) -> crate::error::Error {
-        self.progress.abandon();
+        self.progress.finish(false);
         crate::refused!(
             "{} consecutive steps had a non-finite loss or gradient (last at step {}); stopping. \
              The last good checkpoint in {} is intact; lower optim.lr or check the data.",
@@ -308,7 +313,7 @@ impl RunLog {
     }
 
     fn finish(self, plan: &RunPlan, first_step: usize, last_step: usize) -> TrainSummary {
-        self.progress.finish();
+        self.progress.finish(false);
         TrainSummary {
             out_dir: plan.out_dir.clone(),
             first_step,
@@ -507,19 +512,4 @@ fn check_fits_this_machine(plan: &RunPlan) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn progress_bar(quiet: bool, total: usize, at: usize) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(total as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} steps  {msg}  [{elapsed} < {eta}]",
-        )
-        .expect("valid template"),
-    );
-    bar.set_position(at as u64);
-    bar
 }

@@ -91,7 +91,6 @@ fn write_recipe(dir: &Path, name: &str, objectives: &str, steps: usize) -> recip
 
 fn quiet() -> TrainOptions {
     TrainOptions {
-        quiet: true,
         ..Default::default()
     }
 }
@@ -118,7 +117,6 @@ fn resumes_exactly(recipe: &recipe::RunPlan, dir: &Path, name: &str, stop: usize
         out_dir: Some(split_dir.clone()),
         resume,
         stop_after,
-        quiet: true,
         ..Default::default()
     };
     train(recipe, &split(false, Some(stop))).unwrap();
@@ -262,7 +260,6 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     }
     let damaged = TrainOptions {
         out_dir: Some(dir.join("runs/damaged")),
-        quiet: true,
         ..Default::default()
     };
     let e = train(&main, &damaged).unwrap_err().to_string();
@@ -278,7 +275,6 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     std::fs::write(dir.join("b.txt"), "Tomorrow, and tomorrow, and yesterday.").unwrap();
     let fresh = TrainOptions {
         out_dir: Some(dir.join("runs/changed")),
-        quiet: true,
         ..Default::default()
     };
     let e = train(&main, &fresh).unwrap_err().to_string();

@@ -48,7 +48,6 @@ fn eval_measures_a_run_and_writes_its_report() {
     let run = dir.join("run");
     let opts = TrainOptions {
         out_dir: Some(run.clone()),
-        quiet: true,
         ..Default::default()
     };
     train(&recipe::load(&path).unwrap(), &opts).unwrap();

@@ -92,7 +92,6 @@ pub(crate) fn resume_run(r: &recipe::RunPlan, out: &Path) {
 pub(crate) fn opts(out: &Path) -> TrainOptions {
     TrainOptions {
         out_dir: Some(out.to_path_buf()),
-        quiet: true,
         ..Default::default()
     }
 }
