@@ -116,7 +116,8 @@ pub fn read_events(bytes: &[u8]) -> Result<(Vec<Event>, usize)> {
             .ok()
             .and_then(|l| (at + 12).checked_add(l))
         {
-            Some(end) if end + 4 <= bytes.len() => end,
+            // Checked: a crafted length cannot overflow past the end of the buffer.
+            Some(end) if end.checked_add(4).is_some_and(|e| e <= bytes.len()) => end,
             _ => break,
         };
         let data = &bytes[at + 12..end];
@@ -150,9 +151,10 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f32)> {
             .into_iter()
             .filter_map(|(tag, v)| Some((tag.to_string(), v? as f32))),
     );
-    for (layer, (max, min)) in m.expert_load_max.iter().zip(&m.expert_load_min).enumerate() {
-        out.push((format!("experts/layer{layer}/load_max"), *max as f32));
-        out.push((format!("experts/layer{layer}/load_min"), *min as f32));
+    // Numbered among the MoE layers (after `first_dense_layers`), as metrics.jsonl lists them.
+    for (n, (max, min)) in m.expert_load_max.iter().zip(&m.expert_load_min).enumerate() {
+        out.push((format!("experts/moe{n}/load_max"), *max as f32));
+        out.push((format!("experts/moe{n}/load_min"), *min as f32));
     }
     out
 }

@@ -62,7 +62,12 @@ impl Bar for Drawn {
         self.0.set_message(text);
     }
     fn note(&self, line: String) {
-        self.0.println(line);
+        // A hidden bar (--quiet, or stderr not a terminal) prints nothing: the note still goes.
+        if self.0.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            self.0.println(line);
+        }
     }
     fn finish(&self, clear: bool) {
         if clear {

@@ -149,3 +149,15 @@ fn reopening_drops_later_and_torn_records_and_names_a_corrupt_one() {
         "{err}"
     );
 }
+
+#[test]
+fn a_crafted_length_ends_the_stream_instead_of_overflowing() {
+    let masked = |b: &[u8]| crc32c::crc32c(b).rotate_right(15).wrapping_add(0xa282_ead8);
+    for len in [u64::MAX, u64::MAX - 15, 1 << 40] {
+        let mut bytes = len.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&masked(&len.to_le_bytes()).to_le_bytes());
+        bytes.extend_from_slice(&[0; 8]);
+        let (events, end) = read_events(&bytes).unwrap();
+        assert_eq!((events.len(), end), (0, 0), "length {len}");
+    }
+}
