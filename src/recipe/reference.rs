@@ -72,6 +72,24 @@ fn attribute(first: &str, lines: &[&str], i: &mut usize) -> String {
     a
 }
 
+/// Gathers `line` into the next item's docs or attributes; false when it is neither.
+fn annotation(
+    line: &str,
+    lines: &[&str],
+    i: &mut usize,
+    doc: &mut Vec<String>,
+    attrs: &mut String,
+) -> bool {
+    if let Some(d) = line.strip_prefix("///") {
+        doc.push(d.trim().to_string());
+    } else if line.starts_with("#[") {
+        attrs.push_str(&attribute(line, lines, i));
+    } else {
+        return false;
+    }
+    true
+}
+
 fn parse(src: &str, schema: &mut Schema) -> Result<(), String> {
     let lines: Vec<&str> = src.lines().collect();
     let (mut doc, mut attrs) = (Vec::<String>::new(), String::new());
@@ -80,10 +98,7 @@ fn parse(src: &str, schema: &mut Schema) -> Result<(), String> {
     while i < lines.len() {
         let line = lines[i].trim();
         i += 1;
-        if let Some(d) = line.strip_prefix("///") {
-            doc.push(d.trim().to_string());
-        } else if line.starts_with("#[") {
-            attrs.push_str(&attribute(line, &lines, &mut i));
+        if annotation(line, &lines, &mut i, &mut doc, &mut attrs) {
         } else if let Some(rest) = line.strip_prefix("fn ").filter(|r| r.contains("() -> ")) {
             let name = rest[..rest.find('(').unwrap()].to_string();
             let body = lines[i].trim().to_string();
@@ -109,10 +124,7 @@ fn parse(src: &str, schema: &mut Schema) -> Result<(), String> {
             while i < lines.len() && lines[i] != "}" {
                 let l = lines[i].trim();
                 i += 1;
-                if let Some(d) = l.strip_prefix("///") {
-                    doc.push(d.trim().to_string());
-                } else if l.starts_with("#[") {
-                    attrs.push_str(&attribute(l, &lines, &mut i));
+                if annotation(l, &lines, &mut i, &mut doc, &mut attrs) {
                 } else if is_enum && !lines[i - 1].starts_with("        ") && !l.starts_with('}') {
                     let name = l.trim_end_matches([',', '{', ' ']);
                     let name = name.split(['(', ' ']).next().unwrap_or(name);
