@@ -3,6 +3,7 @@
 //! `main.rs` only parses arguments and calls these functions.
 
 pub mod agent;
+pub mod bench;
 pub mod compare;
 pub mod corpus;
 pub mod device;

@@ -2,20 +2,18 @@
 //! scoring and shard sizes, export.
 
 use crate::cli::model::bytes;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use k3mini::bench::{self, recipe::bench_recipe};
 use k3mini::device::DeviceList;
 use k3mini::export::bench_export;
-use k3mini::train::bench::bench_recipe;
 use k3mini_gguf::mix::FileType;
 use k3mini_kernels::recompute::ComposedRegions;
-use k3mini_student::bench::{
-    BENCH_SHAPES, StepSpec, TrainStepBench, bench_kda, bench_shape, bench_train_step,
-};
+use k3mini_student::bench::{ShapeStep, TrainStepBench, bench_kda};
 use k3mini_student::config::KdaKernel;
 use k3mini_student::head::HeadChunks;
-use k3mini_student::info::{Footprint, training_memory};
 use k3mini_student::precision::Precision;
+use k3mini_teacher::bench::{ShardSize, packed_id_bits, published_formats};
 
 /// What a teacher benchmark scores: the first `segments` windows of `seq_len` tokens of a text.
 #[derive(clap::Args)]
@@ -32,16 +30,12 @@ pub struct ScoringInput {
 }
 
 impl ScoringInput {
-    /// The windows, tokenized with `tokenizer`.
-    fn windows(&self, tokenizer: &k3mini_data::Tokenizer) -> Result<Vec<Vec<u32>>> {
-        let text = k3mini_data::read_source(&self.corpus, k3mini_data::SourceFormat::Text, "text")?;
-        let ids = tokenizer.encode(&text[0].text)?;
-        Ok(ids
-            .chunks(self.seq_len)
-            .filter(|c| c.len() == self.seq_len)
-            .take(self.segments)
-            .map(<[u32]>::to_vec)
-            .collect())
+    fn windows(&self) -> bench::teacher::Windows {
+        bench::teacher::Windows {
+            text: self.corpus.clone(),
+            seq_len: self.seq_len,
+            segments: self.segments,
+        }
     }
 }
 
@@ -138,17 +132,10 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         memory_up_to: u64,
     },
-    /// One loader pass over a Parquet directory (the child `bench data` runs), as JSON.
+    /// One measurement in a child process of a benchmark (`k3mini::bench::Child` as JSON),
+    /// printed as JSON.
     #[command(hide = true)]
-    Loader {
-        dir: std::path::PathBuf,
-        #[arg(long)]
-        tokenizer: String,
-        #[arg(long)]
-        seq_len: usize,
-        #[arg(long)]
-        memory: bool,
-    },
+    Child { request: String },
     /// `export --format gguf` of a freshly initialised preset: seconds and file size per file type.
     Export {
         #[arg(long, default_value = "smoke-300m")]
@@ -226,6 +213,18 @@ pub struct ModelArgs {
     device: DeviceList,
 }
 
+impl ModelArgs {
+    fn step(&self) -> ShapeStep {
+        ShapeStep {
+            kernel: self.kernel.into(),
+            head_chunk: self.head_chunk,
+            checkpointing: self.activation_checkpointing,
+            composed_regions: self.composed_regions,
+            ..ShapeStep::new(&self.preset, self.batch, self.seq_len, self.steps)
+        }
+    }
+}
+
 #[derive(Args)]
 pub struct KdaArgs {
     #[arg(long, default_value_t = 1)]
@@ -246,11 +245,11 @@ pub struct KdaArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Model(a) => {
-            let r = model(&a)?;
+            let r = bench::step(&a.step(), &a.device)?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
-                println!("{}", row(&r));
+                println!("{}\n{}", header(), row(&r));
             }
             Ok(())
         }
@@ -307,7 +306,12 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             step,
             rows_per_file,
         } => shards(&dir, &k, step, rows_per_file),
-        BenchCommand::All { steps } => all(steps),
+        BenchCommand::All { steps } => {
+            println!("{}", header());
+            Ok(bench::training_path(&exe()?, steps, |r| {
+                println!("{}", row(&r))
+            })?)
+        }
         BenchCommand::Memory { steps } => memory(steps),
         BenchCommand::Data {
             out,
@@ -316,17 +320,16 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             seq_len,
             memory_up_to,
         } => data(&out, &sizes, &tokenizer, seq_len, memory_up_to),
-        BenchCommand::Loader {
-            dir,
-            tokenizer,
-            seq_len,
-            memory,
-        } => {
-            let r = k3mini::train::bench::bench_loader(&dir, &tokenizer, seq_len, memory)?;
-            println!("{}", serde_json::to_string(&r)?);
+        BenchCommand::Child { request } => {
+            println!("{}", bench::answer(&request)?);
             Ok(())
         }
     }
+}
+
+/// This binary: the benchmarks' children run it.
+fn exe() -> Result<std::path::PathBuf> {
+    std::env::current_exe().context("locating the k3mini binary")
 }
 
 fn kda(a: &KdaArgs) -> Result<()> {
@@ -406,20 +409,7 @@ fn teacher_scoring(
     device: &DeviceList,
     engine: k3mini_teacher::local::Engine,
 ) -> Result<()> {
-    let local =
-        k3mini::teachers::open_local(&k3mini::teachers::resolve(&input.teacher)?, engine, device)?;
-    let windows = input.windows(&local.tokenizer)?;
-    let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
-    let local_vocab = k3mini_teacher::Teacher::vocab_size(&local);
-    let dir = std::env::temp_dir().join(format!("k3mini-bench-teacher-{}", std::process::id()));
-    let r = k3mini_teacher::bench::bench_teacher(
-        std::sync::Arc::new(local),
-        &inputs,
-        &[20, 50, 64],
-        &dir,
-    );
-    std::fs::remove_dir_all(&dir).ok();
-    let r = r?;
+    let r = bench::teacher::scoring(&input.teacher, engine, device, &input.windows())?;
     println!(
         "| segments x tokens | k | in-process tokens/s | HTTP (loopback) tokens/s | HTTP overhead |"
     );
@@ -434,30 +424,28 @@ fn teacher_scoring(
         100.0 * (r.in_process_tokens_per_s / r.http_tokens_per_s - 1.0)
     );
     println!();
-    print_shard_sizes(&r.shards, local_vocab);
+    print_shard_sizes(&r.shards, r.vocab);
     Ok(())
 }
 
 #[cfg(feature = "llama-cpp")]
 fn engines(input: &ScoringInput, ks: &[usize], rounds: usize, threads: usize) -> Result<()> {
-    let path = k3mini::teachers::resolve(&input.teacher)?;
-    use k3mini_teacher::engine::llama_cpp::Placement;
-    use k3mini_teacher::local::{EngineSpec, LocalTeacher};
-    let burn = LocalTeacher::from_gguf(&path, &Default::default())?;
-    let cpp = LocalTeacher::open(&path, EngineSpec::LlamaCpp(Placement::Cpu { threads }))?;
-    let windows = input.windows(&burn.tokenizer)?;
-    let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
+    let (segments, measured) =
+        bench::teacher::engines(&input.teacher, &input.windows(), ks, rounds, threads)?;
     println!("| k | round | burn tokens/s | llama.cpp tokens/s | llama.cpp / burn |");
     println!("|---|---|---|---|---|");
-    for &k in ks {
-        let measured = k3mini_teacher::bench::engines(&burn, &cpp, &inputs, k, rounds)?;
-        for (round, (b, c)) in measured.into_iter().enumerate() {
-            println!("| {k} | {} | {b:.0} | {c:.0} | {:.2} |", round + 1, c / b);
-        }
+    for r in measured {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.2} |",
+            r.k,
+            r.round,
+            r.burn_tokens_per_s,
+            r.llama_cpp_tokens_per_s,
+            r.llama_cpp_tokens_per_s / r.burn_tokens_per_s
+        );
     }
     println!(
-        "({} segments of {} tokens from {}; llama.cpp on {threads} threads)",
-        inputs.len(),
+        "({segments} segments of {} tokens from {}; llama.cpp on {threads} threads)",
         input.seq_len,
         input.corpus.display()
     );
@@ -470,49 +458,23 @@ fn shards(
     step: f32,
     rows_per_file: Option<usize>,
 ) -> Result<()> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "parquet"))
-        .collect();
-    files.sort();
-    let (mut meta, mut rows) = (None, Vec::new());
-    for f in &files {
-        let shard = k3mini_data::shards::read_shard(f, None)?;
-        if shard.storage != k3mini_data::shards::Storage::Exact {
-            bail!(
-                "{}: already compact (schema v2); measure from exact shards (teacher.logprob_step = 0)",
-                f.display()
-            );
-        }
-        rows.push(shard.rows);
-        meta.get_or_insert(shard.meta);
-    }
-    let meta = meta.with_context(|| format!("{}: no .parquet shards", dir.display()))?;
-    let rows = match rows_per_file {
-        None => rows,
-        Some(0) => vec![rows.concat()],
-        Some(n) => rows.concat().chunks(n).map(<[_]>::to_vec).collect(),
-    };
-    let tmp = std::env::temp_dir().join(format!("k3mini-bench-shards-{}", std::process::id()));
-    let sizes = k3mini_teacher::bench::shard_sizes(&rows, &meta, ks, step, &tmp);
-    std::fs::remove_dir_all(&tmp).ok();
-    let positions: usize = rows.iter().flatten().map(|r| r.positions()).sum();
+    let r = bench::teacher::shard_dir(dir, ks, step, rows_per_file)?;
     println!(
-        "{} shards, {} rows, {positions} positions, top-{} from {}; written as {} files of ~{} positions\n",
-        files.len(),
-        rows.iter().map(Vec::len).sum::<usize>(),
-        meta.k,
-        meta.teacher,
-        rows.len(),
-        positions / rows.len().max(1)
+        "{} shards, {} rows, {} positions, top-{} from {}; written as {} files of ~{} positions\n",
+        r.files,
+        r.rows,
+        r.positions,
+        r.k,
+        r.teacher,
+        r.written_files,
+        r.positions / r.written_files.max(1)
     );
-    print_shard_sizes(&sizes?, meta.vocab.unwrap_or(163_840));
+    print_shard_sizes(&r.sizes, r.vocab);
     Ok(())
 }
 
 /// The measured table, then the published formats' arithmetic at the same vocabulary.
-fn print_shard_sizes(sizes: &[k3mini_teacher::bench::ShardSize], vocab: usize) {
+fn print_shard_sizes(sizes: &[ShardSize], vocab: usize) {
     println!(
         "| k | v1 exact B/token | v2 B/token | v2 step (nats) | max |Δ logprob| | KL(exact ‖ v2) mean / max per token |"
     );
@@ -558,48 +520,15 @@ fn print_shard_sizes(sizes: &[k3mini_teacher::bench::ShardSize], vocab: usize) {
             s.id_entropy_bits * s.k as f64 / 8.0
         );
     }
-    let id_bits = usize::BITS - (vocab - 1).leading_zeros();
-    let ids = |k: usize| (k * id_bits as usize) as f64 / 8.0;
     println!(
-        "\nPublished formats at this vocabulary ({vocab} ids, {id_bits}-bit packed ids), by arithmetic \
-         (logprobs lossy in all three):\n"
+        "\nPublished formats at this vocabulary ({vocab} ids, {}-bit packed ids), by arithmetic \
+         (logprobs lossy in all three):\n",
+        packed_id_bits(vocab)
     );
     println!("| format | k | B/token |\n|---|---|---|");
-    // DistillKit: packed ids, exact_k bf16 values, a polynomial over rank in fp32 coefficients.
-    println!(
-        "| DistillKit budget (exact_k 1, 3 terms) | 50 | {:.1} |",
-        ids(50) + 2.0 + 3.0 * 4.0
-    );
-    println!(
-        "| DistillKit recommended (exact_k 16, 6 terms) | 128 | {:.1} |",
-        ids(128) + 16.0 * 2.0 + 6.0 * 4.0
-    );
-    println!(
-        "| Megatron-LM fp16 top-k, before its zstd | 128 | {:.1} |",
-        ids(128) + 128.0 * 2.0
-    );
-}
-
-fn model(a: &ModelArgs) -> Result<TrainStepBench> {
-    if a.seq_len < 2 {
-        bail!(
-            "--seq-len {}: a next-token step needs at least 2 tokens",
-            a.seq_len
-        );
+    for f in published_formats(vocab) {
+        println!("| {} | {} | {:.1} |", f.name, f.k, f.bytes_per_token);
     }
-    let mut config = bench_shape(&a.preset)?;
-    config.kda.kernel = a.kernel.into();
-    let spec = StepSpec {
-        name: a.preset.clone(),
-        head: HeadChunks::resolve(a.head_chunk, config.vocab_size),
-        config,
-        batch: a.batch,
-        seq_len: a.seq_len,
-        steps: a.steps,
-        checkpointing: a.activation_checkpointing,
-        composed_regions: a.composed_regions,
-    };
-    Ok(bench_train_step(&spec, &a.device.open_main()?))
 }
 
 fn header() -> &'static str {
@@ -637,119 +566,29 @@ fn row(r: &TrainStepBench) -> String {
     )
 }
 
-/// `model info`'s activation estimate for a measured step: (kept after the forward, kept plus
-/// the largest transient and the weights' gradients: what a forward + backward may peak at).
-fn estimate(r: &TrainStepBench) -> Result<(usize, usize)> {
-    let mut config = bench_shape(&r.name)?;
-    config.kda.kernel = r.kernel;
-    let footprint = Footprint {
-        head_chunk: Some(match r.head {
-            HeadChunks::Tokens(n) => n,
-            HeadChunks::Whole => 0,
-        }),
-        activation_checkpointing: r.checkpointing,
-        ..Footprint::new(r.batch, r.seq_len)
-    };
-    let m = training_memory(&config, &footprint);
-    Ok((m.kept(), m.activations + m.grads))
-}
-
-/// One `bench model` in a child process (so each peak RSS is its own).
-fn model_child(args: &[&str]) -> Result<TrainStepBench> {
-    let exe = std::env::current_exe().context("locating k3mini")?;
-    let out = std::process::Command::new(&exe)
-        .args(["bench", "model", "--json"])
-        .args(args)
-        .output()
-        .context("running a benchmark child")?;
-    if !out.status.success() {
-        bail!(
-            "bench model {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
-
 /// The memory model's validation table.
 fn memory(steps: usize) -> Result<()> {
     println!(
         "| shape | params | batch x seq | checkpointing | kept after forward (heap) | estimate | error | step peak (heap) | bound: estimate with the largest transient, and the gradients |\n|---|---|---|---|---|---|---|---|---|"
     );
-    let shapes = [("tiny", 4, 128), (BENCH_SHAPES[0], 4, 256)]
-        .into_iter()
-        .chain([(BENCH_SHAPES[1], 2, 512), ("smoke-300m", 2, 256)])
-        .chain([(BENCH_SHAPES[2], 1, 1024)]);
-    for (name, batch, seq) in shapes {
-        for checkpointing in [false, true] {
-            let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
-            let mut args = vec![
-                "--preset",
-                name,
-                "--batch",
-                &b,
-                "--seq-len",
-                &t,
-                "--steps",
-                &n,
-            ];
-            if checkpointing {
-                args.push("--activation-checkpointing");
-            }
-            let r = model_child(&args)?;
-            let (kept, bound) = estimate(&r)?;
-            let measured = r
-                .kept_bytes
-                .context("the heap is not counted in this build")?;
-            println!(
-                "| {name} | {:.1}M | {batch} x {seq} | {} | {} | {} | {:+.0}% | {} | {} |",
-                r.params as f64 / 1e6,
-                if checkpointing { "yes" } else { "no" },
-                bytes(measured),
-                bytes(kept),
-                100.0 * (kept as f64 / measured.max(1) as f64 - 1.0),
-                r.step_peak_bytes.map_or("n/a".into(), bytes),
-                bytes(bound),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The training path against the reference, each in a fresh process so each peak RSS is its own.
-fn all(steps: usize) -> Result<()> {
-    println!("{}", header());
-    // The training path (the fused KDA op, the head in chunks where a micro-batch is cut, the
-    // recompute regions) against the composed kernel, the whole head and composed regions, A B A B.
-    let ab: [&[&str]; 2] = [
-        &["--kernel", "chunk"],
-        &[
-            "--kernel",
-            "composed",
-            "--head-chunk",
-            "0",
-            "--composed-regions",
-        ],
-    ];
-    for (name, batch, seq) in [("tiny", 8, 256), (BENCH_SHAPES[0], 4, 256)] {
-        for side in std::iter::repeat_n(ab, 2).flatten() {
-            let (b, t, n) = (batch.to_string(), seq.to_string(), steps.to_string());
-            let mut args = vec![
-                "--preset",
-                name,
-                "--batch",
-                &b,
-                "--seq-len",
-                &t,
-                "--steps",
-                &n,
-            ];
-            args.extend_from_slice(side);
-            println!("{}", row(&model_child(&args)?));
-        }
-    }
-    Ok(())
+    let heap = |b: Option<usize>| b.map_or("n/a".into(), bytes);
+    Ok(bench::memory(&exe()?, steps, |c| {
+        let r = &c.measured;
+        println!(
+            "| {} | {:.1}M | {} x {} | {} | {} | {} | {} | {} | {} |",
+            r.name,
+            r.params as f64 / 1e6,
+            r.batch,
+            r.seq_len,
+            if r.checkpointing { "yes" } else { "no" },
+            heap(r.kept_bytes),
+            bytes(c.estimated_kept),
+            c.kept_error()
+                .map_or("n/a".into(), |e| format!("{:+.0}%", 100.0 * e)),
+            heap(r.step_peak_bytes),
+            bytes(c.estimated_bound),
+        );
+    })?)
 }
 
 fn data(
@@ -759,38 +598,17 @@ fn data(
     seq_len: usize,
     memory_up_to: u64,
 ) -> Result<()> {
-    use k3mini::train::bench::{LoaderBench, build_corpus};
-    let exe = std::env::current_exe().context("locating k3mini")?;
     println!(
         "| corpus | loader | tokens | seconds | tokens/s | peak RSS |\n|---|---|---|---|---|---|"
     );
-    for &mb in sizes {
-        let dir = out.join(format!("corpus-{mb}mb"));
-        let done = dir.join(".complete");
-        if !done.exists() {
-            std::fs::remove_dir_all(&dir).ok();
-            let written = build_corpus(&dir, mb << 20)?;
-            std::fs::write(&done, written.to_string())?;
-        }
-        for memory in [false, true] {
-            if memory && mb > memory_up_to {
-                continue;
-            }
-            let child = std::process::Command::new(&exe)
-                .args(["bench", "loader"])
-                .arg(&dir)
-                .args(["--tokenizer", tokenizer, "--seq-len", &seq_len.to_string()])
-                .args(memory.then_some("--memory"))
-                .output()
-                .context("running a loader child")?;
-            if !child.status.success() {
-                bail!(
-                    "bench loader {}: {}",
-                    dir.display(),
-                    String::from_utf8_lossy(&child.stderr)
-                );
-            }
-            let r: LoaderBench = serde_json::from_slice(&child.stdout)?;
+    Ok(bench::loader::data(
+        &exe()?,
+        out,
+        sizes,
+        tokenizer,
+        seq_len,
+        memory_up_to,
+        |mb, r| {
             println!(
                 "| {mb} MB of text ({:.1} MB Parquet) | {} | {} | {:.1} | {:.0} | {} |",
                 r.corpus_bytes as f64 / 1e6,
@@ -800,7 +618,6 @@ fn data(
                 r.tokens_per_s,
                 r.peak_rss_bytes.map_or("n/a".into(), bytes),
             );
-        }
-    }
-    Ok(())
+        },
+    )?)
 }

@@ -2,7 +2,6 @@
 //! schedules, QAT, and the loop's benchmark.
 
 pub mod batch;
-pub mod bench;
 pub mod distill;
 pub mod held_out;
 pub mod lm;

@@ -1,8 +1,8 @@
 //! Throughput and memory measurements behind `k3mini bench` (numbers go in the README, not in tests).
 
-use crate::config::{ConfigError, KdaKernel, ModelConfig};
+use crate::config::{ConfigError, KdaKernel, ModelConfig, bad};
 use crate::head::{HeadChunks, head_loss};
-use crate::info::train_flops_per_token;
+use crate::info::{Footprint, train_flops_per_token, training_memory};
 use crate::loss::cross_entropy;
 use crate::model::K3Mini;
 use burn::module::Module;
@@ -142,6 +142,109 @@ pub struct StepSpec {
     pub composed_regions: bool,
 }
 
+/// A [`StepSpec`] named by its shape (a preset or one of [`BENCH_SHAPES`]): what
+/// `k3mini bench model` measures, and what a benchmark sends to the child process that measures it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShapeStep {
+    pub shape: String,
+    pub batch: usize,
+    pub seq_len: usize,
+    /// Measured steps, after one warm-up step.
+    pub steps: usize,
+    pub kernel: KdaKernel,
+    /// `train.head_chunk` ([`HeadChunks::resolve`]).
+    pub head_chunk: Option<usize>,
+    pub checkpointing: bool,
+    pub composed_regions: bool,
+}
+
+impl ShapeStep {
+    /// `shape` on the training path: the fused KDA op, the head chunked as training chunks it,
+    /// recompute regions, no activation checkpointing.
+    pub fn new(shape: &str, batch: usize, seq_len: usize, steps: usize) -> Self {
+        Self {
+            shape: shape.into(),
+            batch,
+            seq_len,
+            steps,
+            kernel: KdaKernel::Chunk,
+            head_chunk: None,
+            checkpointing: false,
+            composed_regions: false,
+        }
+    }
+
+    /// The same step on the reference: the composed KDA kernel, the whole head at once and
+    /// composed regions.
+    pub fn reference(self) -> Self {
+        Self {
+            kernel: KdaKernel::Composed,
+            head_chunk: Some(0),
+            composed_regions: true,
+            ..self
+        }
+    }
+
+    pub fn spec(&self) -> Result<StepSpec, ConfigError> {
+        if self.seq_len < 2 || self.batch == 0 || self.steps == 0 {
+            return Err(bad(
+                "bench",
+                format_args!(
+                    "batch {} x seq_len {}, {} steps: a step needs a sequence of at least 2 tokens, \
+                     and a measurement at least one step",
+                    self.batch, self.seq_len, self.steps
+                ),
+            ));
+        }
+        let mut config = bench_shape(&self.shape)?;
+        config.kda.kernel = self.kernel;
+        Ok(StepSpec {
+            name: self.shape.clone(),
+            head: HeadChunks::resolve(self.head_chunk, config.vocab_size),
+            config,
+            batch: self.batch,
+            seq_len: self.seq_len,
+            steps: self.steps,
+            checkpointing: self.checkpointing,
+            composed_regions: self.composed_regions,
+        })
+    }
+}
+
+/// The memory model's validation: four sizes from tiny to smoke-300m and the 3B preset's layers at
+/// small width ([`BENCH_SHAPES`]), each without and then with activation checkpointing.
+pub fn memory_steps(steps: usize) -> Vec<ShapeStep> {
+    const SHAPES: [(&str, usize, usize); 5] = [
+        ("tiny", 4, 128),
+        ("bench-50m", 4, 256),
+        ("bench-150m", 2, 512),
+        ("smoke-300m", 2, 256),
+        ("bench-k3", 1, 1024),
+    ];
+    SHAPES
+        .iter()
+        .flat_map(|&(shape, batch, seq)| {
+            [false, true].map(|checkpointing| ShapeStep {
+                checkpointing,
+                ..ShapeStep::new(shape, batch, seq, steps)
+            })
+        })
+        .collect()
+}
+
+/// The training path against its reference ([`ShapeStep::reference`]) at tiny and `bench-50m`,
+/// interleaved A B A B (these machines are shared: compare neighbours).
+pub fn training_path_steps(steps: usize) -> Vec<ShapeStep> {
+    [("tiny", 8, 256), ("bench-50m", 4, 256)]
+        .iter()
+        .flat_map(|&(shape, batch, seq)| {
+            let path = ShapeStep::new(shape, batch, seq, steps);
+            let reference = path.clone().reference();
+            [path.clone(), reference.clone(), path, reference]
+        })
+        .collect()
+}
+
 /// One forward+backward measurement of a whole model.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct TrainStepBench {
@@ -176,6 +279,23 @@ impl TrainStepBench {
     /// Model FLOPs utilisation: the share of the measured f32 peak the step reaches.
     pub fn mfu(&self) -> f64 {
         self.model_gflops / self.peak_gflops
+    }
+
+    /// `model info`'s activation estimate for this step: (kept after the forward; kept plus the
+    /// largest transient and the weights' gradients, what a forward + backward may peak at).
+    pub fn estimate(&self) -> Result<(usize, usize), ConfigError> {
+        let mut config = bench_shape(&self.name)?;
+        config.kda.kernel = self.kernel;
+        let footprint = Footprint {
+            head_chunk: Some(match self.head {
+                HeadChunks::Tokens(n) => n,
+                HeadChunks::Whole => 0,
+            }),
+            activation_checkpointing: self.checkpointing,
+            ..Footprint::new(self.batch, self.seq_len)
+        };
+        let m = training_memory(&config, &footprint);
+        Ok((m.kept(), m.activations + m.grads))
     }
 }
 

@@ -192,7 +192,7 @@ pub struct ConfigError {
     pub message: String,
 }
 
-fn bad(field: &str, message: impl fmt::Display) -> ConfigError {
+pub(crate) fn bad(field: &str, message: impl fmt::Display) -> ConfigError {
     ConfigError {
         field: field.into(),
         message: message.to_string(),

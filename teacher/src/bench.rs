@@ -23,6 +23,8 @@ pub struct TeacherBench {
     pub k: usize,
     pub in_process_tokens_per_s: f64,
     pub http_tokens_per_s: f64,
+    /// The teacher's vocabulary.
+    pub vocab: usize,
     /// Shards holding the segments, at each k.
     pub shards: Vec<ShardSize>,
 }
@@ -143,6 +145,45 @@ pub fn shard_sizes(
     Ok(sizes)
 }
 
+/// Bits of a token id packed at `vocab`: ⌈log2 vocab⌉.
+pub fn packed_id_bits(vocab: usize) -> u32 {
+    usize::BITS - vocab.saturating_sub(1).leading_zeros()
+}
+
+/// A published top-k format's bytes per token at some vocabulary, by its own arithmetic (its
+/// logprobs are lossy too).
+#[derive(Clone, Debug, Serialize)]
+pub struct PublishedFormat {
+    pub name: &'static str,
+    pub k: usize,
+    pub bytes_per_token: f64,
+}
+
+/// What DistillKit and Megatron-LM store per token at `vocab`, ids packed at
+/// [`packed_id_bits`]: DistillKit's exact_k bf16 values and a polynomial over rank in fp32
+/// coefficients, Megatron-LM's fp16 top-k before its zstd.
+pub fn published_formats(vocab: usize) -> Vec<PublishedFormat> {
+    let ids = |k: usize| (k * packed_id_bits(vocab) as usize) as f64 / 8.0;
+    let format = |name, k, values: f64| PublishedFormat {
+        name,
+        k,
+        bytes_per_token: ids(k) + values,
+    };
+    vec![
+        format(
+            "DistillKit budget (exact_k 1, 3 terms)",
+            50,
+            2.0 + 3.0 * 4.0,
+        ),
+        format(
+            "DistillKit recommended (exact_k 16, 6 terms)",
+            128,
+            16.0 * 2.0 + 6.0 * 4.0,
+        ),
+        format("Megatron-LM fp16 top-k, before its zstd", 128, 128.0 * 2.0),
+    ]
+}
+
 fn timed(
     teacher: &dyn Teacher,
     inputs: &[&[u32]],
@@ -232,6 +273,7 @@ pub fn bench_teacher(
         k,
         in_process_tokens_per_s: in_process,
         http_tokens_per_s: http,
+        vocab: teacher.vocab_size(),
         shards: sizes,
     })
 }

@@ -1,6 +1,7 @@
 //! The `k3mini` crate's integration tests, one binary (one link of burn) with a module per area.
 #[cfg(feature = "llama-cpp")]
 mod agent;
+mod bench;
 mod cli;
 mod devices;
 mod distill;

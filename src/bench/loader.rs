@@ -1,117 +1,15 @@
-//! Benchmarks for the README: a recipe's real training steps (packing, forward, backward,
-//! clipping, AdamW; `k3mini bench train RECIPE`), and the data loader's memory and throughput as a
-//! corpus grows (`k3mini bench data`).
+//! The data loader as the corpus grows (`k3mini bench data`): corpora of this machine's own text
+//! written as Parquet, and one pass of the streaming loader over each, against reading every
+//! document into memory first, each pass in its own process so each peak RSS is its own.
 
+use super::{Child, in_child};
 use crate::bail;
 use crate::error::{Context, Result};
-use crate::recipe::RunPlan;
-use crate::run_dir::read_metrics;
-use crate::train::trainer::{TrainOptions, train};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-#[derive(Clone, Debug, Serialize)]
-pub struct RecipeBench {
-    pub recipe: String,
-    pub params: usize,
-    pub tokens_per_step: usize,
-    pub steps: usize,
-    /// Median over the steps after the first (which pays one-off allocation and warm-up).
-    pub median_tokens_per_s: f64,
-    pub median_step_s: f64,
-    /// Peak resident memory of the process over the run.
-    pub peak_rss_bytes: Option<usize>,
-    /// Resident memory before the run began (the binary, its libraries, the allocator's pools).
-    pub baseline_rss_bytes: Option<usize>,
-    /// The most heap bytes live at once during a step (checkpoints written between steps
-    /// excluded), and those live before the run, where the binary counts them
-    /// (`k3mini_student::bench::CountingAlloc`): unlike resident memory, not inflated by what the
-    /// allocator keeps after a free.
-    pub peak_heap_bytes: Option<usize>,
-    pub baseline_heap_bytes: Option<usize>,
-    /// Model FLOPs of one training token (`k3mini_student::info::train_flops_per_token`).
-    pub flops_per_token: f64,
-    /// Devices the step runs on, and how many of them worked at once: the median over the steps
-    /// after the first of Σ (each device's forward and backward seconds) / the step's seconds.
-    /// Near the device count when the replicas overlap, at most 1 when they take turns.
-    pub devices: usize,
-    pub median_concurrency: f64,
-}
-
-impl RecipeBench {
-    /// Activation memory as the issue tracker measures it: the peak less what was live before and
-    /// the f32 weights, gradients and AdamW moments (16 bytes a parameter); from the heap where it
-    /// is counted, else from resident memory.
-    pub fn measured_activations(&self) -> Option<usize> {
-        let (peak, base) = match (self.peak_heap_bytes, self.baseline_heap_bytes) {
-            (Some(p), Some(b)) => (p, b),
-            _ => (self.peak_rss_bytes?, self.baseline_rss_bytes?),
-        };
-        Some(peak.saturating_sub(base + 16 * self.params))
-    }
-}
-
-/// Runs `steps` optimizer steps of `recipe` in a scratch directory (removed afterwards).
-pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
-    if steps < 2 {
-        bail!("bench train needs at least 2 steps (the first is warm-up)");
-    }
-    let out = std::env::temp_dir().join(format!("k3mini-bench-{}", std::process::id()));
-    std::fs::remove_dir_all(&out).ok();
-    let baseline_rss_bytes = k3mini_student::bench::rss_bytes();
-    let main = plan.devices.open()?.into_iter().next();
-    let counted = main.is_some_and(|d| k3mini_student::bench::counts_heap(&d));
-    let baseline_heap_bytes = k3mini_student::bench::heap_live_bytes().filter(|_| counted);
-    let opts = TrainOptions {
-        out_dir: Some(out.clone()),
-        stop_after: Some(steps),
-        ..Default::default()
-    };
-    let result =
-        train(plan, &opts).and_then(|_| read_metrics(&out).context("reading the bench metrics"));
-    std::fs::remove_dir_all(&out).ok();
-    let lines = result?;
-    if lines.len() < steps {
-        bail!(
-            "the recipe logs every {} steps: bench needs log_every = 1",
-            plan.train.log_every
-        );
-    }
-    let tokens = plan.train.batch_tokens;
-    let median = |f: &dyn Fn(&crate::run_dir::StepMetrics) -> f64| {
-        let mut v: Vec<f64> = lines[1..].iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let concurrency =
-        median(&|m| m.replica_busy_s.iter().sum::<f64>() * m.tokens_per_s / tokens as f64);
-    let median = median(&|m| m.tokens_per_s);
-    Ok(RecipeBench {
-        recipe: plan.recipe_name(),
-        params: k3mini_student::info::param_breakdown(&plan.model).total(),
-        tokens_per_step: tokens,
-        steps,
-        median_tokens_per_s: median,
-        median_step_s: tokens as f64 / median,
-        peak_rss_bytes: lines.iter().filter_map(|m| m.peak_rss_bytes).max(),
-        baseline_rss_bytes,
-        peak_heap_bytes: lines
-            .iter()
-            .filter_map(|m| m.step_peak_heap_bytes)
-            .max()
-            .filter(|_| counted),
-        baseline_heap_bytes,
-        flops_per_token: k3mini_student::info::train_flops_per_token(
-            &plan.model,
-            plan.data.seq_len,
-        ),
-        devices: plan.devices.replicas(),
-        median_concurrency: concurrency,
-    })
-}
-
 /// One pass of the training loader over a corpus: what it cost.
-#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LoaderBench {
     /// `stream` (the training loader) or `memory` (every document tokenized into memory first,
     /// as teacher scoring reads a corpus).
@@ -211,15 +109,69 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// One loader pass: a corpus directory, the builtin tokenizer by name, the packed row length, and
+/// whether every document is read into memory first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoaderRun {
+    pub dir: PathBuf,
+    pub tokenizer: String,
+    pub seq_len: usize,
+    pub in_memory: bool,
+}
+
+/// The loader at each corpus size: corpora of `sizes_mb` MB of text under `out` (built once, then
+/// reused: a corpus counts as built when its `.complete` marker is there), each pass in a child of
+/// `exe` (the `k3mini` binary); the in-memory reader only up to `memory_up_to_mb`. `each` receives
+/// every pass as it ends, with its corpus size.
+pub fn data(
+    exe: &Path,
+    out: &Path,
+    sizes_mb: &[u64],
+    tokenizer: &str,
+    seq_len: usize,
+    memory_up_to_mb: u64,
+    mut each: impl FnMut(u64, LoaderBench),
+) -> Result<()> {
+    for &mb in sizes_mb {
+        let dir = out.join(format!("corpus-{mb}mb"));
+        let done = dir.join(".complete");
+        if !done.exists() {
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("clearing {}", dir.display()));
+                }
+                _ => {}
+            }
+            let written = build_corpus(&dir, mb << 20)?;
+            k3mini_durable::write(&done, written.to_string().as_bytes())?;
+        }
+        for in_memory in [false, true] {
+            if in_memory && mb > memory_up_to_mb {
+                continue;
+            }
+            let run = LoaderRun {
+                dir: dir.clone(),
+                tokenizer: tokenizer.into(),
+                seq_len,
+                in_memory,
+            };
+            each(mb, in_child(exe, &Child::Loader(run))?);
+        }
+    }
+    Ok(())
+}
+
 /// One pass over the Parquet directory `dir` with `tokenizer`: the streaming loader packing rows
 /// of `seq_len` until the stream enters its second epoch, or (`in_memory`) every document
 /// tokenized into a list first, the way scoring reads a corpus.
-pub fn bench_loader(
-    dir: &Path,
-    tokenizer: &str,
-    seq_len: usize,
-    in_memory: bool,
-) -> Result<LoaderBench> {
+pub fn bench_loader(run: &LoaderRun) -> Result<LoaderBench> {
+    let LoaderRun {
+        dir,
+        tokenizer,
+        seq_len,
+        in_memory,
+    } = run;
+    let (dir, seq_len, in_memory) = (dir.as_path(), *seq_len, *in_memory);
     use k3mini_data::stream::{DocStream, Split, StreamCursor};
     use k3mini_data::{DocFeed, Packer, SourceFormat, Tokenizer};
     let tok = Tokenizer::load(tokenizer)?;
