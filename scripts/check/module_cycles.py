@@ -1,18 +1,76 @@
 """Finds cycles between the files of each crate's module tree (rustc allows them; the layout forbids them).
 
-A file depends on another when it names an item there: `crate::a::b::Item`, `super::x`, or a path
-through a parent module's `pub use child::Item` re-export, which is followed to the child's file.
-A parent's `mod child;` is not an edge (declaring is not depending). Prints every strongly
-connected component of more than one file and exits 1 if there is one.
+A file depends on another when it names an item there: `crate::a::b::Item`, `super::x`,
+`super::super::x`, each leaf of a use-tree (`crate::{a::{B, c::D}, e}`), or a path through a parent
+module's `pub use child::Item` re-export, which is followed to the child's file. A parent's
+`mod child;` is not an edge (declaring is not depending), nor is a `#[cfg(test)]` module's body.
+Prints every strongly connected component of more than one file and exits 1 if there is one.
 
-    python3 scripts/check/module_cycles.py          # from the repository root
+    python3 scripts/check/module_cycles.py          # the repository's crates
+    python3 scripts/check/module_cycles.py DIR      # the crates under DIR (DIR/src, DIR/*/src)
 """
 import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parents[2]
 CRATES = [ROOT / "src"] + sorted(p.parent / "src" for p in ROOT.glob("*/Cargo.toml"))
+
+
+def closing(text, i):
+    """The index just past the brace that closes the one at `i`."""
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return j + 1
+    return len(text)
+
+
+def split_top(text, sep=","):
+    """`text` split at the `sep`s outside braces."""
+    parts, depth, start = [], 0, 0
+    for j, c in enumerate(text):
+        depth += {"{": 1, "}": -1}.get(c, 0)
+        if c == sep and depth == 0:
+            parts.append(text[start:j])
+            start = j + 1
+    return parts + [text[start:]]
+
+
+def leaves(tree):
+    """Every path a use-tree names: `a::{b, c::{d, e}}` gives [a, b], [a, c, d], [a, c, e]."""
+    tree = tree.strip()
+    if not tree:
+        return []
+    if tree.startswith("{"):
+        return [p for part in split_top(tree[1:-1]) for p in leaves(part)]
+    m = re.match(r"(\w+)\s*(?:::\s*(.*))?$", tree, re.S)
+    if not m:
+        return []
+    if m.group(2) is None or m.group(2).strip() == "*":
+        return [[m.group(1)]]
+    rest = leaves(m.group(2))
+    return [[m.group(1)] + r if r != ["self"] else [m.group(1)] for r in rest] or [[m.group(1)]]
+
+
+def item_paths(text):
+    """(`crate` or `super`, the segments after it) for every path that starts at one of them."""
+    out = []
+    for m in re.finditer(r"\b(crate|super)\s*::\s*", text):
+        if m.start() and text[m.start() - 1] == ":":
+            continue  # `super::super::x`: its first `super` starts the path
+        i = m.end()
+        tail = re.match(r"(?:\w+\s*::\s*)*(?:\{|\w+)", text[i:])
+        if not tail:
+            continue
+        end = i + tail.end()
+        if text[end - 1] == "{":
+            end = closing(text, end - 1)
+        for segs in leaves(text[i:end]):
+            if segs and segs[0] not in ("self",):
+                out.append((m.group(1), [s for s in segs if s != "self"]))
+    return out
 
 
 def strip(text):
@@ -42,8 +100,11 @@ def strip(text):
             out.append(c)
             i += 1
     text = "".join(out)
-    cut = re.search(r"#\[cfg\(test\)\]\s*mod\s+tests", text)
-    return text[: cut.start()] if cut else text
+    # Each #[cfg(test)] module's body (or its `mod tests;`), keeping what follows it.
+    while m := re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*([{;])", text):
+        end = closing(text, m.end() - 1) if m.group(1) == "{" else m.end()
+        text = text[: m.start()] + text[end:]
+    return text
 
 
 def module_of(src, path):
@@ -94,17 +155,11 @@ def main():
 
         edges = {m: set() for m in files}
         for m, text in texts.items():
-            paths = []
-            for head, rest in re.findall(r"\b(crate|super)((?:::\w+)+|::\{[^;]*?\})", text):
-                if rest.startswith("::{"):
-                    for inner in rest[3:-1].split(","):
-                        segs = re.findall(r"\w+", inner.split(" as ")[0])
-                        if segs:
-                            paths.append((head, segs))
-                else:
-                    paths.append((head, rest.strip(":").split("::")))
-            for head, segs in paths:
-                target = resolve(list(m[:-1]) + segs if head == "super" else segs)
+            for head, segs in item_paths(re.sub(r"\s+as\s+\w+", "", text)):
+                base = list(m[:-1]) if head == "super" else []
+                while segs and segs[0] == "super":
+                    base, segs = base[:-1], segs[1:]
+                target = resolve(base + segs)
                 # A child naming what its parent module holds is not counted: the parent is the
                 # module's face, and its children are its parts.
                 if target != m and m[: len(target)] != target:
