@@ -41,11 +41,65 @@ struct Item {
     tag: Option<String>,
 }
 
-/// The items and default functions of one source file.
+/// The items and default functions of one source file, and what the defaults it names in other
+/// crates are.
 #[derive(Default)]
 struct Schema {
     items: BTreeMap<String, Item>,
     defaults: BTreeMap<String, String>,
+    values: BTreeMap<String, String>,
+}
+
+/// A value as TOML writes it inline (a table as `{ key = value, … }`).
+fn inline_toml(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Table(t) => {
+            let pairs: Vec<String> = t
+                .iter()
+                .map(|(k, v)| format!("{k} = {}", inline_toml(v)))
+                .collect();
+            format!("{{ {} }}", pairs.join(", "))
+        }
+        v => v.to_string(),
+    }
+}
+
+/// The defaults schema.rs names in other crates, keyed by the expression it names them with and
+/// rendered from the values themselves, so the reference shows what a recipe gets.
+/// (`Engine::default()` stays as written: it depends on the build's features, and its key's
+/// doc says which.)
+fn external_values() -> Result<BTreeMap<String, String>, String> {
+    fn value(v: impl serde::Serialize) -> Result<String, String> {
+        toml::Value::try_from(v)
+            .map(|v| inline_toml(&v))
+            .map_err(|e| e.to_string())
+    }
+    Ok(BTreeMap::from([
+        (
+            "Precision::default()".into(),
+            value(k3mini_student::precision::Precision::default())?,
+        ),
+        (
+            "LossParts::default()".into(),
+            value(k3mini_data::chat::LossParts::default())?,
+        ),
+        (
+            "Api::Vllm".into(),
+            value(k3mini_teacher::client::Api::Vllm)?,
+        ),
+        (
+            "ChatFormat::Chatml".into(),
+            value(k3mini_data::chat::ChatFormat::Chatml)?,
+        ),
+        (
+            "k3mini_student::hf::DEFAULT_SHARD_BYTES".into(),
+            value(k3mini_student::hf::DEFAULT_SHARD_BYTES)?,
+        ),
+        (
+            "k3mini_data::shards::DEFAULT_LOGPROB_STEP".into(),
+            value(k3mini_data::shards::DEFAULT_LOGPROB_STEP)?,
+        ),
+    ]))
 }
 
 fn attr_value(attr: &str, key: &str) -> Option<String> {
@@ -251,7 +305,7 @@ impl Schema {
                     .and_then(|b| b.strip_suffix(')'))
                     .unwrap_or(body);
                 let body = body.strip_suffix(".into()").unwrap_or(body);
-                format!("`{body}`")
+                format!("`{}`", self.values.get(body).map_or(body, String::as_str))
             }
             _ if optional => "optional".into(),
             None => required.into(),
@@ -271,7 +325,10 @@ impl Schema {
                         .map_or("its default".into(), |v| {
                             format!("`\"{}\"`", variant_name(item, &v.name))
                         }),
-                    None => format!("`{t}::default()`"),
+                    None => {
+                        let expr = format!("{t}::default()");
+                        format!("`{}`", self.values.get(&expr).unwrap_or(&expr))
+                    }
                 },
             },
         }
@@ -350,15 +407,39 @@ impl Schema {
     }
 }
 
+/// A doc comment as a table cell: rustdoc's intra-doc links (``[`crate::x`]``) as plain code.
 fn cell(doc: &str) -> String {
-    doc.replace('|', "\\|")
+    let mut out = String::new();
+    let mut rest = doc;
+    while let Some(i) = rest.find("[`") {
+        let link = rest[i + 1..]
+            .find("`]")
+            .map(|j| i + 1 + j + 2)
+            .filter(|&end| !rest[end..].starts_with('('));
+        let Some(end) = link else {
+            out.push_str(&rest[..i + 2]);
+            rest = &rest[i + 2..];
+            continue;
+        };
+        out.push_str(&rest[..i]);
+        out.push_str(&rest[i + 1..end - 1]);
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out.replace('|', "\\|")
 }
 
 /// The recipe reference, as Markdown (`docs/recipes.md`).
 pub fn reference() -> Result<String, String> {
-    let mut recipe = Schema::default();
+    let mut recipe = Schema {
+        values: external_values()?,
+        ..Schema::default()
+    };
     parse(SCHEMA, &mut recipe)?;
-    let mut model = Schema::default();
+    let mut model = Schema {
+        values: external_values()?,
+        ..Schema::default()
+    };
     parse(k3mini_student::config::CONFIG_SOURCE, &mut model)?;
     let root = recipe
         .items
@@ -377,6 +458,11 @@ pub fn reference() -> Result<String, String> {
         let (t, _, _) = inner(&f.ty);
         if t == "toml::Table" {
             model_tables(&mut out, &model, &f.doc)?;
+        } else if !recipe.items.contains_key(t) {
+            return Err(format!(
+                "schema.rs: [{}] is a {t}, which schema.rs does not define",
+                f.name
+            ));
         } else {
             let header = format!("[{}]", f.name);
             recipe.table(&mut out, &f.name, Some(&header), t, &f.doc, "**required**");
