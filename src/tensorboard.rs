@@ -101,15 +101,22 @@ pub fn record(event: &Event) -> Vec<u8> {
 /// record cut short at the end (a process killed mid-write) ends the stream there. A checksum
 /// that fails or a record that does not decode is an error naming its offset.
 pub fn read_events(bytes: &[u8]) -> Result<(Vec<Event>, usize)> {
+    match read_prefix(bytes) {
+        (_, _, Some(damage)) => Err(damage),
+        (events, end, None) => Ok((events, end)),
+    }
+}
+
+/// [`read_events`]' events up to the first damaged record, the bytes they span, and the damage.
+fn read_prefix(bytes: &[u8]) -> (Vec<Event>, usize, Option<crate::error::Error>) {
     let mut events = Vec::new();
     let mut at = 0;
     while bytes.len() - at >= 12 {
         let header = &bytes[at..at + 12];
         let (len, crc) = header.split_at(8);
         if masked_crc(len) != u32::from_le_bytes(crc.try_into().unwrap()) {
-            return Err(refused!(
-                "record at byte {at}: its length fails its checksum"
-            ));
+            let damage = refused!("record at byte {at}: its length fails its checksum");
+            return (events, at, Some(damage));
         }
         let len = u64::from_le_bytes(len.try_into().unwrap());
         let end = match usize::try_from(len)
@@ -122,12 +129,16 @@ pub fn read_events(bytes: &[u8]) -> Result<(Vec<Event>, usize)> {
         };
         let data = &bytes[at + 12..end];
         if masked_crc(data) != u32::from_le_bytes(bytes[end..end + 4].try_into().unwrap()) {
-            return Err(refused!("record at byte {at}: its data fails its checksum"));
+            let damage = refused!("record at byte {at}: its data fails its checksum");
+            return (events, at, Some(damage));
         }
-        events.push(Event::decode(data).map_err(|e| refused!("record at byte {at}: {e}"))?);
+        match Event::decode(data) {
+            Ok(event) => events.push(event),
+            Err(e) => return (events, at, Some(refused!("record at byte {at}: {e}"))),
+        }
         at = end + 4;
     }
-    Ok((events, at))
+    (events, at, None)
 }
 
 /// The figures of one logged step, as TensorBoard tags. Loss and held-out figures, learning rate,
@@ -168,26 +179,71 @@ fn seconds(t: SystemTime) -> f64 {
 pub struct EventLog {
     file: std::fs::File,
     path: PathBuf,
+    /// What [`EventLog::open`] found damaged and rebuilt, to tell the user.
+    pub repaired: Option<String>,
+}
+
+/// `values` at `step`, stamped `now`.
+fn summary(step: usize, now: SystemTime, values: Vec<(String, f32)>) -> Event {
+    Event {
+        wall_time: seconds(now),
+        step: step as i64,
+        what: Some(What::Summary(Summary {
+            value: values
+                .into_iter()
+                .map(|(tag, v)| Value {
+                    tag,
+                    value: Some(Scalar::SimpleValue(v)),
+                })
+                .collect(),
+        })),
+    }
 }
 
 impl EventLog {
     /// The run's event file, opened for appending after `step`: its records of later steps
     /// (written by a run killed after its last checkpoint) and a half-written last record are
-    /// dropped first. A run without one starts `events.out.tfevents.SECS.HOST` at `now`.
-    pub fn open(run: &Path, step: usize, now: SystemTime) -> Result<Self> {
+    /// dropped first. A damaged record (a failed checksum) ends what is kept of the file; the
+    /// steps after it up to `step` are rebuilt from `logged` (the run's `metrics.jsonl`, the
+    /// record of truth), stamped `now`, and [`EventLog::repaired`] says so. A run without a file
+    /// starts `events.out.tfevents.SECS.HOST` at `now`.
+    pub fn open(
+        run: &Path,
+        step: usize,
+        now: SystemTime,
+        logged: impl FnOnce() -> Result<Vec<StepMetrics>>,
+    ) -> Result<Self> {
+        let mut repaired = None;
         let path = match find(run)? {
             Some(path) => {
                 let bytes =
                     std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-                let (events, end) =
-                    read_events(&bytes).with_context(|| format!("reading {}", path.display()))?;
-                let later = |e: &Event| e.step > step as i64;
-                if end != bytes.len() || events.iter().any(later) {
-                    let kept: Vec<u8> = events
+                let (mut events, end, damage) = read_prefix(&bytes);
+                let read = events.len();
+                events.retain(|e| e.step <= step as i64);
+                if let Some(damage) = damage {
+                    let last = events
                         .iter()
-                        .filter(|e| !later(e))
-                        .flat_map(record)
+                        .filter(|e| matches!(e.what, Some(What::Summary(_))))
+                        .map(|e| e.step)
+                        .max()
+                        .unwrap_or(0);
+                    let rebuilt: Vec<Event> = logged()?
+                        .iter()
+                        .filter(|m| m.step as i64 > last && m.step <= step)
+                        .map(|m| summary(m.step, now, scalars(m)))
                         .collect();
+                    repaired = Some(format!(
+                        "{}: {damage}; kept the {} records before it and rebuilt {} steps from {}",
+                        path.display(),
+                        events.len(),
+                        rebuilt.len(),
+                        crate::run_dir::METRICS
+                    ));
+                    events.extend(rebuilt);
+                }
+                if repaired.is_some() || end != bytes.len() || events.len() != read {
+                    let kept: Vec<u8> = events.iter().flat_map(record).collect();
                     k3mini_durable::write(&path, &kept)
                         .with_context(|| format!("rewriting {}", path.display()))?;
                 }
@@ -213,7 +269,11 @@ impl EventLog {
             .append(true)
             .open(&path)
             .with_context(|| format!("opening {}", path.display()))?;
-        Ok(Self { file, path })
+        Ok(Self {
+            file,
+            path,
+            repaired,
+        })
     }
 
     /// Appends one event: `values` at `step`, stamped `now`.
@@ -223,19 +283,7 @@ impl EventLog {
         now: SystemTime,
         values: Vec<(String, f32)>,
     ) -> Result<()> {
-        let event = Event {
-            wall_time: seconds(now),
-            step: step as i64,
-            what: Some(What::Summary(Summary {
-                value: values
-                    .into_iter()
-                    .map(|(tag, v)| Value {
-                        tag,
-                        value: Some(Scalar::SimpleValue(v)),
-                    })
-                    .collect(),
-            })),
-        };
+        let event = summary(step, now, values);
         // One write of the whole record: a kill leaves at most one record cut short.
         self.file
             .write_all(&record(&event))

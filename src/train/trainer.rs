@@ -259,14 +259,19 @@ impl RunLog {
     fn open(plan: &RunPlan, state: &TrainState) -> Result<Self> {
         std::fs::create_dir_all(&plan.out_dir)?;
         k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
+        let metrics = run_dir::open_metrics(&plan.out_dir, state.step)?;
+        let events = EventLog::open(&plan.out_dir, state.step, SystemTime::now(), || {
+            run_dir::read_metrics(&plan.out_dir)
+        })?;
+        let progress =
+            crate::progress::observer().bar("steps", plan.train.steps as u64, state.step as u64);
+        if let Some(repaired) = &events.repaired {
+            progress.note(repaired.clone());
+        }
         Ok(Self {
-            metrics: run_dir::open_metrics(&plan.out_dir, state.step)?,
-            events: EventLog::open(&plan.out_dir, state.step, SystemTime::now())?,
-            progress: crate::progress::observer().bar(
-                "steps",
-                plan.train.steps as u64,
-                state.step as u64,
-            ),
+            metrics,
+            events,
+            progress,
             started: Instant::now(),
             first_loss: None,
             last_loss: None,

@@ -73,7 +73,7 @@ fn event_files_are_the_bytes_tensorboard_writes_and_read_as_it_reads_them() {
     let expected = std::fs::read(dir.join("events.out.tfevents.1764979200.golden")).unwrap();
 
     let s = Scratch::new("tensorboard-golden");
-    let mut log = EventLog::open(&s.0, 0, at(golden.start)).unwrap();
+    let mut log = EventLog::open(&s.0, 0, at(golden.start), nothing_logged).unwrap();
     assert!(
         log.path()
             .file_name()
@@ -109,9 +109,9 @@ fn event_files_are_the_bytes_tensorboard_writes_and_read_as_it_reads_them() {
 }
 
 #[test]
-fn reopening_drops_later_and_torn_records_and_names_a_corrupt_one() {
+fn reopening_drops_later_and_torn_records_and_rebuilds_after_a_damaged_one() {
     let s = Scratch::new("tensorboard-reopen");
-    let mut log = EventLog::open(&s.0, 0, at(1e9)).unwrap();
+    let mut log = EventLog::open(&s.0, 0, at(1e9), nothing_logged).unwrap();
     for step in 1..=5 {
         log.write(
             step,
@@ -128,7 +128,7 @@ fn reopening_drops_later_and_torn_records_and_names_a_corrupt_one() {
     bytes.extend_from_slice(&tensorboard::record(&tensorboard::Event::default())[..7]);
     std::fs::write(&path, &bytes).unwrap();
 
-    let mut log = EventLog::open(&s.0, 3, at(2e9)).unwrap();
+    let mut log = EventLog::open(&s.0, 3, at(2e9), nothing_logged).unwrap();
     assert_eq!(log.path(), path, "a resumed run appends to its file");
     log.write(4, at(2e9), vec![("train/loss".into(), 40.0)])
         .unwrap();
@@ -139,15 +139,47 @@ fn reopening_drops_later_and_torn_records_and_names_a_corrupt_one() {
     assert_eq!(steps, [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]);
     assert!(std::fs::read(&path).unwrap().len() < whole);
 
-    // A flipped byte inside a record is named, not read past.
+    // A flipped byte inside step 3's record: the records before it are kept, and the steps from
+    // it on are rebuilt from metrics.jsonl's lines (here 30 and 40, to tell them apart).
     let mut bytes = std::fs::read(&path).unwrap();
-    bytes[30] ^= 0x40;
+    let (events, _) = read_events(&bytes).unwrap();
+    let third: usize = events[..3]
+        .iter()
+        .map(|e| tensorboard::record(e).len())
+        .sum();
+    bytes[third + 14] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
-    let err = EventLog::open(&s.0, 4, at(3e9)).err().unwrap().to_string();
+    let logged = || {
+        Ok((1..=4)
+            .map(|step| {
+                serde_json::from_value(serde_json::json!({"step": step, "loss": 10 * step,
+                    "lr": 0.0, "grad_norm": 0.0, "tokens_per_s": 0.0, "skipped": false}))
+                .unwrap()
+            })
+            .collect())
+    };
+    let log = EventLog::open(&s.0, 4, at(3e9), logged).unwrap();
+    let repaired = log.repaired.clone().expect("the damage is reported");
     assert!(
-        err.contains("checksum") && err.contains("tfevents"),
-        "{err}"
+        repaired.contains("checksum") && repaired.contains("tfevents"),
+        "{repaired}"
     );
+    assert!(repaired.contains("rebuilt 2 steps"), "{repaired}");
+    drop(log);
+    let steps: Vec<(i64, f32)> = run_scalars(&s.0)["train/loss"]
+        .iter()
+        .map(|&(s, _, x)| (s, x))
+        .collect();
+    assert_eq!(steps, [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]);
+    assert!(read_events(&std::fs::read(&path).unwrap()).is_ok());
+    // Reopened whole, nothing is repaired or read from metrics.jsonl.
+    let log = EventLog::open(&s.0, 4, at(4e9), nothing_logged).unwrap();
+    assert!(log.repaired.is_none());
+}
+
+/// For an [`EventLog::open`] that must not need the metrics.
+fn nothing_logged() -> k3mini::error::Result<Vec<k3mini::run_dir::StepMetrics>> {
+    panic!("an intact event file is not rebuilt")
 }
 
 #[test]
