@@ -39,7 +39,7 @@ pub fn local_model_path(model: &LocalModel) -> Result<PathBuf> {
             name,
             Kind::Teacher,
             &fetch::cache_dir(),
-            &mut |l| crate::progress::observer().note(&l),
+            &mut |l| crate::progress::observer().note(l),
         )?),
         LocalModel::Gguf { path } => Ok(path.clone()),
     }
@@ -200,7 +200,7 @@ pub fn plan_prompts(
             PromptSet::Jsonl { path, limit } => (read_prompts(path)?, limit),
             PromptSet::Builtin { name, limit } => {
                 let file = fetch::fetch(name, Kind::Dataset, &fetch::cache_dir(), &mut |l| {
-                    crate::progress::observer().note(&l)
+                    crate::progress::observer().note(l)
                 })?;
                 (read_champ(&file)?, limit)
             }

@@ -183,6 +183,15 @@ pub struct EventLog {
     pub repaired: Option<String>,
 }
 
+/// The record every event file starts with: its format's version.
+fn file_version(now: SystemTime) -> Event {
+    Event {
+        wall_time: seconds(now),
+        step: 0,
+        what: Some(What::FileVersion(FILE_VERSION.into())),
+    }
+}
+
 /// `values` at `step`, stamped `now`.
 fn summary(step: usize, now: SystemTime, values: Vec<(String, f32)>) -> Event {
     Event {
@@ -220,8 +229,17 @@ impl EventLog {
                     std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
                 let (mut events, end, damage) = read_prefix(&bytes);
                 let read = events.len();
+                // Steps only grow along the file: damage after a record of `step` or later lies
+                // in what a resume drops anyway.
+                let reached = events.iter().map(|e| e.step).max().unwrap_or(0);
                 events.retain(|e| e.step <= step as i64);
-                if let Some(damage) = damage {
+                if !events
+                    .first()
+                    .is_some_and(|e| matches!(e.what, Some(What::FileVersion(_))))
+                {
+                    events.insert(0, file_version(now));
+                }
+                if let Some(damage) = damage.filter(|_| reached < step as i64) {
                     let last = events
                         .iter()
                         .filter(|e| matches!(e.what, Some(What::Summary(_))))
@@ -234,15 +252,15 @@ impl EventLog {
                         .map(|m| summary(m.step, now, scalars(m)))
                         .collect();
                     repaired = Some(format!(
-                        "{}: {damage}; kept the {} records before it and rebuilt {} steps from {}",
+                        "{}: {damage}; kept the steps up to {last} and rebuilt {} steps after it \
+                         from {}",
                         path.display(),
-                        events.len(),
                         rebuilt.len(),
                         crate::run_dir::METRICS
                     ));
                     events.extend(rebuilt);
                 }
-                if repaired.is_some() || end != bytes.len() || events.len() != read {
+                if end != bytes.len() || events.len() != read {
                     let kept: Vec<u8> = events.iter().flat_map(record).collect();
                     k3mini_durable::write(&path, &kept)
                         .with_context(|| format!("rewriting {}", path.display()))?;
@@ -255,12 +273,7 @@ impl EventLog {
                     seconds(now) as u64,
                     host()
                 ));
-                let first = Event {
-                    wall_time: seconds(now),
-                    step: 0,
-                    what: Some(What::FileVersion(FILE_VERSION.into())),
-                };
-                k3mini_durable::write(&path, &record(&first))
+                k3mini_durable::write(&path, &record(&file_version(now)))
                     .with_context(|| format!("writing {}", path.display()))?;
                 path
             }

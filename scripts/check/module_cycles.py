@@ -3,7 +3,9 @@
 A file depends on another when it names an item there: `crate::a::b::Item`, `super::x`,
 `super::super::x`, each leaf of a use-tree (`crate::{a::{B, c::D}, e}`), or a path through a parent
 module's `pub use child::Item` re-export, which is followed to the child's file. A parent's
-`mod child;` is not an edge (declaring is not depending), nor is a `#[cfg(test)]` module's body.
+`mod child;` is not an edge (declaring is not depending), nor is a `#[cfg(test)]` module (its
+body, or its file). An inline module (`mod inner { … }`, not a test's) is read as part of its
+file: its `super` is taken as the file's.
 Prints every strongly connected component of more than one file and exits 1 if there is one.
 
     python3 scripts/check/module_cycles.py          # the repository's crates
@@ -48,8 +50,10 @@ def leaves(tree):
     m = re.match(r"(\w+)\s*(?:::\s*(.*))?$", tree, re.S)
     if not m:
         return []
-    if m.group(2) is None or m.group(2).strip() == "*":
+    if m.group(2) is None:
         return [[m.group(1)]]
+    if m.group(2).strip() == "*":
+        return [[m.group(1), "*"]]
     rest = leaves(m.group(2))
     return [[m.group(1)] + r if r != ["self"] else [m.group(1)] for r in rest] or [[m.group(1)]]
 
@@ -100,11 +104,16 @@ def strip(text):
             out.append(c)
             i += 1
     text = "".join(out)
-    # Each #[cfg(test)] module's body (or its `mod tests;`), keeping what follows it.
-    while m := re.search(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*([{;])", text):
-        end = closing(text, m.end() - 1) if m.group(1) == "{" else m.end()
+    # Each #[cfg(test)] module's body (or its `mod tests;`, whose file is left out), keeping what
+    # follows it.
+    tests = []
+    test_mod = r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*([{;])"
+    while m := re.search(test_mod, text):
+        end = closing(text, m.end() - 1) if m.group(2) == "{" else m.end()
+        if m.group(2) == ";":
+            tests.append(m.group(1))
         text = text[: m.start()] + text[end:]
-    return text
+    return text, tests
 
 
 def module_of(src, path):
@@ -127,15 +136,42 @@ def main():
             if "bin" in path.relative_to(src).parts:
                 continue
             files[module_of(src, path)] = path
-        texts = {m: strip(p.read_text()) for m, p in files.items()}
-        # Where a module's names come from: `pub use child::{A, B}` and `pub use child::*`.
+        texts, tests = {}, []
+        for m, p in files.items():
+            texts[m], declared = strip(p.read_text())
+            tests += [m + (t,) for t in declared]
+        for t in tests:
+            files.pop(t, None)
+            texts.pop(t, None)
+
+        def module(m, segs):
+            """The file of the deepest module `segs` names, read from module `m`."""
+            base = m
+            if segs and segs[0] == "crate":
+                base, segs = (), segs[1:]
+            elif segs and segs[0] == "self":
+                segs = segs[1:]
+            while segs and segs[0] == "super":
+                base, segs = base[:-1], segs[1:]
+            for s in segs:
+                if base + (s,) not in files:
+                    break
+                base = base + (s,)
+            return base
+
+        # Where a module's names come from: each leaf of a `pub use` tree (`pub use child::{A, B
+        # as C}`, `pub use crate::a::x::D`, `pub use child::*`), by the name it is used under.
         named, globs = {}, {}
         for m, text in texts.items():
-            for child, names in re.findall(r"pub(?:\([^)]*\))?\s+use\s+(?:self::)?(\w+)::(\{[^}]*\}|\w+|\*)", text):
-                if names == "*":
-                    globs.setdefault(m, []).append(m + (child,))
-                for name in re.findall(r"\w+", names):
-                    named.setdefault(m, {})[name] = m + (child,)
+            for tree in re.findall(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]*);", text):
+                tree = re.sub(r"(\w+)\s+as\s+(\w+)", r"\1__as__\2", tree)
+                for segs in leaves(tree):
+                    *path, last = segs
+                    if last == "*":
+                        globs.setdefault(m, []).append(module(m, path))
+                        continue
+                    item, _, alias = last.partition("__as__")
+                    named.setdefault(m, {})[alias or item] = module(m, path + [item])
 
         def defines(m, name):
             return re.search(rf"\b(struct|enum|fn|type|const|static|trait|mod)\s+{name}\b", texts[m])

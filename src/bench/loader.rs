@@ -132,7 +132,13 @@ pub fn data(
     memory_up_to_mb: u64,
     mut each: impl FnMut(u64, LoaderBench),
 ) -> Result<()> {
+    if seq_len < 2 {
+        bail!("--seq-len {seq_len}: a packed row holds at least 2 tokens");
+    }
     for &mb in sizes_mb {
+        let Some(bytes) = mb.checked_mul(1 << 20).filter(|_| mb > 0) else {
+            bail!("--sizes {mb}: a corpus size is a positive number of MB");
+        };
         let dir = out.join(format!("corpus-{mb}mb"));
         let done = dir.join(".complete");
         if !done.exists() {
@@ -142,7 +148,7 @@ pub fn data(
                 }
                 _ => {}
             }
-            let written = build_corpus(&dir, mb << 20)?;
+            let written = build_corpus(&dir, bytes)?;
             k3mini_durable::write(&done, written.to_string().as_bytes())?;
         }
         for in_memory in [false, true] {

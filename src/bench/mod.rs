@@ -60,6 +60,27 @@ pub fn in_child<T: DeserializeOwned>(exe: &Path, request: &Child) -> Result<T> {
         .with_context(|| format!("reading what the benchmark child {json} printed"))
 }
 
+/// A benchmark's scratch directory: new (this process, a counter), removed when dropped, so
+/// benchmarks running at once in one process never share one.
+pub(crate) struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub(crate) fn new(what: &str) -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("k3mini-bench-{what}-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 /// `step`'s forward + backward on `device`, in this process.
 pub fn step(step: &ShapeStep, device: &DeviceList) -> Result<TrainStepBench> {
     Ok(bench_train_step(&step.spec()?, &device.open_main()?))
@@ -69,6 +90,8 @@ pub fn step(step: &ShapeStep, device: &DeviceList) -> Result<TrainStepBench> {
 #[derive(Clone, Debug, Serialize)]
 pub struct MemoryCheck {
     pub measured: TrainStepBench,
+    /// Heap bytes the forward kept, as counted (`measured.kept_bytes`, which a check has).
+    pub kept: usize,
     /// Heap bytes kept after the forward, by the estimate.
     pub estimated_kept: usize,
     /// The estimate plus the largest transient and the gradients: what the step may peak at.
@@ -77,9 +100,8 @@ pub struct MemoryCheck {
 
 impl MemoryCheck {
     /// The estimate's error on what the forward keeps: estimated / measured − 1.
-    pub fn kept_error(&self) -> Option<f64> {
-        let measured = self.measured.kept_bytes?;
-        Some(self.estimated_kept as f64 / measured.max(1) as f64 - 1.0)
+    pub fn kept_error(&self) -> f64 {
+        self.estimated_kept as f64 / self.kept.max(1) as f64 - 1.0
     }
 }
 
@@ -88,16 +110,17 @@ impl MemoryCheck {
 pub fn memory(exe: &Path, steps: usize, mut each: impl FnMut(MemoryCheck)) -> Result<()> {
     for s in k3mini_student::bench::memory_steps(steps) {
         let measured: TrainStepBench = in_child(exe, &Child::Step(s))?;
-        if measured.kept_bytes.is_none() {
+        let Some(kept) = measured.kept_bytes else {
             crate::bail!(
                 "{} counts no heap bytes: the memory check needs the k3mini binary, whose allocator \
                  counts them",
                 exe.display()
             );
-        }
+        };
         let (estimated_kept, estimated_bound) = measured.estimate()?;
         each(MemoryCheck {
             measured,
+            kept,
             estimated_kept,
             estimated_bound,
         });

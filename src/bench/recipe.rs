@@ -54,8 +54,8 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     if steps < 2 {
         bail!("bench train needs at least 2 steps (the first is warm-up)");
     }
-    let out = std::env::temp_dir().join(format!("k3mini-bench-{}", std::process::id()));
-    std::fs::remove_dir_all(&out).ok();
+    let scratch = super::Scratch::new("train")?;
+    let out = scratch.0.join("run");
     let baseline_rss_bytes = k3mini_student::bench::rss_bytes();
     let main = plan.devices.open()?.into_iter().next();
     let counted = main.is_some_and(|d| k3mini_student::bench::counts_heap(&d));
@@ -65,10 +65,8 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
         stop_after: Some(steps),
         ..Default::default()
     };
-    let result =
-        train(plan, &opts).and_then(|_| read_metrics(&out).context("reading the bench metrics"));
-    std::fs::remove_dir_all(&out).ok();
-    let lines = result?;
+    train(plan, &opts)?;
+    let lines = read_metrics(&out).context("reading the bench metrics")?;
     if lines.len() < steps {
         bail!(
             "the recipe logs every {} steps: bench needs log_every = 1",

@@ -2,6 +2,7 @@
 //! loopback (`k3mini bench teacher`), llama.cpp against the burn engine (`k3mini bench engines`),
 //! and what shards cost per token in both schemas at several k (`k3mini bench shards`).
 
+use super::Scratch;
 use crate::bail;
 use crate::device::DeviceList;
 use crate::error::{Context, Result};
@@ -26,20 +27,28 @@ impl Windows {
     /// The windows, tokenized with `tokenizer` (the files of a directory one after another): at
     /// least one, all of `seq_len` tokens.
     pub fn tokenize(&self, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+        if self.seq_len == 0 || self.segments == 0 {
+            bail!(
+                "{} windows of {} tokens: a teacher benchmark scores at least one window of at \
+                 least one token (--segments, --seq-len)",
+                self.segments,
+                self.seq_len
+            );
+        }
         let mut ids = Vec::new();
         for doc in read_source(&self.text, SourceFormat::Text, "text")? {
-            if ids.len() >= self.seq_len * self.segments {
+            if ids.len() >= self.seq_len.saturating_mul(self.segments) {
                 break;
             }
             ids.extend(tokenizer.encode(&doc.text)?);
         }
         let windows: Vec<Vec<u32>> = ids
-            .chunks(self.seq_len.max(1))
+            .chunks(self.seq_len)
             .filter(|c| c.len() == self.seq_len)
             .take(self.segments)
             .map(<[u32]>::to_vec)
             .collect();
-        if windows.is_empty() || self.seq_len == 0 {
+        if windows.is_empty() {
             bail!(
                 "{}: {} tokens hold no window of {} tokens to score",
                 self.text.display(),
@@ -48,21 +57,6 @@ impl Windows {
             );
         }
         Ok(windows)
-    }
-}
-
-/// A scratch directory for one benchmark, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Self {
-        Self(std::env::temp_dir().join(format!("k3mini-bench-{what}-{}", std::process::id())))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
     }
 }
 
@@ -78,7 +72,7 @@ pub fn scoring(
     let local = open_local(&resolve(teacher)?, engine, device)?;
     let windows = windows.tokenize(&local.tokenizer)?;
     let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
-    let scratch = Scratch::new("teacher");
+    let scratch = Scratch::new("teacher")?;
     Ok(bench_teacher(
         Arc::new(local),
         &inputs,
@@ -146,10 +140,13 @@ pub struct ShardDirBench {
     pub vocab: usize,
     /// Files the rows were regrouped into for the measurement.
     pub written_files: usize,
+    /// The k asked for past the shards' own, not measured.
+    pub skipped: Vec<usize>,
     pub sizes: Vec<ShardSize>,
 }
 
-/// Shard bytes per token in both schemas at each of `ks` (at most the shards' own k) and what the
+/// Shard bytes per token in both schemas at each of `ks` up to the shards' own k (those past it
+/// are listed as skipped; none left, or a k of 0, is an error) and what the
 /// compact one loses at logprob `step`, measured on every exact (v1) shard in `dir`, the rows
 /// regrouped into files of `rows_per_file` (0: one file; `None`: as the shards are).
 pub fn shard_dir(
@@ -190,6 +187,14 @@ pub fn shard_dir(
     let Some(meta) = meta else {
         bail!("{}: no .parquet shards", dir.display());
     };
+    if ks.contains(&0) || !ks.iter().any(|&k| k <= meta.k) {
+        bail!(
+            "--k {ks:?}: the shards in {} hold each position's top {}; measure at 1 to {}",
+            dir.display(),
+            meta.k,
+            meta.k
+        );
+    }
     let Some(vocab) = meta.vocab else {
         bail!(
             "{}: the shards do not record the teacher's vocabulary (k3mini.vocab), which the \
@@ -201,12 +206,15 @@ pub fn shard_dir(
         per_file.iter().map(Vec::len).sum(),
         per_file.iter().flatten().map(ShardRow::positions).sum(),
     );
+    if positions == 0 {
+        bail!("{}: the shards hold no scored position", dir.display());
+    }
     let regrouped: Vec<Vec<ShardRow>> = match rows_per_file {
         None => per_file,
         Some(0) => vec![per_file.concat()],
         Some(n) => per_file.concat().chunks(n).map(<[_]>::to_vec).collect(),
     };
-    let scratch = Scratch::new("shards");
+    let scratch = Scratch::new("shards")?;
     let sizes = shard_sizes(&regrouped, &meta, ks, step, &scratch.0)?;
     Ok(ShardDirBench {
         files: files.len(),
@@ -216,6 +224,7 @@ pub fn shard_dir(
         teacher: meta.teacher,
         vocab,
         written_files: regrouped.len(),
+        skipped: ks.iter().copied().filter(|&k| k > meta.k).collect(),
         sizes,
     })
 }

@@ -470,6 +470,9 @@ fn shards(
         r.positions / r.written_files.max(1)
     );
     print_shard_sizes(&r.sizes, r.vocab);
+    if !r.skipped.is_empty() {
+        println!("\n(k {:?} skipped: the shards hold top-{})", r.skipped, r.k);
+    }
     Ok(())
 }
 
@@ -575,16 +578,15 @@ fn memory(steps: usize) -> Result<()> {
     Ok(bench::memory(&exe()?, steps, |c| {
         let r = &c.measured;
         println!(
-            "| {} | {:.1}M | {} x {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1}M | {} x {} | {} | {} | {} | {:+.0}% | {} | {} |",
             r.name,
             r.params as f64 / 1e6,
             r.batch,
             r.seq_len,
             if r.checkpointing { "yes" } else { "no" },
-            heap(r.kept_bytes),
+            bytes(c.kept),
             bytes(c.estimated_kept),
-            c.kept_error()
-                .map_or("n/a".into(), |e| format!("{:+.0}%", 100.0 * e)),
+            100.0 * c.kept_error(),
             heap(r.step_peak_bytes),
             bytes(c.estimated_bound),
         );

@@ -1,5 +1,5 @@
 //! Training: the loop, one objective per mode, the shared held-out evaluator, the optimizer,
-//! schedules, QAT, and the loop's benchmark.
+//! schedules and QAT.
 
 pub mod batch;
 pub mod distill;

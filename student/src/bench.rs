@@ -190,8 +190,8 @@ impl ShapeStep {
             return Err(bad(
                 "bench",
                 format_args!(
-                    "batch {} x seq_len {}, {} steps: a step needs a sequence of at least 2 tokens, \
-                     and a measurement at least one step",
+                    "batch {} x seq_len {}, {} steps: a step needs at least one sequence of at \
+                     least 2 tokens, and a measurement at least one step",
                     self.batch, self.seq_len, self.steps
                 ),
             ));
@@ -214,14 +214,15 @@ impl ShapeStep {
 /// The memory model's validation: four sizes from tiny to smoke-300m and the 3B preset's layers at
 /// small width ([`BENCH_SHAPES`]), each without and then with activation checkpointing.
 pub fn memory_steps(steps: usize) -> Vec<ShapeStep> {
-    const SHAPES: [(&str, usize, usize); 5] = [
+    let [b50, b150, k3] = BENCH_SHAPES;
+    let shapes = [
         ("tiny", 4, 128),
-        ("bench-50m", 4, 256),
-        ("bench-150m", 2, 512),
+        (b50, 4, 256),
+        (b150, 2, 512),
         ("smoke-300m", 2, 256),
-        ("bench-k3", 1, 1024),
+        (k3, 1, 1024),
     ];
-    SHAPES
+    shapes
         .iter()
         .flat_map(|&(shape, batch, seq)| {
             [false, true].map(|checkpointing| ShapeStep {
@@ -235,7 +236,7 @@ pub fn memory_steps(steps: usize) -> Vec<ShapeStep> {
 /// The training path against its reference ([`ShapeStep::reference`]) at tiny and `bench-50m`,
 /// interleaved A B A B (these machines are shared: compare neighbours).
 pub fn training_path_steps(steps: usize) -> Vec<ShapeStep> {
-    [("tiny", 8, 256), ("bench-50m", 4, 256)]
+    [("tiny", 8, 256), (BENCH_SHAPES[0], 4, 256)]
         .iter()
         .flat_map(|&(shape, batch, seq)| {
             let path = ShapeStep::new(shape, batch, seq, steps);

@@ -110,11 +110,8 @@ fn shard_sizes_come_from_exact_shards_that_record_their_vocabulary() {
     let r = shard_dir(&dir, &[2, 3, 5], 1.0 / 64.0, Some(0)).unwrap();
     assert_eq!((r.files, r.rows, r.positions, r.vocab), (2, 4, 8, 50));
     assert_eq!(r.written_files, 1);
-    assert_eq!(
-        r.sizes.iter().map(|s| s.k).collect::<Vec<_>>(),
-        [2, 3],
-        "k 5 > 3 is skipped"
-    );
+    assert_eq!(r.sizes.iter().map(|s| s.k).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(r.skipped, [5], "k 5 > 3 is skipped, and says so");
 
     let old = s.path("no-vocabulary");
     std::fs::create_dir_all(&old).unwrap();
@@ -135,8 +132,36 @@ fn shard_sizes_come_from_exact_shards_that_record_their_vocabulary() {
     let refused = shard_dir(&compact, &[2], 1.0 / 64.0, None).unwrap_err();
     assert!(refused.to_string().contains("already compact"), "{refused}");
 
-    let empty = shard_dir(&s.path("exact/none"), &[2], 1.0 / 64.0, None).unwrap_err();
-    assert!(empty.to_string().contains("exact/none"), "{empty}");
+    for ks in [&[4, 5][..], &[0, 2]] {
+        let refused = shard_dir(&dir, ks, 1.0 / 64.0, None).unwrap_err();
+        assert!(refused.to_string().contains("top 3"), "{refused}");
+    }
+
+    // Shards of another scoring (here another k) are not measured as one.
+    write_shard(
+        &dir.join("shard-9.parquet"),
+        &ShardMeta {
+            k: 2,
+            ..meta(Some(50))
+        },
+        Storage::Exact,
+        &[ShardRow {
+            top_ids: vec![2, 7, 3, 4],
+            top_logprobs: vec![-0.7, -1.5, -0.4, -2.0],
+            ..row(5)
+        }],
+    )
+    .unwrap();
+    let refused = shard_dir(&dir, &[2], 1.0 / 64.0, None).unwrap_err();
+    assert!(
+        refused.to_string().contains("scored otherwise"),
+        "{refused}"
+    );
+
+    let none = s.path("none");
+    std::fs::create_dir_all(&none).unwrap();
+    let empty = shard_dir(&none, &[2], 1.0 / 64.0, None).unwrap_err();
+    assert!(empty.to_string().contains("no .parquet shards"), "{empty}");
 }
 
 #[test]

@@ -34,29 +34,56 @@ fn the_cycle_check_reads_every_form_of_path() {
         "pub struct Y;\npub struct Z;\nfn f() { super::super::c::g(); }\n",
     );
     let tests = "#[cfg(test)]\nmod tests {\n    use crate::a::x::X;\n}\npub fn g() {}\n";
-    let check = || {
-        std::process::Command::new("python3")
-            .arg(root().join("scripts/check/module_cycles.py"))
-            .arg(&s.0)
-            .output()
-            .expect("python3 runs")
-    };
     s.write("src/c.rs", tests);
-    let out = check();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let (clean, printed) = cycles(&s.0);
+    assert!(clean, "{printed}");
     s.write(
         "src/c.rs",
         &format!("{tests}fn h() -> crate::a::x::X {{ todo!() }}\n"),
     );
-    let out = check();
-    let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "{printed}");
+    let (clean, printed) = cycles(&s.0);
+    assert!(!clean, "{printed}");
     assert!(printed.contains("cycle among a, b, c"), "{printed}");
     for edge in ["a -> b", "b -> c", "c -> a"] {
         assert!(printed.contains(edge), "{edge}: {printed}");
     }
+
+    // Through a re-export under another name, declared by its crate path; and not through test
+    // modules (one behind a second attribute, one in its own file).
+    let s = crate::fixture::Scratch::new("cycles-reexport");
+    s.write("src/lib.rs", "mod a;\nmod b;\n");
+    s.write(
+        "src/a/mod.rs",
+        "mod x;\npub use crate::a::x::{Item as Alias};\n#[cfg(test)]\n#[allow(unused)]\n\
+         mod tests {\n    use crate::b::B;\n}\n#[cfg(test)]\nmod t;\n",
+    );
+    s.write("src/a/x.rs", "pub struct Item;\n");
+    s.write("src/a/t.rs", "use crate::b::B;\n");
+    s.write("src/b.rs", "pub struct B;\n");
+    let (clean, printed) = cycles(&s.0);
+    assert!(clean, "{printed}");
+    s.write(
+        "src/a/x.rs",
+        "pub struct Item;\nfn f() -> crate::b::B { todo!() }\n",
+    );
+    s.write(
+        "src/b.rs",
+        "pub struct B;\nfn g() -> crate::a::Alias { todo!() }\n",
+    );
+    let (clean, printed) = cycles(&s.0);
+    assert!(!clean, "{printed}");
+    assert!(printed.contains("cycle among a, b"), "{printed}");
+}
+
+/// The cycle check on the crate at `dir`: whether it found none, and what it printed.
+fn cycles(dir: &std::path::Path) -> (bool, String) {
+    let out = std::process::Command::new("python3")
+        .arg(root().join("scripts/check/module_cycles.py"))
+        .arg(dir)
+        .output()
+        .expect("python3 runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }

@@ -175,6 +175,30 @@ fn reopening_drops_later_and_torn_records_and_rebuilds_after_a_damaged_one() {
     // Reopened whole, nothing is repaired or read from metrics.jsonl.
     let log = EventLog::open(&s.0, 4, at(4e9), nothing_logged).unwrap();
     assert!(log.repaired.is_none());
+    drop(log);
+
+    // Damage in the last record, past the step a resume goes back to, is dropped with it.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = bytes.len();
+    bytes[end - 6] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let log = EventLog::open(&s.0, 3, at(5e9), nothing_logged).unwrap();
+    assert!(log.repaired.is_none());
+    drop(log);
+
+    // Damage in the first record: the file keeps its version record first, every step rebuilt.
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[14] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let log = EventLog::open(&s.0, 4, at(6e9), logged).unwrap();
+    assert!(log.repaired.unwrap().contains("rebuilt 4 steps"));
+    let (events, _) = read_events(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(matches!(events[0].what, Some(What::FileVersion(_))));
+    let steps: Vec<(i64, f32)> = run_scalars(&s.0)["train/loss"]
+        .iter()
+        .map(|&(s, _, x)| (s, x))
+        .collect();
+    assert_eq!(steps, [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0)]);
 }
 
 /// For an [`EventLog::open`] that must not need the metrics.
