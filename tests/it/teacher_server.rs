@@ -527,7 +527,7 @@ fn the_server_stays_available_under_load() {
             std::thread::spawn(move || {
                 let mut done = 0;
                 for i in 0..3 {
-                    let body = json!({"prompt": "Once upon a time", "max_tokens": 24,
+                    let body = json!({"prompt": "Once upon a time", "max_tokens": 8,
                                       "temperature": 0.7, "seed": c * 10 + i})
                     .to_string();
                     loop {
