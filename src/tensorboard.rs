@@ -183,10 +183,10 @@ pub struct EventLog {
     pub repaired: Option<String>,
 }
 
-/// The record every event file starts with: its format's version.
-fn file_version(now: SystemTime) -> Event {
+/// The record every event file starts with: its format's version, stamped `wall_time`.
+fn file_version(wall_time: f64) -> Event {
     Event {
-        wall_time: seconds(now),
+        wall_time,
         step: 0,
         what: Some(What::FileVersion(FILE_VERSION.into())),
     }
@@ -228,16 +228,20 @@ impl EventLog {
                 let bytes =
                     std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
                 let (mut events, end, damage) = read_prefix(&bytes);
-                let read = events.len();
+                let mut changed = end != bytes.len();
                 // Steps only grow along the file: damage after a record of `step` or later lies
                 // in what a resume drops anyway.
                 let reached = events.iter().map(|e| e.step).max().unwrap_or(0);
+                let read = events.len();
                 events.retain(|e| e.step <= step as i64);
+                changed |= events.len() != read;
                 if !events
                     .first()
                     .is_some_and(|e| matches!(e.what, Some(What::FileVersion(_))))
                 {
-                    events.insert(0, file_version(now));
+                    let wall = events.first().map_or(seconds(now), |e| e.wall_time);
+                    events.insert(0, file_version(wall));
+                    changed = true;
                 }
                 if let Some(damage) = damage.filter(|_| reached < step as i64) {
                     let last = events
@@ -260,7 +264,7 @@ impl EventLog {
                     ));
                     events.extend(rebuilt);
                 }
-                if end != bytes.len() || events.len() != read {
+                if changed {
                     let kept: Vec<u8> = events.iter().flat_map(record).collect();
                     k3mini_durable::write(&path, &kept)
                         .with_context(|| format!("rewriting {}", path.display()))?;
@@ -273,7 +277,7 @@ impl EventLog {
                     seconds(now) as u64,
                     host()
                 ));
-                k3mini_durable::write(&path, &record(&file_version(now)))
+                k3mini_durable::write(&path, &record(&file_version(seconds(now))))
                     .with_context(|| format!("writing {}", path.display()))?;
                 path
             }

@@ -86,7 +86,7 @@ def strip(text):
             i = text.find("\n", i) % (n + 1)
         elif text.startswith("/*", i):
             i = text.find("*/", i) + 2 if text.find("*/", i) >= 0 else n
-        elif c == "r" and re.match(r'r#*"', text[i:]) and not (i and (text[i - 1].isalnum() or text[i - 1] == "_")):
+        elif c == "r" and re.match(r'r#*"', text[i:]) and not re.search(r'(\w(?<![bc])|\w[bc])$', text[max(0, i - 2):i]):
             hashes = re.match(r'r(#*)"', text[i:]).group(1)
             close = text.find('"' + hashes, i + len(hashes) + 2)
             i = close + 1 + len(hashes) if close >= 0 else n

@@ -135,10 +135,14 @@ pub fn data(
     if seq_len < 2 {
         bail!("--seq-len {seq_len}: a packed row holds at least 2 tokens");
     }
+    if let Some(mb) = sizes_mb
+        .iter()
+        .find(|&&mb| mb == 0 || mb.checked_mul(1 << 20).is_none())
+    {
+        bail!("--sizes {mb}: a corpus size is a positive number of MB");
+    }
     for &mb in sizes_mb {
-        let Some(bytes) = mb.checked_mul(1 << 20).filter(|_| mb > 0) else {
-            bail!("--sizes {mb}: a corpus size is a positive number of MB");
-        };
+        let bytes = mb << 20;
         let dir = out.join(format!("corpus-{mb}mb"));
         let done = dir.join(".complete");
         if !done.exists() {

@@ -67,11 +67,19 @@ pub(crate) struct Scratch(pub std::path::PathBuf);
 impl Scratch {
     pub(crate) fn new(what: &str) -> Result<Self> {
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("k3mini-bench-{what}-{}-{n}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Self(dir))
+        loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir()
+                .join(format!("k3mini-bench-{what}-{}-{n}", std::process::id()));
+            // A killed earlier process of the same id may have left one: take the next name.
+            match std::fs::create_dir(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                created => {
+                    created.with_context(|| format!("creating {}", dir.display()))?;
+                    return Ok(Self(dir));
+                }
+            }
+        }
     }
 }
 

@@ -48,31 +48,36 @@ fn the_cycle_check_reads_every_form_of_path() {
         assert!(printed.contains(edge), "{edge}: {printed}");
     }
 
-    // Through a re-export under another name, declared by its crate path; and not through test
-    // modules (one behind a second attribute, one in its own file).
+    // Through a re-export under another name, declared by its crate path: x names its parent's
+    // `Alias` (a child naming its parent is not counted), which is y's `Item`, so x depends on y.
+    // Test modules are not read: one behind a second attribute, one in its own file, each naming
+    // b, which names a/x (counted, they would make a cycle of a and b).
     let s = crate::fixture::Scratch::new("cycles-reexport");
     s.write("src/lib.rs", "mod a;\nmod b;\n");
     s.write(
         "src/a/mod.rs",
-        "mod x;\npub use crate::a::x::{Item as Alias};\n#[cfg(test)]\n#[allow(unused)]\n\
+        "mod x;\nmod y;\npub use crate::a::y::{Item as Alias};\n#[cfg(test)]\n#[allow(unused)]\n\
          mod tests {\n    use crate::b::B;\n}\n#[cfg(test)]\nmod t;\n",
     );
-    s.write("src/a/x.rs", "pub struct Item;\n");
+    s.write(
+        "src/a/x.rs",
+        "pub struct X;\nfn f() -> super::Alias { todo!() }\n",
+    );
+    s.write("src/a/y.rs", "pub struct Item;\n");
     s.write("src/a/t.rs", "use crate::b::B;\n");
-    s.write("src/b.rs", "pub struct B;\n");
+    s.write(
+        "src/b.rs",
+        "pub struct B;\nfn h() -> crate::a::x::X { todo!() }\n",
+    );
     let (clean, printed) = cycles(&s.0);
     assert!(clean, "{printed}");
     s.write(
-        "src/a/x.rs",
-        "pub struct Item;\nfn f() -> crate::b::B { todo!() }\n",
-    );
-    s.write(
-        "src/b.rs",
-        "pub struct B;\nfn g() -> crate::a::Alias { todo!() }\n",
+        "src/a/y.rs",
+        "pub struct Item;\nfn g() -> super::x::X { todo!() }\n",
     );
     let (clean, printed) = cycles(&s.0);
     assert!(!clean, "{printed}");
-    assert!(printed.contains("cycle among a, b"), "{printed}");
+    assert!(printed.contains("cycle among a/x, a/y"), "{printed}");
 }
 
 /// The cycle check on the crate at `dir`: whether it found none, and what it printed.

@@ -525,7 +525,7 @@ fn the_server_stays_available_under_load() {
         .map(|c| {
             let url = url.clone();
             std::thread::spawn(move || {
-                let mut done = 0;
+                let (mut done, mut busy) = (0, 0);
                 for i in 0..3 {
                     let body = json!({"prompt": "Once upon a time", "max_tokens": 8,
                                       "temperature": 0.7, "seed": c * 10 + i})
@@ -538,7 +538,10 @@ fn the_server_stays_available_under_load() {
                                 done += 1;
                                 break;
                             }
-                            503 => std::thread::sleep(Duration::from_millis(300)),
+                            503 => {
+                                busy += 1;
+                                std::thread::sleep(Duration::from_millis(300))
+                            }
                             other => panic!("{other}: {v}"),
                         }
                         assert!(std::time::Instant::now() < deadline, "no progress");
@@ -551,7 +554,7 @@ fn the_server_stays_available_under_load() {
                         assert_eq!(raw(&url, "POST", "/v1/completions", bad).0, 400, "{bad}");
                     }
                 }
-                done
+                (done, busy)
             })
         })
         .collect();
@@ -566,9 +569,18 @@ fn the_server_stays_available_under_load() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let done: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
-    eprintln!("under load: {done} generations completed, slowest /health {worst:?}");
+    let (done, busy) = clients
+        .into_iter()
+        .map(|c| c.join().unwrap())
+        .fold((0, 0), |(d, b), (cd, cb)| (d + cd, b + cb));
+    eprintln!(
+        "under load: {done} generations completed, {busy} answers of 503, slowest /health {worst:?}"
+    );
     assert_eq!(done, 18, "every valid request completed");
+    assert!(
+        busy > 0,
+        "6 clients against 3 slots: some were told to retry"
+    );
     assert!(worst < Duration::from_secs(1), "/health took {worst:?}");
 }
 

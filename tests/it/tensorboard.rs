@@ -199,6 +199,20 @@ fn reopening_drops_later_and_torn_records_and_rebuilds_after_a_damaged_one() {
         .map(|&(s, _, x)| (s, x))
         .collect();
     assert_eq!(steps, [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0)]);
+
+    // A file without its version record (as an earlier repair left one) that holds a step past
+    // the resumed one: the step goes, the version record comes first, stamped as the first kept.
+    let (events, _) = read_events(&std::fs::read(&path).unwrap()).unwrap();
+    let bare: Vec<u8> = events[1..].iter().flat_map(tensorboard::record).collect();
+    std::fs::write(&path, bare).unwrap();
+    drop(EventLog::open(&s.0, 3, at(7e9), nothing_logged).unwrap());
+    let (kept, _) = read_events(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(matches!(kept[0].what, Some(What::FileVersion(_))));
+    assert_eq!(kept[0].wall_time, events[1].wall_time);
+    assert_eq!(
+        kept[1..].iter().map(|e| e.step).collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
 }
 
 /// For an [`EventLog::open`] that must not need the metrics.
