@@ -15,6 +15,7 @@ pub mod quickstart;
 pub mod recipe;
 pub mod routing;
 pub mod run_dir;
+pub mod scratch;
 pub mod teachers;
 pub mod tensorboard;
 pub mod train;

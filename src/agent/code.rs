@@ -46,7 +46,8 @@ except BaseException:\n    sys.exit(1)\nprint(nonce, flush=True)\n";
 /// afterwards, with an empty environment but `PATH`, as its own process group, which is killed
 /// whole after the run. An error only when Python cannot be started.
 pub fn passes(program: &str, limit: Duration) -> Result<bool, String> {
-    let dir = tempdir()?;
+    let scratch = crate::scratch::Scratch::new("code").map_err(|e| e.to_string())?;
+    let dir = scratch.path();
     let path = dir.join("program.py");
     std::fs::write(&path, program).map_err(|e| format!("{}: {e}", path.display()))?;
     let nonce = format!("k3mini-{:016x}", nonce());
@@ -54,19 +55,17 @@ pub fn passes(program: &str, limit: Duration) -> Result<bool, String> {
     cmd.args(["-I", "-c", RUNNER])
         .arg(&path)
         .arg(&nonce)
-        .current_dir(&dir)
+        .current_dir(dir)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", &dir)
-        .env("TMPDIR", &dir)
+        .env("HOME", dir)
+        .env("TMPDIR", dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let result = run(cmd, limit, &nonce);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    run(cmd, limit, &nonce)
 }
 
 fn run(mut cmd: Command, limit: Duration, nonce: &str) -> Result<bool, String> {
@@ -108,20 +107,6 @@ fn nonce() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64);
     let mut state = t ^ u64::from(std::process::id()).rotate_left(32);
     k3mini_data::rng::splitmix64(&mut state)
-}
-
-/// A fresh directory of this run's own under the temporary directory.
-fn tempdir() -> Result<std::path::PathBuf, String> {
-    let base = std::env::temp_dir();
-    for _ in 0..16 {
-        let dir = base.join(format!("k3mini-code-{:016x}", nonce()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
-        }
-    }
-    Err(format!("{}: no fresh directory", base.display()))
 }
 
 #[cfg(test)]

@@ -60,35 +60,6 @@ pub fn in_child<T: DeserializeOwned>(exe: &Path, request: &Child) -> Result<T> {
         .with_context(|| format!("reading what the benchmark child {json} printed"))
 }
 
-/// A benchmark's scratch directory: new (this process, a counter), removed when dropped, so
-/// benchmarks running at once in one process never share one.
-pub(crate) struct Scratch(pub std::path::PathBuf);
-
-impl Scratch {
-    pub(crate) fn new(what: &str) -> Result<Self> {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        loop {
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let dir = std::env::temp_dir()
-                .join(format!("k3mini-bench-{what}-{}-{n}", std::process::id()));
-            // A killed earlier process of the same id may have left one: take the next name.
-            match std::fs::create_dir(&dir) {
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                created => {
-                    created.with_context(|| format!("creating {}", dir.display()))?;
-                    return Ok(Self(dir));
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        std::fs::remove_dir_all(&self.0).ok();
-    }
-}
-
 /// `step`'s forward + backward on `device`, in this process.
 pub fn step(step: &ShapeStep, device: &DeviceList) -> Result<TrainStepBench> {
     Ok(bench_train_step(&step.spec()?, &device.open_main()?))

@@ -54,8 +54,8 @@ pub fn bench_recipe(plan: &RunPlan, steps: usize) -> Result<RecipeBench> {
     if steps < 2 {
         bail!("bench train needs at least 2 steps (the first is warm-up)");
     }
-    let scratch = super::Scratch::new("train")?;
-    let out = scratch.0.join("run");
+    let scratch = crate::scratch::Scratch::new("bench-train")?;
+    let out = scratch.path().join("run");
     let baseline_rss_bytes = k3mini_student::bench::rss_bytes();
     let main = plan.devices.open()?.into_iter().next();
     let counted = main.is_some_and(|d| k3mini_student::bench::counts_heap(&d));

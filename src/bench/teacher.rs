@@ -2,10 +2,10 @@
 //! loopback (`k3mini bench teacher`), llama.cpp against the burn engine (`k3mini bench engines`),
 //! and what shards cost per token in both schemas at several k (`k3mini bench shards`).
 
-use super::Scratch;
 use crate::bail;
 use crate::device::DeviceList;
 use crate::error::{Context, Result};
+use crate::scratch::Scratch;
 use crate::teachers::{open_local, resolve};
 use k3mini_data::shards::{ShardRow, Storage, read_shard};
 use k3mini_data::{SourceFormat, Tokenizer, read_source};
@@ -72,12 +72,12 @@ pub fn scoring(
     let local = open_local(&resolve(teacher)?, engine, device)?;
     let windows = windows.tokenize(&local.tokenizer)?;
     let inputs: Vec<&[u32]> = windows.iter().map(Vec::as_slice).collect();
-    let scratch = Scratch::new("teacher")?;
+    let scratch = Scratch::new("bench-teacher")?;
     Ok(bench_teacher(
         Arc::new(local),
         &inputs,
         &[20, 50, 64],
-        &scratch.0,
+        scratch.path(),
     )?)
 }
 
@@ -214,8 +214,8 @@ pub fn shard_dir(
         Some(0) => vec![per_file.concat()],
         Some(n) => per_file.concat().chunks(n).map(<[_]>::to_vec).collect(),
     };
-    let scratch = Scratch::new("shards")?;
-    let sizes = shard_sizes(&regrouped, &meta, ks, step, &scratch.0)?;
+    let scratch = Scratch::new("bench-shards")?;
+    let sizes = shard_sizes(&regrouped, &meta, ks, step, scratch.path())?;
     Ok(ShardDirBench {
         files: files.len(),
         rows,
