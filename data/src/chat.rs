@@ -128,6 +128,11 @@ impl Rendered {
         self.segments.iter().map(|s| s.text.as_str()).collect()
     }
 
+    /// The bytes of its text, markup included.
+    pub fn text_len(&self) -> usize {
+        self.segments.iter().map(|s| s.text.len()).sum()
+    }
+
     /// Token ids and the part of each.
     pub fn encode(&self, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<Part>), DataError> {
         let (mut ids, mut parts) = (Vec::new(), Vec::new());

@@ -118,17 +118,33 @@ impl Routing {
 
     /// Its tokens from `start` on.
     pub fn from_token(&self, start: usize) -> Self {
-        let cut = |v: &[f32], k: usize| v[(start * k).min(v.len())..].to_vec();
+        self.tokens_in(start..usize::MAX)
+    }
+
+    /// Its first `end` tokens.
+    pub fn until_token(&self, end: usize) -> Self {
+        self.tokens_in(0..end)
+    }
+
+    /// Its tokens in `range` (cut to those it has).
+    fn tokens_in(&self, range: std::ops::Range<usize>) -> Self {
+        let cut = |v: &[f32], k: usize| {
+            let end = range.end.saturating_mul(k).min(v.len());
+            v[range.start.saturating_mul(k).min(end)..end].to_vec()
+        };
         Self {
             layers: self
                 .layers
                 .iter()
-                .map(|l| LayerRouting {
-                    layer: l.layer,
-                    k: l.k,
-                    experts: l.experts[(start * l.k).min(l.experts.len())..].to_vec(),
-                    weights: l.weights.as_deref().map(|w| cut(w, l.k)),
-                    norms: l.norms.as_deref().map(|n| cut(n, l.k)),
+                .map(|l| {
+                    let end = range.end.saturating_mul(l.k).min(l.experts.len());
+                    LayerRouting {
+                        layer: l.layer,
+                        k: l.k,
+                        experts: l.experts[range.start.saturating_mul(l.k).min(end)..end].to_vec(),
+                        weights: l.weights.as_deref().map(|w| cut(w, l.k)),
+                        norms: l.norms.as_deref().map(|n| cut(n, l.k)),
+                    }
                 })
                 .collect(),
         }

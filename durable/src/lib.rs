@@ -11,6 +11,37 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+/// A small text file a user names (a recipe, a policy, a bench file): refused, without reading,
+/// when it is not a regular file (a FIFO would block, `/dev/zero` never end) or holds more than
+/// `max_bytes`, and read no further than that should it grow meanwhile.
+pub fn read_small(path: &Path, max_bytes: u64) -> io::Result<String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (a FIFO, a device or a directory)",
+        ));
+    }
+    let too_big = |n: u64| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{n} bytes: more than the {max_bytes} such a file may hold"),
+        )
+    };
+    if meta.len() > max_bytes {
+        return Err(too_big(meta.len()));
+    }
+    let mut text = String::new();
+    File::open(path)?
+        .take(max_bytes + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max_bytes {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 /// Where a write of `path` goes before it is published: `NAME.tmp` beside it.
 pub fn temp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();

@@ -182,7 +182,8 @@ impl Default for Settings {
 impl Settings {
     /// A bench file, checked.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+        let text = k3mini_durable::read_small(path, 1 << 20)
+            .with_context(|| path.display().to_string())?;
         let s: Settings = toml::from_str(&text)
             .map_err(|e| Error::Refused(format!("bench {}: {e}", path.display())))?;
         crate::ensure!(
@@ -270,6 +271,7 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
             stop: agent.student.stops(),
             ..GenerateParams::default()
         },
+        stop_text: Vec::new(),
         gate: None,
         parts,
     })
@@ -379,7 +381,8 @@ fn score(task: &Task, run: &Run, remote: &Run, settings: &Settings) -> Result<(f
     if let (Some(t), Input::Text(prompt)) = (&task.tests, &task.input) {
         let program = super::code::program(prompt, &run.text, &t.tests, &t.entry_point);
         let limit = std::time::Duration::from_secs_f64(settings.test_seconds);
-        let ok = super::code::passes(&program, limit).map_err(Error::Refused)?;
+        let ok = super::code::passes(&program, limit, Default::default())
+            .map_err(|e| Error::Refused(e.to_string()))?;
         return Ok((f64::from(u8::from(ok)), ok));
     }
     Ok(match &task.answer {
@@ -430,11 +433,15 @@ pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<V
 pub fn check_tasks(tasks: &[Task], settings: &Settings) -> Result<()> {
     match tasks.iter().find(|t| t.tests.is_some()) {
         Some(t) if !settings.run_tests => crate::bail!(
-            "task {} carries tests, which run model-written Python on this machine: pass \
-             --run-tests (in a sandbox: a container or a VM)",
+            "task {} carries tests, which run model-written Python: pass --run-tests (they run in \
+             the bubblewrap sandbox, agent::sandbox)",
             t.id
         ),
-        _ => Ok(()),
+        // Refused before any work rather than at the first task's score.
+        Some(_) => super::sandbox::sandbox()
+            .map(|_| ())
+            .map_err(|e| Error::Refused(e.to_string())),
+        None => Ok(()),
     }
 }
 

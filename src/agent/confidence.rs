@@ -188,9 +188,11 @@ impl Thresholds {
     }
 
     pub fn check(&self) -> Result<(), String> {
-        match self.set().into_iter().find(|(_, t)| !t.is_finite()) {
+        // Logprobs, entropies and margins in nats: past ±10⁴ a threshold can only mean a typo.
+        const BOUND: f32 = 1e4;
+        match self.set().into_iter().find(|(_, t)| !(t.abs() <= BOUND)) {
             Some((s, t)) => Err(format!(
-                "confidence: the {} threshold {t} is not finite",
+                "confidence: the {} threshold {t} is not a number in [−{BOUND}, {BOUND}]",
                 s.name()
             )),
             None => Ok(()),

@@ -44,8 +44,12 @@ impl Default for Prices {
     }
 }
 
+/// The largest price (or wattage) a policy may name: far past any real one, small enough that
+/// no sum of them overflows a report.
+pub const MAX_PRICE: f64 = 1e6;
+
 impl Prices {
-    /// Every price finite and ≥ 0, or the one that is not.
+    /// Every price in [0, [`MAX_PRICE`]], or the one that is not.
     pub fn check(&self) -> Result<(), String> {
         for (name, v) in [
             ("input_per_mtok", self.input_per_mtok),
@@ -58,8 +62,10 @@ impl Prices {
             ("watts", self.watts),
             ("per_kwh", self.per_kwh),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("cost.{name} = {v} must be a finite number ≥ 0"));
+            if !(v.is_finite() && (0.0..=MAX_PRICE).contains(&v)) {
+                return Err(format!(
+                    "cost.{name} = {v} must be a number in [0, {MAX_PRICE}]"
+                ));
             }
         }
         Ok(())
@@ -96,6 +102,11 @@ pub struct Spent {
     pub remote_output: u64,
     pub remote_calls: u64,
     pub remote_seconds: f64,
+    /// Remote calls that failed or timed out: each booked at its worst case (every attempt
+    /// sending its input uncached and writing all it could), since a call that timed out may have
+    /// been billed all the same.
+    #[serde(default)]
+    pub remote_failed: u64,
 }
 
 impl Spent {
@@ -108,6 +119,27 @@ impl Spent {
         self.remote_output += o.remote_output;
         self.remote_calls += o.remote_calls;
         self.remote_seconds += o.remote_seconds;
+        self.remote_failed += o.remote_failed;
+    }
+
+    /// A remote call that answered: `input` tokens sent (`cached` of them repeating the previous
+    /// call's start), `output` written.
+    pub fn remote_answered(&mut self, input: u64, cached: u64, output: u64, seconds: f64) {
+        self.remote_calls += 1;
+        self.remote_input += input;
+        self.remote_cached += cached;
+        self.remote_output += output;
+        self.remote_seconds += seconds;
+    }
+
+    /// A remote call that failed after `attempts` tries, each of which may have been billed for
+    /// `input` tokens read and `max_output` written: booked at that worst case.
+    pub fn remote_failed(&mut self, attempts: u64, input: u64, max_output: u64, seconds: f64) {
+        self.remote_calls += attempts;
+        self.remote_failed += 1;
+        self.remote_input += input.saturating_mul(attempts);
+        self.remote_output += max_output.saturating_mul(attempts);
+        self.remote_seconds += seconds;
     }
 
     /// USD at the remote so far.

@@ -19,7 +19,9 @@
 //! refused with the request, never ignored, so a schema is never taken as checked when it was
 //! not. Numbers compare as numbers (`1.0` is `const: 1`).
 
+use super::sandbox::SandboxError;
 use k3mini_teacher::wire::openai::ResponseFormat;
+use k3mini_teacher::{Interrupt, TeacherError};
 use serde_json::Value;
 
 /// What a request asked its answer to be.
@@ -111,8 +113,9 @@ impl Gate {
         }
     }
 
-    /// Why `text` fails the gate, or None when it passes.
-    pub fn fails(&self, text: &str) -> Option<String> {
+    /// Why `text` fails the gate, or None when it passes; an error when `interrupt` fires while
+    /// its tests run.
+    pub fn fails(&self, text: &str, interrupt: Interrupt) -> Result<Option<String>, TeacherError> {
         let json = || {
             serde_json::from_str::<Value>(text.trim())
                 .map_err(|e| format!("gate: the answer is not JSON ({e})"))
@@ -125,23 +128,26 @@ impl Gate {
                 limit,
             } => {
                 let program = super::code::program(prompt, text, tests, entry_point);
-                match super::code::passes(&program, *limit) {
-                    Ok(true) => None,
-                    Ok(false) => Some("gate: the completion fails the request's tests".into()),
-                    Err(e) => Some(format!("gate: the tests could not run ({e})")),
+                match super::code::passes(&program, *limit, interrupt) {
+                    Ok(true) => Ok(None),
+                    Ok(false) => Ok(Some(
+                        "gate: the completion fails the request's tests".into(),
+                    )),
+                    Err(SandboxError::Interrupted(e)) => Err(e),
+                    Err(e) => Ok(Some(format!("gate: the tests could not run ({e})"))),
                 }
             }
-            Gate::JsonObject => match json() {
+            Gate::JsonObject => Ok(match json() {
                 Ok(v) if v.is_object() => None,
                 Ok(_) => Some("gate: the answer is JSON but not an object".into()),
                 Err(e) => Some(e),
-            },
-            Gate::JsonSchema(schema) => match json() {
+            }),
+            Gate::JsonSchema(schema) => Ok(match json() {
                 Ok(v) => validate(schema, &v, "$")
                     .err()
                     .map(|e| format!("gate: the answer does not match the schema: {e}")),
                 Err(e) => Some(e),
-            },
+            }),
         }
     }
 }
@@ -345,13 +351,15 @@ mod tests {
     #[test]
     fn answers_pass_or_fail_with_the_place_named() {
         let g = schema();
+        let fails = |g: &Gate, text: &str| g.fails(text, Interrupt::default()).unwrap();
         assert_eq!(
-            g.fails(
+            fails(
+                &g,
                 r#" {"city": "Paris", "population": 2100000, "tags": ["capital"], "mayor": null} "#
             ),
             None
         );
-        let fail = |text: &str| g.fails(text).unwrap();
+        let fail = |text: &str| fails(&g, text).unwrap();
         assert!(fail("The capital is Paris.").contains("not JSON"));
         assert!(fail(r#"{"city": "Paris"}"#).contains("\"population\" is missing"));
         assert!(fail(r#"{"city": "Paris", "population": 2.5}"#).contains("$.population"));
@@ -359,10 +367,9 @@ mod tests {
         assert!(fail(r#"{"city": "P", "population": 1, "tags": ["river"]}"#).contains("$.tags[0]"));
         assert!(fail(r#"{"city": "P", "population": 1, "x": 1}"#).contains("no value is allowed"));
         assert!(fail(r#"{"city": "P", "population": 1, "mayor": 3}"#).contains("anyOf"));
-        assert_eq!(Gate::JsonObject.fails("{}"), None);
+        assert_eq!(fails(&Gate::JsonObject, "{}"), None);
         assert!(
-            Gate::JsonObject
-                .fails("[1]")
+            fails(&Gate::JsonObject, "[1]")
                 .unwrap()
                 .contains("not an object")
         );

@@ -12,10 +12,12 @@ pub mod confidence;
 pub mod cost;
 pub mod gate;
 pub mod policy;
+pub mod sandbox;
 pub mod server;
 pub mod student;
 pub mod traffic;
 pub mod verify;
+pub mod wire;
 
 use confidence::Signals;
 use cost::{Cost, Spent, Usage};
@@ -59,6 +61,11 @@ pub struct Report {
     /// The remote failed, and the student finished the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote_error: Option<String>,
+    /// Why the answer returned fails the request's gate: the remote's answer is judged as the
+    /// student's was, and a student's failing answer kept (the budget or the remote stopped the
+    /// escalation) says so too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate_failure: Option<String>,
     /// The traffic shard this escalation was written to ([`traffic`]), or why it was not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic: Option<Recorded>,
@@ -79,6 +86,8 @@ pub enum Recorded {
 pub struct Ask {
     pub prompt: Vec<u32>,
     pub params: GenerateParams,
+    /// OpenAI's stop strings: the answer ends before the first its text holds.
+    pub stop_text: Vec<String>,
     pub gate: Option<Gate>,
     /// What each prompt id is, for a chat (markup, prompt); None for a completion's text.
     pub parts: Option<Vec<k3mini_data::chat::Part>>,
@@ -133,6 +142,8 @@ pub struct Agent {
     pub policy: Policy,
     /// Where escalations are written for the next student, if anywhere.
     pub traffic: Option<Traffic>,
+    /// Tries the remote's client makes of one call (1 + its retries): each may be billed.
+    pub remote_attempts: u64,
     ledger: Mutex<Ledger>,
 }
 
@@ -151,6 +162,7 @@ impl Agent {
             scoring_output,
             policy,
             traffic: None,
+            remote_attempts: 1,
             ledger: Mutex::new(Ledger::default()),
         }
     }
@@ -166,14 +178,16 @@ impl Agent {
     }
 
     /// Why the budget forbids a remote call that sends `input` tokens and may write `output`, on
-    /// top of `spent`, if it does (the call priced uncached: the most it can cost).
+    /// top of `spent`, if it does: the call priced at its worst case, every attempt uncached and
+    /// billed (what a call that fails is booked at, [`Spent::remote_failed`]).
     fn over_budget(&self, spent: &Spent, input: u64, output: u64) -> Option<String> {
         let b = &self.policy.budget;
         let prices = &self.policy.cost;
+        let attempts = self.remote_attempts.max(1);
         let request = prices.remote(
-            spent.remote_input + input,
+            spent.remote_input + input.saturating_mul(attempts),
             spent.remote_cached,
-            spent.remote_output + output,
+            spent.remote_output + output.saturating_mul(attempts),
         );
         if let Some(cap) = b.max_usd_per_request
             && request > cap
@@ -221,11 +235,20 @@ impl Agent {
     ) -> Result<Answer, AgentError> {
         self.ledger().requests += 1;
         let mut spent = Spent::default();
-        let answered = self.run(ask, &mut spent, interrupt, emit);
-        let answered = answered.map(|(ids, finish, mut report)| {
-            report.traffic = self.record(ask, &ids, &report, &mut spent, interrupt);
-            (ids, finish, report)
-        });
+        let answered = self.run(ask, &mut spent, interrupt, emit).and_then(
+            |(mut ids, mut finish, mut report)| {
+                if let Some(n) = self.cut_at_stop(ask, &ids) {
+                    ids.truncate(n);
+                    finish = FinishReason::Stop;
+                }
+                // An answer the gate has not judged: the remote's, or one the student finished.
+                if report.answered_by != AnsweredBy::Local || report.escalated {
+                    report.gate_failure = self.gate_fails(ask, Some(&ids), interrupt)?;
+                }
+                report.traffic = self.record(ask, &ids, &report, &mut spent, interrupt);
+                Ok((ids, finish, report))
+            },
+        );
         self.ledger().spent_today += spent.remote_usd(&self.policy.cost);
         let (ids, finish, mut report) = answered?;
         report.usage = Usage {
@@ -257,6 +280,7 @@ impl Agent {
             signals: None,
             verify: None,
             remote_error: None,
+            gate_failure: None,
             traffic: None,
             usage: Usage::default(),
             cost: Cost::of(&Usage::default(), &self.policy.cost),
@@ -271,7 +295,10 @@ impl Agent {
             Route::Confidence | Route::Gate | Route::None => {
                 let tokens = self.decode(&ask.prompt, p, spent, interrupt)?;
                 report.signals = Some(Signals::of(&tokens));
-                Some(tokens.iter().map(|t| t.id).collect::<Vec<u32>>())
+                // The gate judges what the client would get: the answer cut at its stop string.
+                let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
+                let n = self.cut_at_stop(ask, &ids).unwrap_or(ids.len());
+                Some(ids[..n].to_vec())
             }
         };
         let why = match (self.policy.route, &report.signals) {
@@ -280,9 +307,9 @@ impl Agent {
                 self.policy.name
             )),
             (Route::Confidence, Some(sig)) => self
-                .gate_fails(ask, local.as_deref())
+                .gate_fails(ask, local.as_deref(), interrupt)?
                 .or_else(|| self.policy.confidence.escalate(sig)),
-            (Route::Gate, _) => self.gate_fails(ask, local.as_deref()),
+            (Route::Gate, _) => self.gate_fails(ask, local.as_deref(), interrupt)?,
             _ => None,
         };
         let Some(why) = why else {
@@ -299,10 +326,14 @@ impl Agent {
             self.over_budget(spent, ask.prompt.len() as u64, output)
         });
         let short = match blocked {
-            Some(reason) => Short {
-                kept: Vec::new(),
-                halt: Halt::Budget(reason),
-            },
+            Some(reason) => {
+                // The student's answer stands: say so where it failed the gate.
+                report.gate_failure = why.starts_with("gate:").then_some(why);
+                Short {
+                    kept: Vec::new(),
+                    halt: Halt::Budget(reason),
+                }
+            }
             None => {
                 report.reason = Some(why);
                 report.escalated = true;
@@ -372,6 +403,7 @@ impl Agent {
             .check()
             .err()
             .map(|e| e.to_string())
+            .or_else(|| traffic.full())
             .or_else(|| self.over_budget(spent, seq.len() as u64, self.scoring_output));
         if let Some(why) = blocked {
             return Some(Recorded::Error(format!(
@@ -380,11 +412,12 @@ impl Agent {
         }
         let t0 = Instant::now();
         let scored = self.remote.score(&seq, traffic.k());
-        spent.remote_seconds += t0.elapsed().as_secs_f64();
-        spent.remote_calls += 1;
-        spent.remote_input += seq.len() as u64;
-        spent.remote_cached += ask.prompt.len() as u64;
-        spent.remote_output += self.scoring_output;
+        let seconds = t0.elapsed().as_secs_f64();
+        let (input, output) = (seq.len() as u64, self.scoring_output);
+        match &scored {
+            Ok(_) => spent.remote_answered(input, ask.prompt.len() as u64, output, seconds),
+            Err(_) => spent.remote_failed(self.remote_attempts, input, output, seconds),
+        }
         let written = scored
             .map_err(crate::error::Error::from)
             .and_then(|s| traffic.record(ask, ids, s));
@@ -394,16 +427,31 @@ impl Agent {
         })
     }
 
+    /// Where the answer `ids` ends at the request's first stop string, if its text holds one.
+    fn cut_at_stop(&self, ask: &Ask, ids: &[u32]) -> Option<usize> {
+        let tokenizer = &self.student.model.tokenizer;
+        k3mini_teacher::stop::cut_at_stop(ids, &ask.stop_text, |ids| {
+            tokenizer.decode(ids).unwrap_or_default()
+        })
+    }
+
     /// Why the local answer `ids` fails the request's gate, if it has one and it does.
-    fn gate_fails(&self, ask: &Ask, ids: Option<&[u32]>) -> Option<String> {
-        let (gate, ids) = (ask.gate.as_ref()?, ids?);
+    fn gate_fails(
+        &self,
+        ask: &Ask,
+        ids: Option<&[u32]>,
+        interrupt: Interrupt,
+    ) -> Result<Option<String>, AgentError> {
+        let (Some(gate), Some(ids)) = (ask.gate.as_ref(), ids) else {
+            return Ok(None);
+        };
         let body = match ids.split_last() {
             Some((last, rest)) if ask.params.stop.contains(last) => rest,
             _ => ids,
         };
         match self.student.model.tokenizer.decode(body) {
-            Ok(text) => gate.fails(&text),
-            Err(e) => Some(format!("gate: the answer does not decode ({e})")),
+            Ok(text) => gate.fails(&text, interrupt).map_err(AgentError::Local),
+            Err(e) => Ok(Some(format!("gate: the answer does not decode ({e})"))),
         }
     }
 
@@ -447,17 +495,21 @@ impl Agent {
         match self.policy.escalate_by {
             EscalateBy::Remote => {
                 let t0 = Instant::now();
+                let input = ask.prompt.len() as u64;
                 let g = self
                     .remote
                     .generate(&ask.prompt, &ask.params)
-                    .map_err(|e| Short {
-                        kept: Vec::new(),
-                        halt: Halt::Remote(e),
+                    .map_err(|e| {
+                        let max = ask.params.max_tokens as u64;
+                        let seconds = t0.elapsed().as_secs_f64();
+                        spent.remote_failed(self.remote_attempts, input, max, seconds);
+                        Short {
+                            kept: Vec::new(),
+                            halt: Halt::Remote(e),
+                        }
                     })?;
-                spent.remote_seconds += t0.elapsed().as_secs_f64();
-                spent.remote_calls += 1;
-                spent.remote_input += ask.prompt.len() as u64;
-                spent.remote_output += g.ids.len() as u64;
+                let seconds = t0.elapsed().as_secs_f64();
+                spent.remote_answered(input, 0, g.ids.len() as u64, seconds);
                 report.answered_by = AnsweredBy::Remote;
                 emit(&g.ids);
                 Ok((g.ids, g.finish))
@@ -474,6 +526,7 @@ impl Agent {
                     Verifier {
                         teacher: self.remote.as_ref(),
                         scoring_output: self.scoring_output,
+                        attempts: self.remote_attempts,
                     },
                     &ask.prompt,
                     &ask.params,

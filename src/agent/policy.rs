@@ -18,11 +18,14 @@
 //! ```
 
 use super::confidence::Thresholds;
-use super::cost::Prices;
+use super::cost::{MAX_PRICE, Prices};
 use super::gate::GateSettings;
 use super::verify::VerifySettings;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// A policy file's size, at most (one is a few hundred bytes).
+const MAX_POLICY_BYTES: u64 = 1 << 20;
 
 /// Which requests go to the remote.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,8 +76,10 @@ impl Budget {
             ("max_usd_per_request", self.max_usd_per_request),
             ("max_usd_per_day", self.max_usd_per_day),
         ] {
-            if v.is_some_and(|v| !(v.is_finite() && v >= 0.0)) {
-                return Err(format!("budget.{name} must be a finite number ≥ 0"));
+            if v.is_some_and(|v| !(0.0..=MAX_PRICE).contains(&v)) {
+                return Err(format!(
+                    "budget.{name} must be a number in [0, {MAX_PRICE}]"
+                ));
             }
         }
         if self
@@ -175,8 +180,8 @@ impl Policy {
                 Self::BUILT_IN
             ));
         }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("policy {}: {e}", path.display()))?;
+        let text = k3mini_durable::read_small(path, MAX_POLICY_BYTES)
+            .map_err(|e| format!("policy {}: {e}", path.display()))?;
         let name = path
             .file_stem()
             .map_or_else(|| spec.to_string(), |s| s.to_string_lossy().into_owned());
@@ -237,7 +242,40 @@ mod tests {
         assert!(err("route = \"all\"\nthreshold = 1").contains("unknown field"));
         assert!(
             err("route = \"confidence\"\n[confidence]\nmin_mean_logprob = nan")
-                .contains("not finite")
+                .contains("not a number in")
         );
+        // Every value is bounded: the review's accepted ones each refused by name.
+        for (bad, named) in [
+            ("[verify]\nk = 1000000", "k (1000000)"),
+            ("[verify]\nmax_draft = 1000000000000", "max_draft"),
+            ("[verify]\njudge_after = 0", "judge_after (0)"),
+            ("[cost]\ninput_per_mtok = 1e308", "cost.input_per_mtok"),
+            (
+                "[budget]\nmax_usd_per_day = 1e300",
+                "budget.max_usd_per_day",
+            ),
+            ("[confidence]\nmin_mean_logprob = -1e30", "mean_logprob"),
+            ("[gate]\ntest_seconds = 1e9", "test_seconds"),
+        ] {
+            let e = err(&format!("route = \"confidence\"\n{bad}"));
+            assert!(e.contains(named), "{bad}: {e}");
+        }
+        // A FIFO or a device is refused without being read (it would block, or never end).
+        let dir = std::env::temp_dir().join(format!("k3mini-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.toml");
+        let zero = dir.join("zero.toml");
+        let _ = (std::fs::remove_file(&fifo), std::fs::remove_file(&zero));
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        for path in [&fifo, &zero] {
+            let e = Policy::resolve(path.to_str().unwrap()).unwrap_err();
+            assert!(e.contains("not a regular file"), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -17,18 +17,22 @@
 //! (`logprobs`, `echo`, `prompt_logprobs`) are refused with a 400 rather than ignored.
 
 use super::gate::Gate;
-use super::policy::Route;
+use super::policy::{Policy, Route};
+use super::wire::{self, CodeTests};
 use super::{Agent, AgentError, Answer, Ask, Report};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Part, render};
 use k3mini_teacher::server::transport::{self, Bytes, EventSender, Peer, Reply, Request};
-use k3mini_teacher::server::{ApiError, Queue, Sampling, ServeOptions, bad, token_ids};
+use k3mini_teacher::server::{
+    Admitted, ApiError, Limits, PromptCap, Queue, Sampling, ServeOptions, bad, token_ids,
+};
+use k3mini_teacher::stop::{first_stop, stop_strings};
 use k3mini_teacher::wire::openai::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatMessage, ChatRequest, ChatResponse,
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, Prompt, Usage,
+    CompletionResponse, Prompt, Stop, Usage,
 };
-use k3mini_teacher::wire::{ErrorResponse, Health, ModelCard, ModelList, parse_request};
+use k3mini_teacher::wire::{ErrorResponse, Health, ModelCard, ModelList};
 use k3mini_teacher::{FinishReason, Interrupt, Teacher, TeacherError};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -48,6 +52,7 @@ pub struct Annotated<T> {
 struct Gateway {
     agent: Agent,
     queue: Queue,
+    prompt_cap: PromptCap,
     request_timeout: Option<Duration>,
     stop: Arc<AtomicBool>,
     created: u64,
@@ -61,7 +66,33 @@ enum Endpoint {
     Chat,
 }
 
+/// Whether `policy` may be served under `limits`, and the warning to print if so. A policy that
+/// runs request-supplied tests (`[gate] run_tests = true`) runs Python its clients write (the
+/// prompt, the tests and the entry point all come from the request): it is refused without an
+/// API key, and without a working sandbox ([`super::sandbox`]).
+pub fn check_policy(policy: &Policy, limits: &Limits) -> Result<Option<String>, TeacherError> {
+    if !policy.gate.run_tests {
+        return Ok(None);
+    }
+    if limits.api_key.is_none() {
+        return Err(TeacherError::Request(format!(
+            "policy {:?} says [gate] run_tests = true, which runs Python that clients send (a \
+             request's k3mini_tests: its prompt, tests and entry point): serve it with an API key \
+             (--api-key or K3MINI_API_KEY), so only clients you trust can",
+            policy.name
+        )));
+    }
+    super::sandbox::sandbox().map_err(|e| TeacherError::Request(e.to_string()))?;
+    Ok(Some(format!(
+        "warning: policy {:?} runs the Python of any client holding the API key (k3mini_tests), \
+         in a bubblewrap sandbox: no network, a read-only /usr, its own processes and limits; \
+         the kernel is shared, so give the key only to clients you would let run code here",
+        policy.name
+    )))
+}
+
 /// Serves `agent` until `stop` is set; `ready` receives the bound address (port 0 picks one).
+/// Refuses a policy [`check_policy`] refuses.
 pub fn serve(
     agent: Agent,
     addr: &str,
@@ -69,11 +100,19 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), TeacherError> {
+    check_policy(&agent.policy, &options.limits)?;
     let listen_err =
         |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
     let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
     let local = listener.local_addr().map_err(listen_err)?;
+    let student = &agent.student.model;
+    let prompt_cap = PromptCap::of(
+        &student.tokenizer,
+        student.vocab_size(),
+        student.context_length(),
+    );
     let gateway = Arc::new(Gateway {
+        prompt_cap,
         agent,
         queue: Queue::new(options.max_queued),
         request_timeout: options.request_timeout,
@@ -88,10 +127,6 @@ pub fn serve(
         route(&gateway, request, peer).unwrap_or_else(|e| e.reply())
     })
     .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
-}
-
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    parse_request(body).map_err(|(param, message)| bad(&param, message))
 }
 
 fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError> {
@@ -121,20 +156,16 @@ fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError>
             ))
         }
         ("POST", "/v1/completions") => {
-            let req: CompletionRequest = parse(&r.body)?;
-            let ask = completion_ask(gw, &req)?;
-            respond(
-                gw,
-                ask,
-                Endpoint::Completions,
-                req.stream.unwrap_or(false),
-                peer,
-            )
+            let (req, tests) = wire::parse::<CompletionRequest>(&r.body, &wire::EXTENSIONS)?;
+            let (ask, admitted) = completion_ask(gw, &req, tests)?;
+            let stream = req.stream.unwrap_or(false);
+            respond(gw, ask, admitted, Endpoint::Completions, stream, peer)
         }
         ("POST", "/v1/chat/completions") => {
-            let req: ChatRequest = parse(&r.body)?;
-            let ask = chat_ask(gw, &req)?;
-            respond(gw, ask, Endpoint::Chat, req.stream.unwrap_or(false), peer)
+            let (req, _) = wire::parse::<ChatRequest>(&r.body, &[])?;
+            let (ask, admitted) = chat_ask(gw, &req)?;
+            let stream = req.stream.unwrap_or(false);
+            respond(gw, ask, admitted, Endpoint::Chat, stream, peer)
         }
         (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => {
             Err(ApiError {
@@ -168,9 +199,11 @@ fn ask(
     gw: &Gateway,
     prompt: Vec<u32>,
     fields: Sampling,
+    stop: Option<&Stop>,
     gate: Option<Gate>,
     parts: Option<Vec<Part>>,
 ) -> Result<Ask, ApiError> {
+    let stop_text = stop_strings(stop).map_err(|e| bad("stop", e))?;
     let student = &gw.agent.student.model;
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
     let mut params = fields.params(student.vocab_size(), student.meta.eos)?;
@@ -196,6 +229,7 @@ fn ask(
     Ok(Ask {
         prompt,
         params,
+        stop_text,
         gate,
         parts,
     })
@@ -219,8 +253,12 @@ fn gated(gw: &Gateway, field: &str) -> Result<(), ApiError> {
 }
 
 /// The tests a completion request carries, as a gate, where the policy runs them.
-fn tests_gate(gw: &Gateway, req: &CompletionRequest) -> Result<Option<Gate>, ApiError> {
-    let Some(t) = &req.k3mini_tests else {
+fn tests_gate(
+    gw: &Gateway,
+    req: &CompletionRequest,
+    tests: Option<CodeTests>,
+) -> Result<Option<Gate>, ApiError> {
+    let Some(t) = tests else {
         return Ok(None);
     };
     gated(gw, "k3mini_tests")?;
@@ -228,7 +266,7 @@ fn tests_gate(gw: &Gateway, req: &CompletionRequest) -> Result<Option<Gate>, Api
     if !settings.run_tests {
         return Err(bad(
             "k3mini_tests",
-            "running a request's tests runs model-written code on this machine: the policy must \
+            "running a request's tests runs the client's Python (in a sandbox): the policy must \
              say [gate] run_tests = true",
         ));
     }
@@ -240,17 +278,27 @@ fn tests_gate(gw: &Gateway, req: &CompletionRequest) -> Result<Option<Gate>, Api
     };
     Ok(Some(Gate::Tests {
         prompt: prompt.clone(),
-        tests: t.tests.clone(),
-        entry_point: t.entry_point.clone(),
+        tests: t.tests,
+        entry_point: t.entry_point,
         limit: std::time::Duration::from_secs_f64(settings.test_seconds),
     }))
 }
 
-fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError> {
+/// The request checked and admitted: its prompt is tokenized only once it has a place in the
+/// queue, and only if its text could fit the student's context.
+fn completion_ask(
+    gw: &Gateway,
+    req: &CompletionRequest,
+    tests: Option<CodeTests>,
+) -> Result<(Ask, Admitted), ApiError> {
     unserved(req.logprobs.is_some(), "logprobs")?;
     unserved(req.echo == Some(true), "echo")?;
     unserved(req.prompt_logprobs.is_some(), "prompt_logprobs")?;
     let student = &gw.agent.student.model;
+    if let Prompt::Text(s) = &req.prompt {
+        gw.prompt_cap.check(s.len(), "prompt")?;
+    }
+    let admitted = gw.queue.admit()?;
     let prompt = match &req.prompt {
         Prompt::Text(s) => student
             .tokenizer
@@ -261,7 +309,7 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
     if prompt.is_empty() {
         return Err(bad("prompt", "the prompt is empty"));
     }
-    ask(
+    let ask = ask(
         gw,
         prompt,
         Sampling {
@@ -276,12 +324,15 @@ fn completion_ask(gw: &Gateway, req: &CompletionRequest) -> Result<Ask, ApiError
             ignore_eos: req.ignore_eos,
             logprobs: 0,
         },
-        tests_gate(gw, req)?,
+        req.stop.as_ref(),
+        tests_gate(gw, req, tests)?,
         None,
-    )
+    )?;
+    Ok((ask, admitted))
 }
 
-fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
+/// As [`completion_ask`], for a chat.
+fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError> {
     unserved(req.logprobs == Some(true), "logprobs")?;
     unserved(req.top_logprobs.is_some(), "top_logprobs")?;
     if req.tools.is_some() {
@@ -294,6 +345,8 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
     let student = &gw.agent.student.model;
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
+    gw.prompt_cap.check(rendered.text_len(), "messages")?;
+    let admitted = gw.queue.admit()?;
     let (prompt, parts) = rendered
         .encode(&student.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
@@ -304,7 +357,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
     if gate.is_some() {
         gated(gw, "response_format")?;
     }
-    ask(
+    let ask = ask(
         gw,
         prompt,
         Sampling {
@@ -319,9 +372,11 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<Ask, ApiError> {
             ignore_eos: req.ignore_eos,
             logprobs: 0,
         },
+        req.stop.as_ref(),
         gate,
         Some(parts),
-    )
+    )?;
+    Ok((ask, admitted))
 }
 
 fn agent_error(e: AgentError) -> ApiError {
@@ -358,8 +413,15 @@ fn usage(a: &Answer) -> Usage {
 }
 
 impl Gateway {
-    /// The text of answer ids as the endpoint returns it: a chat's content without its stop id.
-    fn text(&self, ids: &[u32], endpoint: Endpoint, stop: &[u32]) -> String {
+    /// The text of answer ids as the endpoint returns it: a chat's content without its stop id,
+    /// ended before the first of `stop_text` it holds; and whether it was.
+    fn text(
+        &self,
+        ids: &[u32],
+        endpoint: Endpoint,
+        stop: &[u32],
+        stop_text: &[String],
+    ) -> (String, bool) {
         let kept: Vec<u32> = match endpoint {
             Endpoint::Chat => ids
                 .iter()
@@ -368,12 +430,18 @@ impl Gateway {
                 .collect(),
             Endpoint::Completions => ids.to_vec(),
         };
-        self.agent
+        let mut text = self
+            .agent
             .student
             .model
             .tokenizer
             .decode(&kept)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let cut = first_stop(&text, stop_text);
+        if let Some((at, _)) = cut {
+            text.truncate(at);
+        }
+        (text, cut.is_some())
     }
 
     fn id(&self, endpoint: Endpoint) -> String {
@@ -392,6 +460,7 @@ impl Gateway {
 fn respond(
     gw: &Arc<Gateway>,
     ask: Ask,
+    admitted: Admitted,
     endpoint: Endpoint,
     stream: bool,
     peer: &Peer,
@@ -400,7 +469,7 @@ fn respond(
         .request_timeout
         .map(|limit| (Instant::now() + limit, limit));
     if stream {
-        return stream_answer(gw.clone(), ask, endpoint, deadline, peer.clone());
+        return stream_answer(gw.clone(), ask, admitted, endpoint, deadline, peer.clone());
     }
     let cancelled = || {
         if gw.stop.load(Ordering::SeqCst) {
@@ -416,12 +485,12 @@ fn respond(
         cancelled: Some(&cancelled),
     };
     let answer = {
-        let _turn = gw.queue.turn(interrupt)?;
+        let _turn = gw.queue.turn(admitted, interrupt)?;
         gw.agent
             .answer(&ask, interrupt, &mut |_| {})
             .map_err(agent_error)?
     };
-    let text = gw.text(&answer.ids, endpoint, &ask.params.stop);
+    let (text, _) = gw.text(&answer.ids, endpoint, &ask.params.stop, &ask.stop_text);
     let (id, model, created) = (gw.id(endpoint), gw.model(), gw.created);
     let report = Some(answer.report.clone());
     Ok(match endpoint {
@@ -476,12 +545,14 @@ fn respond(
 }
 
 /// A stream's events, written as the answer's ids become final: each event the text added since
-/// the last (held back while it ends inside a UTF-8 character).
+/// the last (held back while it ends inside a UTF-8 character, or might be the start of a stop
+/// string; nothing past a stop string is sent).
 struct Events<'a> {
     gw: &'a Gateway,
     tx: &'a EventSender,
     endpoint: Endpoint,
     stop: Vec<u32>,
+    stop_text: Vec<String>,
     id: String,
     ids: Vec<u32>,
     sent: String,
@@ -548,9 +619,18 @@ impl Events<'_> {
     /// decoding more ids respell text already sent (it does not for byte-level BPE), what follows
     /// the part both spell alike is sent, so nothing is lost.
     fn delta(&mut self, end: bool) -> Option<String> {
-        let text = self.gw.text(&self.ids, self.endpoint, &self.stop);
-        if !end && text.ends_with('\u{FFFD}') {
-            return None;
+        let (mut text, stopped) =
+            self.gw
+                .text(&self.ids, self.endpoint, &self.stop, &self.stop_text);
+        if !end && !stopped {
+            if text.ends_with('\u{FFFD}') {
+                return None;
+            }
+            // The longest stop string less a byte could be ending the text: kept back.
+            let longest = self.stop_text.iter().map(String::len).max().unwrap_or(0);
+            let keep =
+                text.floor_char_boundary(text.len().saturating_sub(longest.saturating_sub(1)));
+            text.truncate(keep);
         }
         let same = self
             .sent
@@ -591,6 +671,7 @@ impl Events<'_> {
 fn stream_answer(
     gw: Arc<Gateway>,
     ask: Ask,
+    admitted: Admitted,
     endpoint: Endpoint,
     deadline: Option<(Instant, Duration)>,
     peer: Peer,
@@ -625,7 +706,7 @@ fn stream_answer(
             deadline,
             cancelled: Some(&cancelled),
         };
-        let _turn = match gw.queue.turn(queued) {
+        let _turn = match gw.queue.turn(admitted, queued) {
             Ok(t) => {
                 let _ = started.send(Ok(()));
                 t
@@ -640,6 +721,7 @@ fn stream_answer(
             tx: &tx,
             endpoint,
             stop: ask.params.stop.clone(),
+            stop_text: ask.stop_text.clone(),
             id: gw.id(endpoint),
             ids: Vec::new(),
             sent: String::new(),

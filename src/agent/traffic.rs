@@ -4,10 +4,12 @@
 //! writes ([`k3mini_data::shards`]): the remote's top-k at every position it read. `k3mini train`
 //! distils the next student on them with `distill.mode = "traffic"`.
 //!
-//! One shard per request, each written atomically and then recorded with its SHA-256 in the
-//! directory's `manifest.json` (replaced atomically), so a gateway killed at any moment loses at
-//! most the request in flight. A directory holds one remote's signals at one top-k, for one
-//! tokenizer; the gateway refuses to add to another's.
+//! One shard per request, each written atomically and then recorded with its SHA-256 by one line
+//! appended to the directory's journal (`manifest.jsonl`, synced), so a gateway killed at any
+//! moment loses at most the request in flight, and an escalation costs the same however many came
+//! before it. A directory holds one remote's signals at one top-k, for one tokenizer; the gateway
+//! refuses to add to another's, and stops adding (the answers still go out) once its shards reach
+//! the size cap (`--traffic-max-bytes`).
 
 use super::Ask;
 use crate::error::{Context, Result};
@@ -15,7 +17,7 @@ use k3mini_data::chat::Part;
 use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, Storage, write_shard};
 use k3mini_teacher::manifest::{
-    KIND_TRAFFIC, MANIFEST, Manifest, ShardEntry, TrafficJob, write_manifest,
+    KIND_TRAFFIC, Manifest, ShardEntry, TrafficJob, TrafficJournal, read_traffic,
 };
 use k3mini_teacher::{LOGPROB_TEMPERATURE, Scored};
 use std::path::{Path, PathBuf};
@@ -26,26 +28,33 @@ pub struct Traffic {
     dir: PathBuf,
     meta: ShardMeta,
     storage: Storage,
-    manifest: Mutex<Manifest<TrafficJob>>,
+    /// The bytes its shards may hold, at most.
+    max_bytes: Option<u64>,
+    written: Mutex<Written>,
     /// Held exclusively while this gateway writes here: two writers would take the same index.
     _lock: std::fs::File,
 }
 
-/// A shard's index in the manifest (the next free one).
-fn next_index(m: &Manifest<TrafficJob>) -> usize {
-    m.shards.iter().map(|s| s.index + 1).max().unwrap_or(0)
+/// What the directory holds so far, and its journal.
+struct Written {
+    journal: TrafficJournal,
+    /// The next shard's index.
+    next: usize,
+    /// Its shards' bytes.
+    bytes: u64,
 }
 
 impl Traffic {
     /// Opens (or starts) `dir` for the remote `teacher`'s top-`k`, made with the tokenizer whose
-    /// fingerprint is `tokenizer_sha256` and vocabulary `vocab`; refuses a directory of another
-    /// remote, top-k or tokenizer.
+    /// fingerprint is `tokenizer_sha256` and vocabulary `vocab`, its shards holding at most
+    /// `max_bytes`; refuses a directory of another remote, top-k or tokenizer.
     pub fn open(
         dir: &Path,
         teacher: &str,
         tokenizer_sha256: &str,
         k: usize,
         vocab: usize,
+        max_bytes: Option<u64>,
     ) -> Result<Self> {
         let storage = Storage::Quantised {
             step: k3mini_data::shards::DEFAULT_LOGPROB_STEP,
@@ -62,33 +71,45 @@ impl Traffic {
         let lock_path = dir.join(".lock");
         let lock =
             std::fs::File::create(&lock_path).with_context(|| lock_path.display().to_string())?;
-        if lock.try_lock().is_err() {
-            crate::bail!(
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => crate::bail!(
                 "{}: another gateway is writing its traffic here (it holds {}); give each its \
                  own directory",
                 dir.display(),
                 lock_path.display()
-            );
+            ),
+            Err(std::fs::TryLockError::Error(e)) => crate::bail!(
+                "{}: cannot lock it for this gateway ({e}); a file system without locks (some \
+                 network mounts) cannot hold a traffic directory",
+                lock_path.display()
+            ),
         }
-        let path = dir.join(MANIFEST);
-        let manifest = match std::fs::read(&path) {
-            Ok(bytes) => {
-                let m: Manifest<TrafficJob> = serde_json::from_slice(&bytes)
-                    .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
+        let manifest = match read_traffic(dir)? {
+            Some(m) => {
                 crate::ensure!(
                     m.job == job,
                     "{}: holds the traffic of another remote, top-k or tokenizer ({:?}); write \
                      this gateway's into another directory",
-                    path.display(),
+                    dir.display(),
                     m.job
                 );
                 m
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest {
+            None => Manifest {
                 job,
                 shards: Vec::new(),
             },
-            Err(e) => return Err(e).with_context(|| path.display().to_string()),
+        };
+        let written = Written {
+            journal: TrafficJournal::open(dir, &manifest)?,
+            next: manifest
+                .shards
+                .iter()
+                .map(|s| s.index + 1)
+                .max()
+                .unwrap_or(0),
+            bytes: manifest.bytes(),
         };
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -100,8 +121,26 @@ impl Traffic {
                 vocab: Some(vocab),
             },
             storage,
-            manifest: Mutex::new(manifest),
+            max_bytes,
+            written: Mutex::new(written),
             _lock: lock,
+        })
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Written> {
+        self.written.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why nothing more is written here, when the shards have reached the size cap.
+    pub fn full(&self) -> Option<String> {
+        let cap = self.max_bytes?;
+        let bytes = self.written().bytes;
+        (bytes >= cap).then(|| {
+            format!(
+                "the traffic directory {} is full: its shards hold {bytes} bytes of the \
+                 {cap} allowed (--traffic-max-bytes)",
+                self.dir.display()
+            )
         })
     }
 
@@ -133,17 +172,15 @@ impl Traffic {
         let bytes: Vec<u8> = ask.prompt.iter().flat_map(|i| i.to_le_bytes()).collect();
         let doc_id = u64::from_str_radix(&sha256_hex(&bytes)[..16], 16).expect("hex");
         let row = scored.into_row(doc_id, 0, Some(parts));
-        let mut m = self.manifest.lock().unwrap_or_else(|p| p.into_inner());
-        let index = next_index(&m);
+        let mut w = self.written();
+        let index = w.next;
         let file = format!("shard-{index:05}.parquet");
         let path = self.dir.join(&file);
         let positions = row.positions();
         let bytes = write_shard(&path, &self.meta, self.storage, std::slice::from_ref(&row))?;
         let sha256 =
             k3mini_data::digest::sha256_file(&path).with_context(|| path.display().to_string())?;
-        // Kept in memory only once the manifest on disk lists it.
-        let mut next = m.clone();
-        next.shards.push(ShardEntry {
+        w.journal.append(&ShardEntry {
             index,
             file: file.clone(),
             sha256,
@@ -152,9 +189,9 @@ impl Traffic {
             positions,
             bytes,
             routing: None,
-        });
-        write_manifest(&self.dir, &next)?;
-        *m = next;
+        })?;
+        w.next += 1;
+        w.bytes += bytes;
         Ok(file)
     }
 }

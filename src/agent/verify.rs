@@ -56,12 +56,23 @@ impl Default for VerifySettings {
     }
 }
 
+/// The longest draft a round may make: past a few dozen tokens a rejection wastes the rest.
+pub const MAX_DRAFT: usize = 256;
+/// The most drafted tokens before the cascade judges its acceptance.
+pub const MAX_JUDGE_AFTER: usize = 1 << 20;
+
 impl VerifySettings {
     pub fn check(&self) -> Result<(), String> {
-        if self.k == 0 || self.draft == 0 || self.max_draft < self.draft {
+        let max_k = k3mini_teacher::server::MAX_LOGPROBS;
+        if !(1..=max_k).contains(&self.k)
+            || self.draft == 0
+            || !(self.draft..=MAX_DRAFT).contains(&self.max_draft)
+            || !(1..=MAX_JUDGE_AFTER).contains(&self.judge_after)
+        {
             return Err(format!(
-                "verify: k ({}) and draft ({}) must be ≥ 1, and max_draft ({}) ≥ draft",
-                self.k, self.draft, self.max_draft
+                "verify: k ({}) must be in [1, {max_k}], draft ({}) ≥ 1, max_draft ({}) in \
+                 [draft, {MAX_DRAFT}], judge_after ({}) in [1, {MAX_JUDGE_AFTER}]",
+                self.k, self.draft, self.max_draft, self.judge_after
             ));
         }
         if !(0.0..=1.0).contains(&self.min_acceptance) {
@@ -171,6 +182,8 @@ pub struct Stopped {
 pub struct Verifier<'a> {
     pub teacher: &'a dyn Teacher,
     pub scoring_output: u64,
+    /// Tries its client makes of one call: a failed call is booked at all of them.
+    pub attempts: u64,
 }
 
 /// Runs the cascade for `prompt` under `params` (max tokens, temperature, top-p, seed, stop ids):
@@ -227,17 +240,23 @@ pub fn cascade(
             fail!(Halt::Budget(reason));
         }
         let t1 = Instant::now();
+        let input = scored_ids.len() as u64;
         let scored = match remote.teacher.score(&scored_ids, settings.k) {
             Ok(s) => s,
-            Err(e) => fail!(Halt::Remote(e)),
+            Err(e) => {
+                let seconds = t1.elapsed().as_secs_f64();
+                let output = remote.scoring_output;
+                out.spent
+                    .remote_failed(remote.attempts, input, output, seconds);
+                fail!(Halt::Remote(e))
+            }
         };
-        out.spent.remote_seconds += t1.elapsed().as_secs_f64();
-        out.spent.remote_calls += 1;
-        out.spent.remote_input += scored_ids.len() as u64;
-        out.spent.remote_cached += common_prefix(&sent, &scored_ids) as u64;
+        // The scoring call's output is billed, and not used.
+        let cached = common_prefix(&sent, &scored_ids) as u64;
+        let seconds = t1.elapsed().as_secs_f64();
+        out.spent
+            .remote_answered(input, cached, remote.scoring_output, seconds);
         sent = scored_ids;
-        // Billed, and not used.
-        out.spent.remote_output += remote.scoring_output;
         // Position `context.len() − 1 + i` predicts draft token i.
         let first = context.len() - 1;
         let (kept, replaced) = if s.greedy() {
@@ -293,15 +312,20 @@ pub fn cascade(
                 ..params.clone()
             };
             let t2 = Instant::now();
+            let input = context.len() as u64;
             let g = match remote.teacher.generate(&context, &rest) {
                 Ok(g) => g,
-                Err(e) => fail!(Halt::Remote(e)),
+                Err(e) => {
+                    let seconds = t2.elapsed().as_secs_f64();
+                    out.spent
+                        .remote_failed(remote.attempts, input, left, seconds);
+                    fail!(Halt::Remote(e))
+                }
             };
-            out.spent.remote_seconds += t2.elapsed().as_secs_f64();
-            out.spent.remote_calls += 1;
-            out.spent.remote_input += context.len() as u64;
-            out.spent.remote_cached += common_prefix(&sent, &context) as u64;
-            out.spent.remote_output += g.ids.len() as u64;
+            let cached = common_prefix(&sent, &context) as u64;
+            let seconds = t2.elapsed().as_secs_f64();
+            out.spent
+                .remote_answered(input, cached, g.ids.len() as u64, seconds);
             out.trace.remote_tokens += g.ids.len() as u64;
             out.trace.handed_over = true;
             emit(&g.ids);

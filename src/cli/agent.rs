@@ -108,12 +108,13 @@ impl Sides {
         );
         // vLLM's and OpenAI's scoring generates (and bills) one token; SGLang's none.
         let scoring_output = u64::from(self.remote_api != Api::Sglang);
-        let agent = Agent::new(
+        let mut agent = Agent::new(
             Student::new(model),
             Box::new(remote),
             scoring_output,
             policy,
         );
+        agent.remote_attempts = 1 + self.remote_retries as u64;
         Ok((agent, what))
     }
 }
@@ -131,8 +132,8 @@ pub struct Measured {
     /// Where each task's answers (local, remote, verify) are cached: `runs.jsonl` in it.
     #[arg(long, default_value = "agent-runs")]
     runs: PathBuf,
-    /// Score code tasks by running their tests: model-written Python on this machine (use a
-    /// sandbox).
+    /// Score code tasks by running their tests: model-written Python, run in the bubblewrap
+    /// sandbox (refused where none can be made).
     #[arg(long)]
     run_tests: bool,
     #[arg(long)]
@@ -194,6 +195,10 @@ pub enum AgentCommand {
         /// `distill.mode = "traffic"`.
         #[arg(long)]
         traffic: Option<PathBuf>,
+        /// Stop writing escalations into --traffic once its shards hold this many bytes (the
+        /// answers still go out, each report saying so).
+        #[arg(long)]
+        traffic_max_bytes: Option<u64>,
         #[command(flatten)]
         serve: ServeArgs,
     },
@@ -244,6 +249,7 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
             sides,
             policy,
             traffic,
+            traffic_max_bytes,
             serve: args,
         } => {
             let policy = Policy::resolve(&policy).map_err(anyhow::Error::msg)?;
@@ -251,6 +257,8 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                 sides.student_sha256(&[&policy])?;
             }
             let (addr, options) = args.options()?;
+            // Refused before the student loads; the warning printed once it listens.
+            let tests_warning = server::check_policy(&policy, &options.limits)?;
             let (mut agent, what) = sides.open(policy)?;
             if let Some(dir) = traffic {
                 let tokenizer = &agent.student.model.tokenizer;
@@ -260,12 +268,16 @@ pub fn run(cmd: AgentCommand) -> Result<()> {
                     &tokenizer.fingerprint(),
                     agent.policy.verify.k,
                     agent.remote.vocab_size(),
+                    traffic_max_bytes,
                 )?);
             }
             let stop = stop_on_ctrl_c()?;
             let limits = options.limits.clone();
             server::serve(agent, &addr, options, stop, |at| {
-                announce(&at, &what, &limits)
+                announce(&at, &what, &limits);
+                if let Some(w) = tests_warning {
+                    eprintln!("{w}");
+                }
             })?;
             Ok(())
         }

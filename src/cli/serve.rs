@@ -31,6 +31,18 @@ pub struct ServeArgs {
     /// --api-key). Default: the K3MINI_API_KEY environment variable, which `ps` does not show.
     #[arg(long)]
     api_key: Option<String>,
+    /// A host name clients may call the server by (its `Host` header), besides IP addresses and
+    /// localhost; repeat for several. Requests naming another are refused (421), which stops a
+    /// web page reaching the server through DNS rebinding.
+    #[arg(long = "allowed-host")]
+    allowed_hosts: Vec<String>,
+    /// A web page origin (`https://app.example:8443`, or `*`) that may call the server from a
+    /// browser, with CORS; repeat for several. Requests from other pages are refused (403).
+    #[arg(long = "allowed-origin")]
+    allowed_origins: Vec<String>,
+    /// Connections one IP address may hold open; the server's others are kept for the rest.
+    #[arg(long, default_value_t = 32)]
+    max_connections_per_peer: usize,
 }
 
 impl ServeArgs {
@@ -50,6 +62,10 @@ impl ServeArgs {
             self.header_timeout > 0,
             "--header-timeout must be at least 1 second"
         );
+        anyhow::ensure!(
+            self.max_connections_per_peer > 0,
+            "--max-connections-per-peer must be at least 1"
+        );
         let options = ServeOptions {
             max_queued: self.max_queued,
             request_timeout: (self.request_timeout > 0)
@@ -57,6 +73,9 @@ impl ServeArgs {
             limits: Limits {
                 header_timeout: Duration::from_secs(self.header_timeout),
                 api_key,
+                allowed_hosts: self.allowed_hosts,
+                allowed_origins: self.allowed_origins,
+                max_per_peer: self.max_connections_per_peer,
                 ..Default::default()
             },
         };

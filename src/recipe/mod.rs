@@ -41,18 +41,8 @@ fn load_with(path: &Path, edit: impl FnOnce(&mut Recipe)) -> Result<RunPlan, Rec
         key: String::new(),
         message,
     };
-    // A FIFO or a device would block or never end: only regular files are read.
-    let meta = std::fs::metadata(path).map_err(|e| refuse(format!("cannot read: {e}")))?;
-    if !meta.is_file() {
-        return Err(refuse("not a regular file: a recipe is a TOML file".into()));
-    }
-    if meta.len() > MAX_RECIPE_BYTES {
-        return Err(refuse(format!(
-            "{} bytes: a recipe is a TOML file of at most {MAX_RECIPE_BYTES} bytes",
-            meta.len()
-        )));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| refuse(format!("cannot read: {e}")))?;
+    let text = k3mini_durable::read_small(path, MAX_RECIPE_BYTES)
+        .map_err(|e| refuse(format!("cannot read a recipe (a TOML file): {e}")))?;
     parse_with(path, &text, edit)
 }
 

@@ -18,7 +18,7 @@ use k3mini_student::presets::{PRESETS, resolve};
 use k3mini_teacher::client::Api;
 use k3mini_teacher::fetch::{self, Kind};
 use k3mini_teacher::local::Engine;
-use k3mini_teacher::manifest::{Manifest, TrafficJob, shards_digest};
+use k3mini_teacher::manifest::{read_traffic, shards_digest};
 use k3mini_teacher::routing::RoutingShape;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -1052,20 +1052,13 @@ fn distill_plan(
         },
         DistillMode::Traffic => {
             let dir = d.traffic.as_deref().map(absolute).expect("checked above");
-            let path = dir.join(k3mini_teacher::manifest::MANIFEST);
-            let read = std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    serde_json::from_slice::<Manifest<TrafficJob>>(&bytes)
-                        .map_err(|e| e.to_string())
-                });
-            match read {
-                Ok(m) if !m.shards.is_empty() => ModePlan::Traffic {
+            match read_traffic(&dir) {
+                Ok(Some(m)) if !m.shards.is_empty() => ModePlan::Traffic {
                     shards: m.shards.len(),
                     digest: shards_digest(&m.shards),
                     dir,
                 },
-                Ok(_) => {
+                Ok(Some(_)) => {
                     return refuse(
                         "distill.traffic",
                         format!(
@@ -1074,16 +1067,17 @@ fn distill_plan(
                         ),
                     );
                 }
-                Err(e) => {
+                Ok(None) => {
                     return refuse(
                         "distill.traffic",
                         format!(
-                            "{}: no traffic manifest ({e}); `k3mini agent serve --traffic {}` writes one",
-                            path.display(),
+                            "{}: no traffic manifest; `k3mini agent serve --traffic {}` writes one",
+                            dir.display(),
                             dir.display()
                         ),
                     );
                 }
+                Err(e) => return refuse("distill.traffic", e.to_string()),
             }
         }
         DistillMode::OnPolicy => {

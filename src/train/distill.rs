@@ -35,7 +35,7 @@ use k3mini_student::head::{HeadChunks, head_loss};
 use k3mini_student::moe::Route;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
-use k3mini_teacher::manifest::{MANIFEST, Manifest, TrafficJob, shards_digest};
+use k3mini_teacher::manifest::{MANIFEST, Manifest, read_traffic, shards_digest};
 use k3mini_teacher::score::ScoreManifestJob;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -132,10 +132,9 @@ fn open_trajectories(plan: &RunPlan, dir: &Path, tokenizer: &Tokenizer) -> Resul
 /// The traffic mode's shards: the first `shards` of a gateway's traffic directory, as the plan
 /// pinned them by `digest`.
 fn open_traffic(plan: &RunPlan, dir: &Path, shards: usize, digest: &str) -> Result<Opened> {
-    let path = dir.join(MANIFEST);
-    let text = std::fs::read(&path).with_context(|| path.display().to_string())?;
-    let mut m: Manifest<TrafficJob> = serde_json::from_slice(&text)
-        .with_context(|| format!("{}: not a traffic manifest", path.display()))?;
+    let Some(mut m) = read_traffic(dir)? else {
+        bail!("{}: its traffic manifest is gone", dir.display());
+    };
     if m.shards.len() < shards || shards_digest(&m.shards[..shards]) != digest {
         bail!(
             "{}: the {shards} shards this run's plan pinned are no longer the manifest's \

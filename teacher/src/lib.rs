@@ -17,6 +17,7 @@ pub mod routing;
 pub mod sampling;
 pub mod score;
 pub mod server;
+pub mod stop;
 pub mod wire;
 
 use k3mini_data::rng::uniform;
@@ -182,6 +183,17 @@ pub struct Generation {
     pub top_ids: Vec<u32>,
     pub top_logprobs: Vec<f32>,
     pub finish: FinishReason,
+}
+
+impl Generation {
+    /// Its first `n` tokens, ended by a stop (a stop string their text holds).
+    pub fn stop_after(&mut self, n: usize) {
+        self.ids.truncate(n);
+        self.logprobs.truncate(n);
+        self.top_ids.truncate(n * self.k);
+        self.top_logprobs.truncate(n * self.k);
+        self.finish = FinishReason::Stop;
+    }
 }
 
 /// A source of teacher signals. `Sync`: a scorer keeps several requests in flight.

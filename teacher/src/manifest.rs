@@ -51,6 +51,58 @@ pub struct TrafficJob {
 /// [`TrafficJob::kind`].
 pub const KIND_TRAFFIC: &str = "traffic";
 
+/// A traffic directory's manifest, a journal: the job on its first line (`{"job": …}`), then one
+/// [`ShardEntry`] a line, each appended and synced as its shard lands, so an escalation costs the
+/// same at the 50,000th shard as at the first (rewriting `manifest.json` whole did not). A line
+/// cut short by a crash is the last one, and is dropped. Directories written before it hold
+/// `manifest.json`, which [`read_traffic`] reads too.
+pub const TRAFFIC_MANIFEST: &str = "manifest.jsonl";
+
+/// The first line of a [`TRAFFIC_MANIFEST`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrafficHeader {
+    pub job: TrafficJob,
+}
+
+/// A traffic directory's manifest, from its journal (or an older directory's `manifest.json`);
+/// None when it has neither. Every complete line must parse; a cut last line is dropped.
+pub fn read_traffic(dir: &Path) -> Result<Option<Manifest<TrafficJob>>, TeacherError> {
+    let path = dir.join(TRAFFIC_MANIFEST);
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let legacy = dir.join(MANIFEST);
+            return match std::fs::read(&legacy) {
+                Ok(bytes) => serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| io(&legacy, format!("not a traffic manifest: {e}"))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(io(&legacy, e)),
+            };
+        }
+        Err(e) => return Err(io(&path, e)),
+    };
+    // Complete lines only: whatever follows the last newline was cut short.
+    let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let mut lines = text[..whole]
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty());
+    let at = |n: usize, e: serde_json::Error| io(&path, format!("line {n}: {e}"));
+    let Some(first) = lines.next() else {
+        return Ok(None);
+    };
+    let header: TrafficHeader = serde_json::from_slice(first).map_err(|e| at(1, e))?;
+    let shards = lines
+        .enumerate()
+        .map(|(i, l)| serde_json::from_slice(l).map_err(|e| at(i + 2, e)))
+        .collect::<Result<Vec<ShardEntry>, _>>()?;
+    Ok(Some(Manifest {
+        job: header.job,
+        shards,
+    }))
+}
+
 /// What a run trains on from a growing directory: the SHA-256 of its first shards' checksums,
 /// in order (a run pins the shards it started with; more may arrive while it trains).
 pub fn shards_digest(shards: &[ShardEntry]) -> String {
@@ -60,6 +112,82 @@ pub fn shards_digest(shards: &[ShardEntry]) -> String {
         d.update(b"\n");
     }
     hex(d)
+}
+
+/// A traffic directory's journal ([`TRAFFIC_MANIFEST`]), open for appending.
+pub struct TrafficJournal {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+    /// Its length in whole lines.
+    len: u64,
+}
+
+impl TrafficJournal {
+    /// Opens `dir`'s journal for `m`, the manifest [`read_traffic`] read there (or a new one):
+    /// a cut last line is cut off; a directory without a journal (new, or holding an older
+    /// `manifest.json`) gets one written whole, atomically, and the older file goes.
+    pub fn open(dir: &Path, m: &Manifest<TrafficJob>) -> Result<Self, TeacherError> {
+        let path = dir.join(TRAFFIC_MANIFEST);
+        if !path.exists() {
+            let mut text = serde_json::to_vec(&TrafficHeader { job: m.job.clone() })
+                .expect("a traffic header serialises");
+            text.push(b'\n');
+            for e in &m.shards {
+                text.extend(serde_json::to_vec(e).expect("a shard entry serialises"));
+                text.push(b'\n');
+            }
+            k3mini_durable::write(&path, &text).map_err(|e| io(&path, e))?;
+            let legacy = dir.join(MANIFEST);
+            if legacy.exists() {
+                std::fs::remove_file(&legacy).map_err(|e| io(&legacy, e))?;
+            }
+        }
+        let text = std::fs::read(&path).map_err(|e| io(&path, e))?;
+        let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| io(&path, e))?;
+        if whole < text.len() {
+            file.set_len(whole as u64).map_err(|e| io(&path, e))?;
+        }
+        Ok(Self {
+            file,
+            path,
+            len: whole as u64,
+        })
+    }
+
+    /// The journal's bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `entry` as one line and syncs it: what it costs does not grow with the journal.
+    pub fn append(&mut self, entry: &ShardEntry) -> Result<(), TeacherError> {
+        use std::io::Write;
+        let mut line = serde_json::to_vec(entry).expect("a shard entry serialises");
+        line.push(b'\n');
+        match self
+            .file
+            .write_all(&line)
+            .and_then(|()| self.file.sync_data())
+        {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // A line cut short mid-journal would hide every line after it: cut it off.
+                let _ = self.file.set_len(self.len);
+                Err(io(&self.path, e))
+            }
+        }
+    }
 }
 
 /// A file written beside a shard, holding more about the same rows.
@@ -257,4 +385,124 @@ where
     }
     write_manifest(dir, &manifest)?;
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> TrafficJob {
+        TrafficJob {
+            kind: KIND_TRAFFIC.into(),
+            teacher: "t".into(),
+            tokenizer_sha256: "ab".into(),
+            k: 4,
+            temperature: 1.0,
+            logprob_step: Storage::Exact,
+        }
+    }
+
+    fn entry(index: usize) -> ShardEntry {
+        ShardEntry {
+            index,
+            file: format!("shard-{index:05}.parquet"),
+            sha256: "00".repeat(32),
+            items: [index, index + 1],
+            rows: 1,
+            positions: 10,
+            bytes: 1000,
+            routing: None,
+        }
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("k3mini-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn an_append_writes_one_line_however_long_the_journal() {
+        use std::os::unix::fs::MetadataExt;
+        let mut medians = Vec::new();
+        for n in [1, 1000] {
+            let dir = scratch(&format!("journal-{n}"));
+            let m = Manifest {
+                job: job(),
+                shards: (0..n).map(entry).collect(),
+            };
+            let mut journal = TrafficJournal::open(&dir, &m).unwrap();
+            let path = dir.join(TRAFFIC_MANIFEST);
+            let (before, inode) = (
+                std::fs::read(&path).unwrap(),
+                std::fs::metadata(&path).unwrap().ino(),
+            );
+            let mut times = Vec::new();
+            for i in 0..21 {
+                let t0 = std::time::Instant::now();
+                journal.append(&entry(n + i)).unwrap();
+                times.push(t0.elapsed());
+            }
+            // The file is appended to, never rewritten: the same inode, the old bytes unchanged,
+            // each append one line.
+            let after = std::fs::read(&path).unwrap();
+            assert_eq!(std::fs::metadata(&path).unwrap().ino(), inode);
+            assert_eq!(&after[..before.len()], &before[..]);
+            let line = serde_json::to_vec(&entry(n)).unwrap().len() + 1;
+            assert!((after.len() - before.len()).abs_diff(21 * line) <= 21 * 2);
+            assert_eq!(journal.len(), after.len() as u64);
+            let read = read_traffic(&dir).unwrap().unwrap();
+            assert_eq!(read.shards.len(), n + 21);
+            times.sort();
+            medians.push(times[10]);
+            std::fs::remove_dir_all(&dir).ok();
+        }
+        // Measured, loosely (a sync's time is the disk's): the long journal's append is not the
+        // rewrite of 1,000 entries.
+        eprintln!(
+            "median append: 1 entry {:?}, 1000 entries {:?}",
+            medians[0], medians[1]
+        );
+        assert!(
+            medians[1] < medians[0] * 5 + std::time::Duration::from_millis(5),
+            "{medians:?}"
+        );
+    }
+
+    #[test]
+    fn a_cut_last_line_is_dropped_and_an_older_manifest_is_taken_over() {
+        let dir = scratch("journal-cut");
+        let m = Manifest {
+            job: job(),
+            shards: vec![entry(0), entry(1)],
+        };
+        // An older directory's manifest.json is read, then replaced by the journal.
+        write_manifest(&dir, &m).unwrap();
+        assert_eq!(read_traffic(&dir).unwrap().unwrap(), m);
+        let mut journal = TrafficJournal::open(&dir, &m).unwrap();
+        assert!(!dir.join(MANIFEST).exists());
+        journal.append(&entry(2)).unwrap();
+        drop(journal);
+        // A crash mid-append leaves half a line: read without it, cut off on reopening.
+        let path = dir.join(TRAFFIC_MANIFEST);
+        let mut text = std::fs::read(&path).unwrap();
+        let whole = text.len();
+        text.extend_from_slice(b"{\"index\": 3, \"fi");
+        std::fs::write(&path, &text).unwrap();
+        let read = read_traffic(&dir).unwrap().unwrap();
+        assert_eq!(read.shards.len(), 3);
+        let mut journal = TrafficJournal::open(&dir, &read).unwrap();
+        assert_eq!(journal.len(), whole as u64);
+        journal.append(&entry(3)).unwrap();
+        assert_eq!(read_traffic(&dir).unwrap().unwrap().shards.len(), 4);
+        // A damaged line before the last is an error naming it.
+        let mut text = std::fs::read(&path).unwrap();
+        let second = text.iter().position(|&b| b == b'\n').unwrap() + 1;
+        text[second] = b'#';
+        std::fs::write(&path, &text).unwrap();
+        let err = read_traffic(&dir).unwrap_err().to_string();
+        assert!(err.contains("line 2"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -56,12 +56,18 @@ fn agent(local: &str, remote: &str, policy: &str, extra: &[&str]) -> Server {
 
 /// One raw HTTP/1.1 exchange: status and body text.
 fn exchange(url: &str, path: &str, body: &Value) -> (u16, String) {
+    exchange_as(url, path, body, None)
+}
+
+/// [`exchange`] with `Authorization: Bearer KEY`.
+fn exchange_as(url: &str, path: &str, body: &Value, key: Option<&str>) -> (u16, String) {
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let body = body.to_string();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -89,7 +95,11 @@ fn exchange(url: &str, path: &str, body: &Value) -> (u16, String) {
 }
 
 fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = exchange(url, path, body);
+    post_as(url, path, body, None)
+}
+
+fn post_as(url: &str, path: &str, body: &Value, key: Option<&str>) -> (u16, Value) {
+    let (status, text) = exchange_as(url, path, body, key);
     (
         status,
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
@@ -439,6 +449,7 @@ fn confidence_and_budget_decide_who_answers() {
             max_tokens: 6,
             ..Default::default()
         },
+        stop_text: Vec::new(),
         gate: None,
         parts: None,
     };
@@ -507,6 +518,35 @@ fn confidence_and_budget_decide_who_answers() {
     let a = answer(&gateway(unsure, true));
     assert_eq!((a.report.answered_by, a.ids.len()), (Local, 6));
     assert!(a.report.remote_error.unwrap().contains("down"));
+    // The failed call (it may have timed out after billing) is booked at its worst case: each
+    // of the client's attempts reading the 4-token prompt and writing all 6 tokens.
+    let mut flaky = gateway(
+        &format!(
+            "{unsure}\n[budget]\nmax_usd_per_day = 1.0\n[cost]\ninput_per_mtok = 50000.0\noutput_per_mtok = 50000.0"
+        ),
+        true,
+    );
+    flaky.remote_attempts = 2;
+    let a = answer(&flaky);
+    let u = a.report.usage.spent;
+    assert_eq!(
+        (
+            u.remote_failed,
+            u.remote_calls,
+            u.remote_input,
+            u.remote_output
+        ),
+        (1, 2, 8, 12)
+    );
+    assert!(
+        (a.report.cost.remote_usd - 20.0 * 0.05).abs() < 1e-9,
+        "{:?}",
+        a.report.cost
+    );
+    // $1.00 booked of the day's $1.00: the next escalation is refused before it is made.
+    let a = answer(&flaky);
+    assert_eq!(a.report.answered_by, Local);
+    assert!(a.report.reason.unwrap().contains("daily cap"));
     let strict = gateway(&format!("on_remote_error = \"error\"\n{unsure}"), true);
     let e = strict
         .answer(&ask, Default::default(), &mut |_| {})
@@ -665,14 +705,21 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     let k = &got["k3mini"];
     let reason = k["reason"].as_str().unwrap_or_default();
     // SmolLM2 answers in prose; had it written the JSON, the answer would have stayed local.
-    match k3mini::agent::gate::Gate::of(&serde_json::from_value(schema).unwrap())
+    let fails = k3mini::agent::gate::Gate::of(&serde_json::from_value(schema).unwrap())
         .unwrap()
         .unwrap()
-        .fails(&content(&got))
-    {
+        .fails(&content(&got), Default::default())
+        .unwrap();
+    match fails {
         _ if k["answered_by"] == "remote" => {
             assert!(reason.starts_with("gate: "), "{k}");
             assert_eq!(k["escalated"], true);
+            // The remote's answer is judged as the student's was: a failing one says so.
+            assert_eq!(
+                k["gate_failure"].as_str(),
+                fails.as_deref(),
+                "the remote's answer: {k}"
+            );
         }
         None => assert_eq!(k["answered_by"], "local", "{k}"),
         Some(why) => panic!("a local answer failing the gate ({why}) was not escalated: {k}"),
@@ -701,6 +748,27 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     assert_eq!(status, 400, "{got}");
     assert!(got.to_string().contains("response_format"), "{got}");
 
+    // OpenAI's stop strings are honoured: the answer ends before the first.
+    let mut stopped = chat("What is the capital of France?");
+    stopped["stop"] = json!([" Paris", "."]);
+    let (status, got) = post(&gateway.url, "/v1/chat/completions", &stopped);
+    assert_eq!(status, 200, "{got}");
+    let text = content(&got);
+    assert!(!text.contains('.') && !text.contains(" Paris"), "{text:?}");
+    // Sampling fields the gateway cannot honour are refused by name, not ignored.
+    for (field, value) in [
+        ("presence_penalty", json!(0.5)),
+        ("logit_bias", json!({"42": -100})),
+        ("tool_choice", json!("auto")),
+        ("k3mini_tests", json!({"tests": "", "entry_point": "f"})),
+    ] {
+        let mut body = chat("Hi");
+        body[field] = value;
+        let (status, got) = post(&gateway.url, "/v1/chat/completions", &body);
+        assert_eq!(status, 400, "{field}: {got}");
+        assert!(got.to_string().contains(field), "{got}");
+    }
+
     // Tests a completion carries: run only where the policy says so, and a failing completion
     // escalates (the random student cannot write `add`; SmolLM2 may).
     let scratch = Scratch::new("agent-gate-tests");
@@ -717,8 +785,47 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
         "route = \"gate\"\nescalate_by = \"remote\"\n[gate]\nrun_tests = true\n",
     );
     let policy = runs.to_str().unwrap();
-    let weak = agent(student.to_str().unwrap(), &teacher.url, policy, &[]);
+    // Clients' Python runs only behind a key (and in the sandbox).
+    let local = student.to_str().unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args([
+            "agent",
+            "serve",
+            "--local",
+            local,
+            "--remote",
+            &teacher.url,
+            "--policy",
+            policy,
+            "--port",
+            "0",
+        ])
+        .env_remove("K3MINI_API_KEY")
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("API key"),
+        "{why}"
+    );
+    let weak = listen(
+        &[
+            "agent",
+            "serve",
+            "--local",
+            local,
+            "--remote",
+            &teacher.url,
+            "--policy",
+            policy,
+            "--port",
+            "0",
+        ],
+        &[("K3MINI_API_KEY", "gate-key")],
+    );
     let (status, got) = post(&weak.url, "/v1/completions", &body);
+    assert_eq!(status, 401, "{got}");
+    let (status, got) = post_as(&weak.url, "/v1/completions", &body, Some("gate-key"));
     assert_eq!(status, 200, "{got}");
     let k = &got["k3mini"];
     assert_eq!(k["answered_by"], "remote", "{k}");
@@ -726,9 +833,9 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
         k["reason"], "gate: the completion fails the request's tests",
         "{k}"
     );
+    // A teacher server ignores the extension, as vLLM ignores fields it does not know.
     let (status, got) = post(&teacher.url, "/v1/completions", &body);
-    assert_eq!(status, 400, "{got}");
-    assert!(got.to_string().contains("k3mini_tests"), "{got}");
+    assert_eq!(status, 200, "{got}");
     // Tools would be ignored by a renderer without a tool-call template: refused, not ignored.
     let mut with_tools = chat("What is the weather?");
     with_tools["tools"] = json!([{"type": "function", "function": {"name": "weather"}}]);
@@ -779,11 +886,11 @@ fn escalations_become_shards_the_next_student_trains_on() {
     );
     drop(gateway);
 
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(traffic.join("manifest.json")).unwrap())
-            .unwrap();
-    assert_eq!(manifest["job"]["kind"], "traffic");
-    assert_eq!(manifest["shards"].as_array().unwrap().len(), 3);
+    let manifest = k3mini_teacher::manifest::read_traffic(&traffic)
+        .unwrap()
+        .unwrap();
+    assert_eq!(manifest.job.kind, "traffic");
+    assert_eq!(manifest.shards.len(), 3);
     let first =
         k3mini_data::shards::read_shard(&traffic.join("shard-00000.parquet"), None).unwrap();
     let row = &first.rows[0];
@@ -875,6 +982,22 @@ fn escalations_become_shards_the_next_student_trains_on() {
     assert_eq!(shards(&k3mini::recipe::load(&recipe).unwrap()), 4);
     let ck = k3mini::run_dir::open_checkpoint(&scratch.path("next")).unwrap();
     assert_eq!(shards(&ck.plan), 3);
+
+    // Full: past --traffic-max-bytes the answer still goes out, unrecorded and unscored.
+    let gateway = agent(
+        student.to_str().unwrap(),
+        &teacher.url,
+        "remote",
+        &["--traffic", dir, "--traffic-max-bytes", "1"],
+    );
+    let (status, got) = post(&gateway.url, "/v1/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    let why = got["k3mini"]["traffic"]["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(why.contains("full"), "{got}");
+    assert_eq!(got["k3mini"]["usage"]["remote_calls"], 1, "{got}");
+    drop(gateway);
 
     // A gateway asking another top-k may not add to this directory.
     let mut refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"));

@@ -22,6 +22,7 @@ mod recipe;
 mod routing;
 mod routing_design;
 mod routing_stats;
+mod sandbox;
 mod teacher_http;
 mod teacher_server;
 mod tensorboard;

@@ -88,30 +88,30 @@ fn malformed_http_gets_its_status_and_never_locks_the_server_out() {
             // (2^64 − 1 itself fits: its bytes pass the body cap, 413, or never come, 408 at the
             // body's deadline; teacher/tests/it/transport.rs shows both.)
             "a chunk size that overflows",
-            b"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1ffffffffffffffff\r\n".to_vec(),
+            b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1ffffffffffffffff\r\n".to_vec(),
             400,
         ),
         (
             "a space before the colon",
-            b"POST /generate HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n".to_vec(),
+            b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n".to_vec(),
             400,
         ),
         (
             "a signed length",
-            b"POST /generate HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}".to_vec(),
+            b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: +2\r\n\r\n{}".to_vec(),
             400,
         ),
         // Read by its chunks alone (an empty body: not JSON), then closed: the bytes the length
         // would have claimed are never a request of their own.
         (
             "Content-Length and chunked together",
-            b"POST /v1/completions HTTP/1.1\r\nContent-Length: 44\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n".to_vec(),
+            b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 44\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n".to_vec(),
             400,
         ),
         ("an oversized head", big_head.into_bytes(), 431),
         (
             "an oversized body",
-            format!("POST /generate HTTP/1.1\r\nContent-Length: {}\r\n\r\n", 1u64 << 40).into_bytes(),
+            format!("POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", 1u64 << 40).into_bytes(),
             413,
         ),
     ];
@@ -157,8 +157,8 @@ fn the_api_key_guards_the_model_and_k3minis_clients_send_it() {
     health_within_a_second(&url);
     for request in [
         &b"GET /v1/models HTTP/1.1\r\n\r\n"[..],
-        b"POST /generate HTTP/1.1\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}",
-        b"POST /v1/completions HTTP/1.1\r\nAuthorization: s3cret\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\nAuthorization: s3cret\r\nContent-Length: 2\r\n\r\n{}",
     ] {
         let (status, text) = exchange(&url, request);
         assert_eq!(status, Some(401), "{text}");

@@ -636,3 +636,46 @@ fn a_disconnected_clients_request_is_stopped() {
         "the next request waited {took:?}"
     );
 }
+
+/// The server's resident memory, bytes.
+fn rss(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[test]
+fn a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized() {
+    // 60 MB of text cannot fit SmolLM2's 8,192 tokens whatever they are: refused at once, not
+    // after CPU-seconds and gigabytes of tokenizing, and it takes no place in the queue.
+    let server = start_with(&["--max-queued", "1"]);
+    let before = rss(&server);
+    let body = json!({"prompt": "a ".repeat(30_000_000), "max_tokens": 1}).to_string();
+    for endpoint in ["/v1/completions", "/generate"] {
+        let body = if endpoint == "/generate" {
+            body.replace("\"prompt\"", "\"text\"")
+        } else {
+            body.clone()
+        };
+        let t0 = std::time::Instant::now();
+        let (status, v) = raw(&server.url, "POST", endpoint, &body);
+        let took = t0.elapsed();
+        assert_eq!(status, 400, "{endpoint}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("without tokenizing"),
+            "{v}"
+        );
+        assert!(took < Duration::from_secs(2), "{endpoint}: {took:?}");
+    }
+    let grew = rss(&server).saturating_sub(before);
+    assert!(grew < 200 << 20, "the server grew by {} MB", grew >> 20);
+    let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
+    assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
+}

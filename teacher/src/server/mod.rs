@@ -118,22 +118,65 @@ pub(crate) struct State {
     queue: Queue,
     /// How long one model request may take, queueing included.
     request_timeout: Option<Duration>,
+    prompt_cap: PromptCap,
     stop: Arc<AtomicBool>,
     created: u64,
 }
 
+/// The most bytes of text a prompt that fits the model's context can hold: the context times
+/// the longest token's text. A longer prompt is refused before any of it is tokenized, so a
+/// 60 MB prompt costs a comparison, not CPU-seconds and gigabytes.
+#[derive(Clone, Copy, Debug)]
+pub struct PromptCap {
+    pub max_bytes: usize,
+    pub context: usize,
+}
+
+impl PromptCap {
+    /// For a model of `context` tokens whose tokenizer decodes each of its `vocab` ids.
+    pub fn of(tokenizer: &k3mini_data::Tokenizer, vocab: usize, context: usize) -> Self {
+        let longest = (0..vocab as u32)
+            .map(|id| tokenizer.decode(&[id]).map_or(0, |s| s.len()))
+            .max()
+            .unwrap_or(0)
+            // Special tokens decode to nothing, but a prompt may spell one (`<|im_end|>`).
+            .max(32);
+        Self {
+            max_bytes: context.saturating_mul(longest),
+            context,
+        }
+    }
+
+    /// A 400 for `bytes` of prompt text past the cap.
+    pub fn check(&self, bytes: usize, param: &str) -> Result<(), ApiError> {
+        if bytes <= self.max_bytes {
+            return Ok(());
+        }
+        Err(bad(
+            param,
+            format!(
+                "the prompt's {bytes} bytes cannot fit the model's context of {} tokens (at most \
+                 {} bytes): refused without tokenizing it",
+                self.context, self.max_bytes
+            ),
+        ))
+    }
+}
+
 /// Model requests take turns: one runs (a model uses every core already), at most `capacity`
-/// run or wait, and one more is refused ([`TeacherError::Busy`], a 503 with `Retry-After`).
+/// are admitted (running, waiting, or being tokenized before they wait), and one more is refused
+/// ([`TeacherError::Busy`], a 503 with `Retry-After`).
 pub struct Queue {
     compute: Mutex<()>,
-    admitted: AtomicUsize,
+    admitted: Arc<AtomicUsize>,
     capacity: usize,
 }
 
-/// A model request's place among the admitted, given back when dropped.
-struct Admitted<'a>(&'a AtomicUsize);
+/// A model request's place among the admitted, given back when dropped. Taken before its prompt
+/// is tokenized, so no more prompts than the queue holds are tokenized at once.
+pub struct Admitted(Arc<AtomicUsize>);
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -142,24 +185,23 @@ impl Drop for Admitted<'_> {
 /// A model request's turn: the compute lock, and its place among the admitted.
 pub struct Turn<'a> {
     _compute: std::sync::MutexGuard<'a, ()>,
-    _admitted: Admitted<'a>,
+    _admitted: Admitted,
 }
 
 impl Queue {
-    /// At most `capacity` (at least 1) requests running or waiting.
+    /// At most `capacity` (at least 1) requests admitted.
     pub fn new(capacity: usize) -> Self {
         Self {
             compute: Mutex::new(()),
-            admitted: AtomicUsize::new(0),
+            admitted: Arc::new(AtomicUsize::new(0)),
             capacity: capacity.max(1),
         }
     }
 
-    /// Waits for the model, or refuses when the queue is full. A queued request whose
-    /// `interrupt` fires leaves the queue.
-    pub fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, TeacherError> {
+    /// A place among the admitted, or a refusal when the queue is full.
+    pub fn admit(&self) -> Result<Admitted, TeacherError> {
         let before = self.admitted.fetch_add(1, Ordering::SeqCst);
-        let admitted = Admitted(&self.admitted);
+        let admitted = Admitted(self.admitted.clone());
         if before >= self.capacity {
             return Err(TeacherError::Busy(format!(
                 "the model is busy: {before} requests are running or queued (at most {}); retry \
@@ -167,6 +209,12 @@ impl Queue {
                 self.capacity
             )));
         }
+        Ok(admitted)
+    }
+
+    /// Waits for the model with an admitted request's place. A waiting request whose
+    /// `interrupt` fires leaves the queue.
+    pub fn turn(&self, admitted: Admitted, interrupt: Interrupt) -> Result<Turn<'_>, TeacherError> {
         let compute = loop {
             match self.compute.try_lock() {
                 Ok(guard) => break guard,
@@ -185,9 +233,14 @@ impl Queue {
 }
 
 impl State {
-    /// The model's turn for this request (see [`Queue::turn`]).
-    fn turn(&self, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
-        Ok(self.queue.turn(interrupt)?)
+    /// A place for a model request (see [`Queue::admit`]).
+    fn admit(&self) -> Result<Admitted, ApiError> {
+        Ok(self.queue.admit()?)
+    }
+
+    /// The model's turn for an admitted request (see [`Queue::turn`]).
+    fn turn(&self, admitted: Admitted, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
+        Ok(self.queue.turn(admitted, interrupt)?)
     }
 
     /// The routed experts of tokens `start..` (the prompt's, then every generated one's but the
@@ -201,8 +254,10 @@ impl State {
         token_ids(ids, self.teacher.vocab_size(), param)
     }
 
-    /// Text as ids (special tokens recognised), refused when empty.
+    /// Text as ids (special tokens recognised), refused when empty or longer than any prompt
+    /// that fits (before it is tokenized).
     fn encode(&self, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
+        self.prompt_cap.check(text.len(), param)?;
         let ids = self
             .teacher
             .tokenizer
@@ -351,7 +406,13 @@ pub fn serve(
     let pieces = (0..teacher.vocab_size() as u32)
         .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
         .collect();
+    let prompt_cap = PromptCap::of(
+        &teacher.tokenizer,
+        teacher.vocab_size(),
+        teacher.context_length(),
+    );
     let state = Arc::new(State {
+        prompt_cap,
         pieces,
         teacher,
         queue: Queue::new(options.max_queued),

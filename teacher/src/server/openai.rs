@@ -14,6 +14,7 @@
 use super::{ApiError, Sampling, State, bad, count};
 use crate::local::Ran;
 use crate::routing::wire;
+use crate::stop::{cut_at_stop, cut_text, stop_strings};
 use crate::wire::finite_logprob;
 use crate::wire::openai::{
     ChatChoice, ChatLogprobs, ChatMessage, ChatRequest, ChatResponse, ChatTokenLogprob,
@@ -60,13 +61,8 @@ pub(super) fn completions(
     interrupt: Interrupt,
 ) -> Result<CompletionResponse, ApiError> {
     refuse_stream(req.stream)?;
-    if req.k3mini_tests.is_some() {
-        return Err(bad(
-            "k3mini_tests",
-            "this server does not run tests (`k3mini agent serve` does, under a policy with \
-             [gate] run_tests = true)",
-        ));
-    }
+    let stops = stop_strings(req.stop.as_ref()).map_err(|e| bad("stop", e))?;
+    let admitted = state.admit()?;
     let ids = match &req.prompt {
         Prompt::Text(s) => state.encode(s, "prompt")?,
         Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
@@ -96,20 +92,28 @@ pub(super) fn completions(
     // One prefill serves both the prompt's logprobs and the generation.
     let Ran {
         scored,
-        generated,
-        routing,
+        mut generated,
+        mut routing,
     } = {
-        let _turn = state.turn(interrupt)?;
+        let _turn = state.turn(admitted, interrupt)?;
         t.run(&ids, score_k, (p.max_tokens > 0).then_some(&p), interrupt)?
     };
+    if let Some(g) = generated.as_mut()
+        && let Some(n) = cut_at_stop(&g.ids, &stops, |ids| state.text(ids))
+    {
+        g.stop_after(n);
+        // The prompt's tokens and every kept one's but the last were routed.
+        routing = routing.map(|r| r.until_token(ids.len() + n - 1));
+    }
     let tok = |id: u32| state.token_key(id, as_ids);
     let out_ids: Vec<u32> = generated.as_ref().map_or_else(Vec::new, |g| g.ids.clone());
+    let answer = cut_text(state.text(&out_ids), &stops);
     let mut choice = CompletionChoice {
         index: 0,
         text: if echo {
-            state.text(&ids) + &state.text(&out_ids)
+            state.text(&ids) + &answer
         } else {
-            state.text(&out_ids)
+            answer
         },
         finish_reason: finish(generated.as_ref().map(|g| g.finish)),
         logprobs: None,
@@ -246,8 +250,11 @@ pub(super) fn chat(
             "this server renders no tool-call template: leave tools out",
         ));
     }
+    let stops = stop_strings(req.stop.as_ref()).map_err(|e| bad("stop", e))?;
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
+    state.prompt_cap.check(rendered.text_len(), "messages")?;
+    let admitted = state.admit()?;
     let t = &state.teacher;
     let (ids, _) = rendered
         .encode(&t.tokenizer)
@@ -270,12 +277,15 @@ pub(super) fn chat(
         logprobs: top,
     })?;
     state.check_length(ids.len(), &p)?;
-    let g = {
-        let _turn = state.turn(interrupt)?;
+    let mut g = {
+        let _turn = state.turn(admitted, interrupt)?;
         t.run(&ids, None, Some(&p), interrupt)?
             .generated
             .expect("generation was asked for")
     };
+    if let Some(n) = cut_at_stop(&g.ids, &stops, |ids| state.text(ids)) {
+        g.stop_after(n);
+    }
     let content_ids: Vec<u32> = g
         .ids
         .iter()
@@ -322,7 +332,7 @@ pub(super) fn chat(
             index: 0,
             message: ChatMessage {
                 role: "assistant".into(),
-                content: Some(state.text(&content_ids)),
+                content: Some(cut_text(state.text(&content_ids), &stops)),
                 reasoning: None,
             },
             finish_reason: finish(Some(g.finish)),

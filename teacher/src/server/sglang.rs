@@ -25,6 +25,7 @@ pub(super) fn generate(
             "give `input_ids` (a non-empty list of ids) or `text`",
         )
     };
+    let admitted = state.admit()?;
     let ids: Vec<u32> = match (&req.input_ids, &req.text) {
         (Some(ids), _) if ids.is_empty() => return Err(malformed()),
         (Some(ids), _) => state.token_ids(ids, "input_ids")?,
@@ -71,7 +72,7 @@ pub(super) fn generate(
         generated,
         routing,
     } = {
-        let _turn = state.turn(interrupt)?;
+        let _turn = state.turn(admitted, interrupt)?;
         let score_k = (want && ids.len() >= 2).then_some(top.max(1));
         state
             .teacher

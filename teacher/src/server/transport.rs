@@ -2,9 +2,13 @@
 //! server that fleets of scorers share needs. Parsing (request line, headers, `Content-Length`,
 //! chunked bodies, `Expect: 100-continue`, keep-alive) is hyper's; what is ours:
 //!
-//! - **Connection slots**: at most `max_connections` open; each holds a semaphore permit owned by
-//!   its task, so a slot comes back however the connection ends (error, panic, drain). One more is
-//!   answered 503 with `Retry-After` from a second pool of the same size, and beyond that closed.
+//! - **Connection slots**: at most `max_connections` open, and at most `max_per_peer` of them from
+//!   one address, so one client cannot take them all; each holds a semaphore permit owned by its
+//!   task, so a slot comes back however the connection ends (error, panic, drain). A connection
+//!   past either cap goes to the overflow pool ([`OVERFLOW`] times the slots, each connection
+//!   closed after one request or [`OVERFLOW_HEAD`] without one): `GET /health` is answered there
+//!   (a reserved path, so a full server still says it is alive), anything else a 503 with
+//!   `Retry-After`. Beyond that pool connections are closed.
 //! - **Deadlines**: a request head must arrive whole within `header_timeout` of the previous
 //!   response (or of connecting), so it is also how long an idle keep-alive connection stays open
 //!   (past it hyper closes the connection); its body must arrive within as long again of the head
@@ -14,11 +18,19 @@
 //! - **Caps**: a head (request line and headers) over `max_head` bytes or with over `max_headers`
 //!   headers is a 431, a body over `max_body` a 413 (by its `Content-Length` before any of it is
 //!   read, or as it arrives chunked).
+//! - **Browsers** ([`origin`]): a web page can send a loopback server "simple" requests without a
+//!   CORS preflight, and DNS rebinding lets it read the answers. So a `POST` body must be
+//!   `application/json` (else 415), the `Host` must be an IP address, `localhost` or a name in
+//!   `allowed_hosts` (else 421), and a request that carries an `Origin` must name one in
+//!   `allowed_origins` (else 403; those get CORS headers and preflights). Clients that are not
+//!   browsers (curl, the `openai` package, k3mini's) send no `Origin` and are unaffected.
 //! - **API key**: with one set, every request but `GET /health` must carry `Authorization: Bearer
 //!   KEY` (compared in constant time) or gets a 401 before its body is read.
 //! - **Client gone**: the handler runs on a blocking thread while the request's future waits for
-//!   it; hyper drops that future when the client closes the connection (it reads for end of stream
-//!   while the handler works), and a guard in it sets the flag [`Peer::gone`] reads.
+//!   it; hyper drops that future when the client closes the connection, and a guard in it sets the
+//!   flag [`Peer::gone`] reads. Hyper stops reading while its buffer holds bytes of a next request
+//!   (a stray CRLF, a pipelined request), so [`Peer::gone`] also asks the socket itself whether
+//!   the client has hung up (`poll` for `POLLRDHUP`).
 //! - **Drain**: once `stop` is set no connection is accepted, idle ones close, and requests in
 //!   flight finish (a handler should watch `stop` too).
 //!
@@ -28,6 +40,8 @@
 //!
 //! Errors the transport answers itself are JSON in vLLM's shape ([`ErrorResponse`]); those hyper
 //! answers while parsing (400, 431) have no body, and a head past its deadline is closed unanswered.
+
+pub mod origin;
 
 use crate::wire::ErrorResponse;
 use http_body_util::combinators::BoxBody;
@@ -39,8 +53,12 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
+use origin::{Cors, Verdict};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -50,10 +68,16 @@ use tokio::sync::Semaphore;
 const POLL: Duration = Duration::from_millis(100);
 /// How long a stopping server waits for requests in flight to be answered.
 const DRAIN: Duration = Duration::from_secs(10);
+/// The overflow pool's size, in multiples of `max_connections`.
+pub const OVERFLOW: usize = 4;
+/// How long an overflow connection may take to send its one request head.
+pub const OVERFLOW_HEAD: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_connections: usize,
+    /// Connections from one IP address, at most.
+    pub max_per_peer: usize,
     /// A request body, read whole.
     pub max_body: u64,
     /// The request line and headers together.
@@ -64,17 +88,24 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// Required as `Authorization: Bearer …` on every path but `/health`.
     pub api_key: Option<String>,
+    /// Host names a request's `Host` may give besides IP addresses and `localhost`.
+    pub allowed_hosts: Vec<String>,
+    /// Origins (`scheme://host[:port]`) whose pages may call the server (CORS); `*` for any.
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_per_peer: 32,
             max_body: 64 << 20,
             max_head: 64 << 10,
             max_headers: 100,
             header_timeout: Duration::from_secs(10),
             api_key: None,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -127,6 +158,16 @@ impl Reply {
         (reply, tx)
     }
 
+    /// A status without a body.
+    pub fn empty(status: u16) -> Self {
+        Self {
+            status,
+            body: Vec::new(),
+            retry_after: None,
+            events: None,
+        }
+    }
+
     /// An error in vLLM's shape; a 503 says when to retry.
     pub fn error(status: u16, message: impl Into<String>, param: Option<&str>) -> Self {
         Self {
@@ -142,13 +183,37 @@ impl Reply {
 #[derive(Clone)]
 pub struct Peer {
     gone: Arc<AtomicBool>,
+    /// A duplicate of the connection's socket, to ask it whether the client hung up.
+    socket: Option<Arc<OwnedFd>>,
 }
 
 impl Peer {
-    /// Whether the client has closed its connection (its request's future was dropped; so also
-    /// true once the handler has returned, its reply handed to hyper).
+    /// A peer that never leaves (for handlers called outside a connection).
+    pub fn detached() -> Self {
+        Self {
+            gone: Arc::new(AtomicBool::new(false)),
+            socket: None,
+        }
+    }
+
+    /// Whether the client has closed its connection, or shut down its side of it (its request's
+    /// future was dropped, or the socket says it hung up; so also true once the handler has
+    /// returned, its reply handed to hyper).
     pub fn gone(&self) -> bool {
-        self.gone.load(Ordering::SeqCst)
+        if self.gone.load(Ordering::SeqCst) {
+            return true;
+        }
+        let Some(socket) = &self.socket else {
+            return false;
+        };
+        let mut fd = libc::pollfd {
+            fd: socket.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let ready = unsafe { libc::poll(&mut fd, 1, 0) };
+        ready > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 }
 
@@ -184,6 +249,43 @@ where
     result
 }
 
+/// Connections open per IP address; a [`PeerSlot`] counts one and gives it back when dropped.
+#[derive(Default)]
+struct Peers(std::sync::Mutex<HashMap<IpAddr, usize>>);
+
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Peers {
+    /// A slot for `ip` if it holds fewer than `cap`.
+    fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<PeerSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
 async fn accept<H>(
     listener: std::net::TcpListener,
     limits: Arc<Limits>,
@@ -195,19 +297,22 @@ where
 {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let busy_slots = Arc::new(Semaphore::new(limits.max_connections));
+    let overflow = Arc::new(Semaphore::new(limits.max_connections * OVERFLOW));
+    let peers = Arc::new(Peers::default());
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_header_size(limits.max_head)
         .max_headers(limits.max_headers);
-    let mut busy_http = http.clone();
-    busy_http.keep_alive(false);
+    let mut overflow_http = http.clone();
+    overflow_http
+        .keep_alive(false)
+        .header_read_timeout(OVERFLOW_HEAD.min(limits.header_timeout));
     let graceful = GracefulShutdown::new();
     while !stop.load(Ordering::SeqCst) {
-        let stream = match tokio::time::timeout(POLL, listener.accept()).await {
+        let (stream, from) = match tokio::time::timeout(POLL, listener.accept()).await {
             Err(_) => continue,
-            Ok(Ok((stream, _))) => stream,
+            Ok(Ok(accepted)) => accepted,
             // A connection that failed before it was accepted, or no descriptor left: try again
             // after a moment rather than spin.
             Ok(Err(_)) => {
@@ -216,25 +321,51 @@ where
             }
         };
         let _ = stream.set_nodelay(true);
-        let io = Stalls::new(TokioIo::new(stream), limits.header_timeout);
-        if let Ok(slot) = slots.clone().try_acquire_owned() {
+        let admitted = peers
+            .take(from.ip(), limits.max_per_peer)
+            .and_then(|peer| Some((peer, slots.clone().try_acquire_owned().ok()?)));
+        if let Some((peer, slot)) = admitted {
+            // Without a duplicate to watch, a hang-up is seen only when hyper reads.
+            let socket = stream.as_fd().try_clone_to_owned().ok().map(Arc::new);
+            let io = Stalls::new(TokioIo::new(stream), limits.header_timeout);
             let (limits, handle) = (limits.clone(), handle.clone());
-            let service = service_fn(move |r| respond(r, limits.clone(), handle.clone()));
+            let service =
+                service_fn(move |r| respond(r, limits.clone(), handle.clone(), socket.clone()));
             let connection = graceful.watch(http.serve_connection(io, service));
             tokio::spawn(async move {
                 let _ = connection.await;
-                drop(slot);
+                drop((slot, peer));
             });
-        } else if let Ok(slot) = busy_slots.clone().try_acquire_owned() {
-            let open = limits.max_connections;
-            let service = service_fn(move |_| async move {
-                Ok::<_, Infallible>(response(Reply::error(
-                    503,
-                    format!("the server has {open} connections open; retry shortly"),
-                    None,
-                )))
+        } else if let Ok(slot) = overflow.clone().try_acquire_owned() {
+            let io = Stalls::new(TokioIo::new(stream), limits.header_timeout);
+            let (open, per_peer) = (limits.max_connections, limits.max_per_peer);
+            let service = service_fn(move |r: hyper::Request<Incoming>| async move {
+                let health = r.method() == hyper::Method::GET && r.uri().path() == "/health";
+                Ok::<_, Infallible>(if health {
+                    response(
+                        Reply::json(
+                            200,
+                            &crate::wire::Health {
+                                status: "ok".into(),
+                            },
+                        ),
+                        None,
+                    )
+                } else {
+                    response(
+                        Reply::error(
+                            503,
+                            format!(
+                                "the server is full ({open} connections, at most {per_peer} from \
+                                 one address); retry shortly"
+                            ),
+                            None,
+                        ),
+                        None,
+                    )
+                })
             });
-            let connection = graceful.watch(busy_http.serve_connection(io, service));
+            let connection = graceful.watch(overflow_http.serve_connection(io, service));
             tokio::spawn(async move {
                 let _ = connection.await;
                 drop(slot);
@@ -247,61 +378,73 @@ where
     Ok(())
 }
 
-/// One request: the key, the body within its cap, then the handler on a blocking thread.
+/// One request: what browsers could abuse, the key, the body within its cap, then the handler
+/// on a blocking thread.
 async fn respond<H>(
     request: hyper::Request<Incoming>,
     limits: Arc<Limits>,
     handle: Arc<H>,
+    socket: Option<Arc<OwnedFd>>,
 ) -> Result<hyper::Response<Body>, Infallible>
 where
     H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
 {
     let (parts, body) = request.into_parts();
     let path = parts.uri.path().to_string();
+    let cors = match origin::check(&parts.method, &parts.headers, &limits) {
+        Verdict::Refused(reply) => return Ok(response(reply, None)),
+        Verdict::Preflight(cors) => return Ok(response(Reply::empty(204), Some(&cors))),
+        Verdict::Pass(cors) => cors,
+    };
+    let reply = |r: Reply| Ok(response(r, cors.as_ref()));
+    let health = parts.method == hyper::Method::GET && path == "/health";
     if let Some(key) = &limits.api_key
-        && path != "/health"
+        && !health
         && !authorized(parts.headers.get(AUTHORIZATION), key)
     {
-        return Ok(response(Reply::error(
+        return reply(Reply::error(
             401,
             "a valid API key is required: send `Authorization: Bearer <key>`",
             None,
-        )));
+        ));
+    }
+    if let Some(refused) = origin::content_type(&parts.method, &parts.headers) {
+        return reply(refused);
     }
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     let too_large = || {
-        response(Reply::error(
+        Reply::error(
             413,
             format!("the body exceeds {} bytes", limits.max_body),
             Some("body"),
-        ))
+        )
     };
     if declared.is_some_and(|n| n > limits.max_body) {
-        return Ok(too_large());
+        return reply(too_large());
     }
-    let limited = Limited::new(body, limits.max_body as usize).collect();
+    let limited = read_body(body, declared, limits.max_body);
     let body = match tokio::time::timeout(limits.header_timeout, limited).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Ok(too_large()),
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return reply(too_large()),
         Err(_) => {
-            return Ok(response(Reply::error(
+            return reply(Reply::error(
                 408,
                 format!(
                     "the request body did not arrive within {:?} of its head",
                     limits.header_timeout
                 ),
                 Some("body"),
-            )));
+            ));
         }
         Ok(Err(e)) => {
-            return Ok(response(Reply::error(
+            return reply(Reply::error(
                 400,
                 format!("malformed request body: {e}"),
                 Some("body"),
-            )));
+            ));
         }
     };
     let gone = Arc::new(AtomicBool::new(false));
@@ -311,10 +454,28 @@ where
         path,
         body,
     };
-    let reply = tokio::task::spawn_blocking(move || handle(&request, &Peer { gone }))
+    let peer = Peer { gone, socket };
+    let answer = tokio::task::spawn_blocking(move || handle(&request, &peer))
         .await
         .unwrap_or_else(|e| Reply::error(500, format!("the request's handler failed: {e}"), None));
-    Ok(response(reply))
+    reply(answer)
+}
+
+/// A body read whole, at most `max` bytes, into one buffer sized by its `Content-Length` (so a
+/// large body is held once, not as its frames and then their copy).
+async fn read_body(
+    body: Incoming,
+    declared: Option<u64>,
+    max: u64,
+) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    let mut body = Limited::new(body, max as usize);
+    let mut whole = Vec::with_capacity(declared.unwrap_or(0).min(max) as usize);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            whole.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(whole))
 }
 
 /// A connection whose writes fail once they have made no progress for `limit`. Written here
@@ -441,21 +602,26 @@ impl hyper::body::Body for Events {
     }
 }
 
-fn response(reply: Reply) -> hyper::Response<Body> {
+fn response(reply: Reply, cors: Option<&Cors>) -> hyper::Response<Body> {
     let (body, content_type) = match reply.events {
-        Some(rx) => (Events(rx).boxed(), "text/event-stream"),
-        None => (
-            Full::new(Bytes::from(reply.body)).boxed(),
-            "application/json",
-        ),
+        Some(rx) => (Events(rx).boxed(), Some("text/event-stream")),
+        None => {
+            let typed = (!reply.body.is_empty()).then_some("application/json");
+            (Full::new(Bytes::from(reply.body)).boxed(), typed)
+        }
     };
     let mut r = hyper::Response::new(body);
     *r.status_mut() = hyper::StatusCode::from_u16(reply.status)
         .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
     let headers = r.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Some(t) = content_type {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(t));
+    }
     if let Some(s) = reply.retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(s));
+    }
+    if let Some(cors) = cors {
+        cors.headers(headers);
     }
     r
 }

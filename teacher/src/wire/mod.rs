@@ -105,9 +105,21 @@ pub fn finite_logprob(lp: f32) -> f32 {
 
 /// Reads a request body as `T`, naming the field that is malformed (`messages[0].role: unknown
 /// variant …`): the path and the message, for a 400 whose `param` is the path's first field.
+/// Fields `T` does not know are ignored, as vLLM ignores them.
 pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, (String, String)> {
+    parse_request_naming_unknown(body).map(|(value, _)| value)
+}
+
+/// [`parse_request`], and the paths of the fields `T` does not know (`presence_penalty`,
+/// `messages.0.name`), in the order they came.
+pub fn parse_request_naming_unknown<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<(T, Vec<String>), (String, String)> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let value: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+    let mut unknown = Vec::new();
+    let mut note = |path: serde_ignored::Path| unknown.push(path.to_string());
+    let watched = serde_ignored::Deserializer::new(&mut *de, &mut note);
+    let value: T = serde_path_to_error::deserialize(watched).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = if inner.is_syntax() || inner.is_eof() {
@@ -126,5 +138,5 @@ pub fn parse_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, (
     // Nothing may follow the object (`{…}garbage` is not a request).
     de.end()
         .map_err(|e| ("body".to_string(), format!("invalid JSON: {e}")))?;
-    Ok(value)
+    Ok((value, unknown))
 }

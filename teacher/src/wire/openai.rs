@@ -99,18 +99,26 @@ pub struct CompletionRequest {
     /// Server-sent events ([`CompletionChunk`]s) instead of one response.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    /// A k3mini extension: tests the completion must pass (HumanEval's `test` and
-    /// `entry_point`), run by `k3mini agent serve` under a policy whose `[gate] run_tests` is on.
+    /// OpenAI's stop sequences: a string or up to 4 (the text ends before the first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub k3mini_tests: Option<CodeTestsField>,
+    pub stop: Option<Stop>,
 }
 
-/// [`CompletionRequest::k3mini_tests`].
+/// OpenAI's `stop`: one string or a list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CodeTestsField {
-    pub tests: String,
-    pub entry_point: String,
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn strings(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
 }
 
 /// `/v1/completions`' answer.
@@ -209,6 +217,9 @@ pub struct ChatRequest {
     /// tool-call template, and a request whose tools were ignored would be answered wrongly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<serde_json::Value>>,
+    /// OpenAI's stop sequences.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
 }
 
 /// A chat request's `response_format`.

@@ -143,7 +143,7 @@ fn keep_alive_chunked_and_expect_continue() {
     // Two requests on one connection, the second chunked, with a query string dropped.
     write!(
         w,
-        "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+        "POST /a HTTP/1.1\r\nContent-Type: application/json\r\nHost: localhost\r\nContent-Length: 5\r\n\r\nhello"
     )
     .unwrap();
     let (status, headers, body) = response(&mut r);
@@ -154,14 +154,14 @@ fn keep_alive_chunked_and_expect_continue() {
     );
     write!(
         w,
-        "POST /b?x=1 HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nwiki\r\n5\r\npedia\r\n0\r\nTrailer: t\r\n\r\n"
+        "POST /b?x=1 HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nwiki\r\n5\r\npedia\r\n0\r\nTrailer: t\r\n\r\n"
     )
     .unwrap();
     assert_eq!(response(&mut r).2, "\"POST /b wikipedia\"");
     // Expect: 100-continue is answered before the body is sent.
     write!(
         w,
-        "POST /c HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n"
+        "POST /c HTTP/1.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n"
     )
     .unwrap();
     let mut line = String::new();
@@ -188,38 +188,38 @@ fn malformed_requests_get_their_status_and_the_server_keeps_serving() {
         ("GET /x HTTP/1.1\r\nno colon\r\n\r\n".into(), 400),
         // RFC 9112 §5.1: no whitespace between a field name and its colon.
         (
-            "POST /x HTTP/1.1\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding : chunked\r\n\r\n0\r\n\r\n".into(),
             400,
         ),
         // Content-Length is 1*DIGIT: no sign, no words, no two values.
         (
-            "POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nab".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: +2\r\n\r\nab".into(),
             400,
         ),
         (
-            "POST /x HTTP/1.1\r\nContent-Length: ten\r\n\r\n".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: ten\r\n\r\n".into(),
             400,
         ),
         (
-            "POST /x HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n".into(),
             400,
         ),
         (
-            "POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip\r\n\r\n".into(),
             400,
         ),
         (
-            "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".into(),
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".into(),
             400,
         ),
         // A chunk size past 64 bits, after a first chunk.
         (
-            "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n1ffffffffffffffff\r\n"
+            "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n1ffffffffffffffff\r\n"
                 .into(),
             400,
         ),
         (
-            format!("POST /x HTTP/1.1\r\nContent-Length: {}\r\n\r\n", 1u64 << 40),
+            format!("POST /x HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n", 1u64 << 40),
             413,
         ),
         (long, 431),
@@ -245,15 +245,14 @@ fn malformed_requests_get_their_status_and_the_server_keeps_serving() {
     };
     let small = start(limits);
     let chunked = format!(
-        "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
         1500,
         "a".repeat(1500)
     );
     assert_eq!(exchange(&small, chunked.as_bytes()).0, 413);
     // A chunk of 2^64 − 1 bytes: refused as its bytes pass the cap, or, where they never come, at
     // the body's deadline.
-    let huge =
-        "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\n";
+    let huge = "POST /x HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\nffffffffffffffff\r\n";
     let (mut w, mut r) = connect(&small);
     w.write_all(huge.as_bytes()).unwrap();
     w.write_all(&[b'a'; 2000]).unwrap();
@@ -279,7 +278,7 @@ fn conflicting_length_and_chunked_is_read_by_its_chunks_alone_then_closed() {
     let s = start(Limits::default());
     let (mut w, mut r) = connect(&s);
     w.write_all(
-        b"POST /a HTTP/1.1\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n\
+        b"POST /a HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n\
           3\r\nabc\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
     )
     .unwrap();
@@ -357,7 +356,7 @@ fn connection_slots_come_back_however_a_connection_ends() {
     let (status, headers, body) = exchange(&s, b"GET /a HTTP/1.1\r\n\r\n");
     assert_eq!(status, 503, "{body}");
     assert!(headers.contains(&"retry-after: 1".into()), "{headers:?}");
-    assert!(body.contains("connections open"), "{body}");
+    assert!(body.contains("server is full"), "{body}");
     drop(held);
     std::thread::sleep(Duration::from_millis(200));
     // Connections that end every way there is: answered, refused, cut off mid-head, reset with a
@@ -393,8 +392,9 @@ fn the_api_key_guards_every_path_but_health() {
         "Authorization: Bearer wrong\r\n",
         "Authorization: sekret\r\n",
     ] {
-        let request =
-            format!("POST /v1/completions HTTP/1.1\r\n{auth}Content-Length: 2\r\n\r\n{{}}");
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n{auth}Content-Length: 2\r\n\r\n{{}}"
+        );
         let (status, _, body) = exchange(&s, request.as_bytes());
         assert_eq!(status, 401, "{auth:?}: {body}");
         let e: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -402,7 +402,7 @@ fn the_api_key_guards_every_path_but_health() {
     }
     let ok = exchange(
         &s,
-        b"POST /v1/x HTTP/1.1\r\nAuthorization: Bearer sekret\r\nContent-Length: 2\r\n\r\nhi",
+        b"POST /v1/x HTTP/1.1\r\nContent-Type: application/json\r\nAuthorization: Bearer sekret\r\nContent-Length: 2\r\n\r\nhi",
     );
     assert_eq!((ok.0, ok.2.as_str()), (200, "\"POST /v1/x hi\""));
 }
@@ -479,8 +479,8 @@ fn random_and_mutated_requests_never_panic_or_leak_a_slot() {
     };
     let s = start(limits);
     let bases: [&[u8]; 3] = [
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"prompt\":\"a\"}",
-        b"POST /generate HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"prompt\":\"a\"}",
+        b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
         b"GET /health HTTP/1.1\r\nConnection: keep-alive\r\n\r\nGET /v1/models HTTP/1.1\r\n\r\n",
     ];
     let mut rng = 42u64;
@@ -590,4 +590,168 @@ fn a_client_that_stops_reading_loses_its_connection_and_slot() {
         "the stalled connection's slot came back after {:?}",
         t0.elapsed()
     );
+}
+
+#[test]
+fn web_pages_are_refused_and_other_clients_pass() {
+    let s = start(Limits::default());
+    let port = s.addr.rsplit(':').next().unwrap().to_string();
+    let post = |headers: &str| {
+        let request =
+            format!("POST /v1/completions HTTP/1.1\r\n{headers}Content-Length: 2\r\n\r\n{{}}");
+        exchange(&s, request.as_bytes())
+    };
+    // curl's and the openai package's requests (and k3mini's clients', ureq's).
+    let curl = format!(
+        "Host: 127.0.0.1:{port}\r\nUser-Agent: curl/8.5.0\r\nAccept: */*\r\n\
+         Content-Type: application/json\r\n"
+    );
+    assert_eq!(post(&curl).0, 200);
+    let openai = format!(
+        "Host: localhost:{port}\r\nUser-Agent: OpenAI/Python 1.54.0\r\nAccept: application/json\r\n\
+         Content-Type: application/json; charset=utf-8\r\nX-Stainless-Lang: python\r\n"
+    );
+    assert_eq!(post(&openai).0, 200);
+    // A page's "simple" POST: text/plain, a form, or no type at all.
+    for simple in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data",
+    ] {
+        let (status, _, body) = post(&format!("Host: 127.0.0.1\r\nContent-Type: {simple}\r\n"));
+        assert_eq!(status, 415, "{simple}: {body}");
+    }
+    assert_eq!(post("Host: 127.0.0.1\r\n").0, 415);
+    // A rebound name, and a page's Origin.
+    let (status, _, body) = post("Host: evil.example:8000\r\nContent-Type: application/json\r\n");
+    assert_eq!(status, 421, "{body}");
+    let (status, _, body) = exchange(&s, b"GET /health HTTP/1.1\r\nHost: attacker.test\r\n\r\n");
+    assert_eq!(status, 421, "{body}");
+    let (status, _, body) = post(
+        "Host: 127.0.0.1\r\nOrigin: https://evil.example\r\nContent-Type: application/json\r\n",
+    );
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("--allowed-origin"), "{body}");
+
+    // Opted in: a named host, and an origin with CORS.
+    let open = start(Limits {
+        allowed_hosts: vec!["gpu-box.lan".into()],
+        allowed_origins: vec!["https://app.example".into()],
+        ..Default::default()
+    });
+    let request =
+        b"POST /v1/x HTTP/1.1\r\nHost: gpu-box.lan:8000\r\nOrigin: https://app.example\r\n\
+        Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+    let (status, headers, _) = exchange(&open, request);
+    assert_eq!(status, 200);
+    assert!(
+        headers.contains(&"access-control-allow-origin: https://app.example".into()),
+        "{headers:?}"
+    );
+    let preflight = b"OPTIONS /v1/x HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://app.example\r\n\
+        Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n\r\n";
+    let (status, headers, _) = exchange(&open, preflight);
+    assert_eq!(status, 204);
+    assert!(
+        headers
+            .iter()
+            .any(|h| h.starts_with("access-control-allow-headers:")),
+        "{headers:?}"
+    );
+    let other = b"OPTIONS /v1/x HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: https://evil.example\r\n\
+        Access-Control-Request-Method: POST\r\n\r\n";
+    assert_eq!(exchange(&open, other).0, 403);
+}
+
+/// Raises this process's open-file limit to `n` (the test holds both ends of every connection).
+fn open_files(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_cur.max(n.min(lim.rlim_max));
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+}
+
+#[test]
+fn six_hundred_idle_connections_from_one_address_leave_health_answering() {
+    open_files(4096);
+    let s = start(Limits::default());
+    // Idle connections, renewed as the server lets them go.
+    let stop = Arc::new(AtomicBool::new(false));
+    let addr = s.addr.clone();
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held: Vec<TcpStream> = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                held.retain(|c| {
+                    let mut b = [0u8; 1];
+                    c.set_nonblocking(true).unwrap();
+                    // Still open: nothing to read yet.
+                    matches!(c.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                while held.len() < 600 {
+                    match TcpStream::connect(&addr) {
+                        Ok(c) => held.push(c),
+                        Err(_) => break,
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        let (status, _, body) = exchange(&s, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        assert_eq!(status, 200, "{body}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        // Anything else from the same address is told to retry.
+        let (status, _, _) = exchange(&s, b"GET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(status, 503);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::SeqCst);
+    flood.join().unwrap();
+}
+
+#[test]
+fn a_client_gone_behind_trailing_bytes_is_seen() {
+    // A stray CRLF or a pipelined request after the head: hyper holds those bytes and stops
+    // reading, so only the socket can say the client left.
+    for trailing in ["\r\n", "GET /a HTTP/1.1\r\n\r\n"] {
+        let s = start(Limits::default());
+        let (mut w, r) = connect(&s);
+        write!(w, "GET /wait HTTP/1.1\r\n\r\n{trailing}").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        drop((w, r));
+        let waited = s.gone.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(
+            waited < Duration::from_secs(2),
+            "{trailing:?}: the handler saw the disconnect after {waited:?}"
+        );
+    }
+}
+
+#[test]
+fn an_unauthenticated_body_is_not_read() {
+    let s = start(Limits {
+        api_key: Some("sekret".into()),
+        ..Default::default()
+    });
+    // 60 MB announced, none sent: the answer comes from the head alone, /health included.
+    for path in ["/v1/completions", "/health"] {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nContent-Type: application/json\r\nContent-Length: 60000000\r\n\r\n"
+        );
+        let t0 = Instant::now();
+        let (status, _, body) = exchange(&s, head.as_bytes());
+        assert_eq!(status, 401, "{path}: {body}");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
 }

@@ -1,0 +1,316 @@
+//! The sandbox that code from outside runs in (a request's `k3mini_tests`, a bench task's tests):
+//! bubblewrap (`bwrap`, the sandbox Flatpak is built on; Debian package `bubblewrap`), not
+//! hand-rolled checks. One Python program a run, its text and inputs on stdin, its verdict on a
+//! pipe of its own ([`Run::result`]).
+//!
+//! What it contains:
+//! - **Namespaces** (`--unshare-all`): a new user, PID, network, IPC, UTS and cgroup namespace.
+//!   The program sees only its own processes (no other `/proc/PID`, so not the gateway's
+//!   environment or command line), has no network at all (no loopback either), and every process
+//!   it starts ends with the sandbox: a PID namespace ends when its first process does, `setsid`
+//!   or not. `--die-with-parent` ends it with the gateway, `--new-session` keeps it off the
+//!   gateway's terminal.
+//! - **Files**: the system's `/usr` (with the `/bin`, `/lib*` links into it) read-only, a fresh
+//!   `/proc` and `/dev`, and a private tmpfs `/tmp` of [`Limits::tmp_bytes`] as its working
+//!   directory. Nothing else of the host: no home directories, no `/etc`, no `/run`, no `/var`.
+//! - **Environment**: none but `PATH` and `HOME`.
+//! - **Resources** (setrlimit, set by the sandbox's first lines before the program is read, inside
+//!   the user namespace so the process count is the sandbox's own): address space, processes,
+//!   file size, CPU seconds, open files, no core files; and the wall-clock limit, the request's
+//!   deadline and its cancellation, after which the sandbox is killed whole.
+//! - **Root**: run as root, the gateway starts bwrap as `nobody` (uid 65534): root's processes are
+//!   exempt from the process limit, and a mistake in the binds then exposes only what anyone may
+//!   read.
+//!
+//! What it does not contain: the kernel is shared (a kernel exploit escapes every namespace
+//! sandbox); CPU time up to the limit and memory up to the address-space cap are the machine's;
+//! and the program runs in the same interpreter as the runner that judges it, so code written to
+//! cheat the verdict from inside Python (by inspecting the runner's frames) is not stopped.
+//!
+//! Where no sandbox can be made (no bwrap, user namespaces disabled, no Python in `/usr`), every
+//! run is refused with [`SandboxError::Unavailable`] saying what is missing: code is never run
+//! unsandboxed.
+
+use k3mini_teacher::{Interrupt, TeacherError};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// What one run may take besides its time.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Address space of each process, bytes.
+    pub memory: u64,
+    /// Processes (and threads) in the sandbox.
+    pub processes: u64,
+    /// The largest file it may write, bytes.
+    pub file_bytes: u64,
+    /// Its `/tmp`, all files together, bytes.
+    pub tmp_bytes: u64,
+    pub open_files: u64,
+}
+
+/// Enough for a HumanEval-style program (tens of MB) with room, far below any machine's.
+pub const LIMITS: Limits = Limits {
+    memory: 1 << 30,
+    processes: 64,
+    file_bytes: 16 << 20,
+    tmp_bytes: 64 << 20,
+    open_files: 256,
+};
+
+/// The most of its verdict pipe a run may fill (a verdict is a line).
+const RESULT_BYTES: u64 = 4096;
+/// The uid a root gateway runs the sandbox as: `nobody`.
+const NOBODY: u32 = 65534;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "no sandbox to run tests in: {0}. Tests are never run unsandboxed: install bubblewrap \
+         (Debian/Ubuntu: apt-get install bubblewrap) on a kernel that allows user namespaces"
+    )]
+    Unavailable(String),
+    /// The request's deadline passed or it was cancelled while its program ran.
+    #[error(transparent)]
+    Interrupted(TeacherError),
+    #[error("the sandbox failed: {0}")]
+    Failed(String),
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct Run {
+    /// The program exited by itself with status 0 within its time.
+    pub exited_ok: bool,
+    /// What it wrote on its verdict pipe (descriptor 3), at most [`RESULT_BYTES`].
+    pub result: Vec<u8>,
+}
+
+/// The sandbox as found on this machine: bwrap, the Python it runs, what is bound.
+pub struct Sandbox {
+    bwrap: PathBuf,
+    python: PathBuf,
+    /// The bwrap arguments that build the file system.
+    binds: Vec<String>,
+    /// Whether to start bwrap as `nobody` (the gateway runs as root).
+    drop_root: bool,
+}
+
+/// The machine's sandbox, found and tried once (a sandboxed `print` must work) per process.
+pub fn sandbox() -> Result<&'static Sandbox, SandboxError> {
+    static FOUND: OnceLock<Result<Sandbox, String>> = OnceLock::new();
+    FOUND
+        .get_or_init(Sandbox::find)
+        .as_ref()
+        .map_err(|why| SandboxError::Unavailable(why.clone()))
+}
+
+/// `name` on `PATH`, or in `/usr/bin`.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+impl Sandbox {
+    fn find() -> Result<Self, String> {
+        let bwrap = on_path("bwrap").ok_or("bwrap is not installed")?;
+        // The system's Python: the sandbox binds /usr only (a Python under a home directory,
+        // pyenv's say, is neither visible in it nor readable by `nobody`).
+        let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or("no python3 in /usr/bin or /usr/local/bin (the sandbox binds /usr only)")?;
+        let mut binds: Vec<String> = vec!["--ro-bind".into(), "/usr".into(), "/usr".into()];
+        for top in ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
+            let path = Path::new(top);
+            if let Ok(target) = std::fs::read_link(path) {
+                binds.extend(["--symlink".into(), target.display().to_string(), top.into()]);
+            } else if path.is_dir() {
+                binds.extend(["--ro-bind".into(), top.into(), top.into()]);
+            }
+        }
+        // SAFETY: geteuid has no preconditions.
+        let drop_root = unsafe { libc::geteuid() } == 0;
+        let sandbox = Self {
+            bwrap,
+            python,
+            binds,
+            drop_root,
+        };
+        sandbox.try_once()?;
+        Ok(sandbox)
+    }
+
+    /// A sandboxed program that writes its verdict, or why none could run.
+    fn try_once(&self) -> Result<(), String> {
+        let mut cmd = self.command(
+            &LIMITS,
+            Duration::from_secs(10),
+            "import os; os.write(3, b'ok')",
+        );
+        let (read, write) = pipe().map_err(|e| format!("a pipe: {e}"))?;
+        self.pass_fd(&mut cmd, &write);
+        let out = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("{}: {e}", self.bwrap.display()))?;
+        drop(write);
+        let mut got = Vec::new();
+        std::fs::File::from(read).read_to_end(&mut got).ok();
+        if out.status.success() && got == b"ok" {
+            return Ok(());
+        }
+        Err(format!(
+            "{} could not run a program ({}): {}",
+            self.bwrap.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+
+    /// bwrap running `python3 -I -c script` under `limits`, CPU seconds from `time`.
+    fn command(&self, limits: &Limits, time: Duration, script: &str) -> Command {
+        let cpu = time.as_secs() + 1;
+        let prelude = format!(
+            "import resource as _r\n\
+             for _k, _v in ((_r.RLIMIT_AS, {}), (_r.RLIMIT_NPROC, {}), (_r.RLIMIT_FSIZE, {}), \
+             (_r.RLIMIT_CPU, {cpu}), (_r.RLIMIT_NOFILE, {}), (_r.RLIMIT_CORE, 0)):\n    \
+             _r.setrlimit(_k, (_v, _v))\n\
+             del _r, _k, _v\n",
+            limits.memory, limits.processes, limits.file_bytes, limits.open_files
+        );
+        let mut cmd = Command::new(&self.bwrap);
+        cmd.args(["--unshare-all", "--die-with-parent", "--new-session"])
+            .args(&self.binds)
+            .args(["--proc", "/proc", "--dev", "/dev"])
+            .args(["--size", &limits.tmp_bytes.to_string(), "--tmpfs", "/tmp"])
+            .args(["--chdir", "/tmp", "--hostname", "sandbox", "--clearenv"])
+            .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
+            .args(["--setenv", "HOME", "/tmp", "--"])
+            .arg(&self.python)
+            .args(["-I", "-c"])
+            .arg(format!("{prelude}{script}"))
+            .env_clear()
+            .current_dir("/");
+        cmd
+    }
+
+    /// Gives the child `fd` as its descriptor 3, and starts it as `nobody` where we are root.
+    fn pass_fd(&self, cmd: &mut Command, fd: &OwnedFd) {
+        use std::os::unix::process::CommandExt;
+        let (fd, drop_root) = (fd.as_raw_fd(), self.drop_root);
+        // SAFETY: between fork and exec only async-signal-safe calls (dup2, fcntl, setgroups,
+        // setgid, setuid), on values copied in.
+        unsafe {
+            cmd.pre_exec(move || {
+                if fd == 3 {
+                    // dup2 onto itself keeps close-on-exec: clear it instead.
+                    if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if drop_root
+                    && (libc::setgroups(0, std::ptr::null()) < 0
+                        || libc::setgid(NOBODY) < 0
+                        || libc::setuid(NOBODY) < 0)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Runs `script` (Python, `-I`) in the sandbox, `stdin` its input, until it exits, `limit`
+    /// passes (then [`Run::exited_ok`] is false) or `interrupt` fires (an error). The sandbox is
+    /// killed whole afterwards, whatever it started.
+    pub fn python(
+        &self,
+        script: &str,
+        stdin: Vec<u8>,
+        limits: &Limits,
+        limit: Duration,
+        interrupt: Interrupt,
+    ) -> Result<Run, SandboxError> {
+        let failed = |what: &str, e: std::io::Error| SandboxError::Failed(format!("{what}: {e}"));
+        let (read, write) = pipe().map_err(|e| failed("a pipe", e))?;
+        let mut cmd = self.command(limits, limit, script);
+        self.pass_fd(&mut cmd, &write);
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| failed(&self.bwrap.display().to_string(), e))?;
+        drop(write);
+        // Fed and read beside the wait: a program that reads no input or fills no pipe cannot
+        // stall the gateway, and one whose descendants hold the pipe open is not waited for.
+        let mut input = child.stdin.take().expect("piped");
+        std::thread::spawn(move || {
+            // A sandbox that ends before reading its input must not end the gateway: the CLI
+            // restores SIGPIPE's default action, so block it here, where the write would raise it
+            // (the write then fails with EPIPE).
+            // SAFETY: sigset calls on a local set; pthread_sigmask on this thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGPIPE);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            let _ = input.write_all(&stdin);
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let _ = std::fs::File::from(read)
+                .take(RESULT_BYTES)
+                .read_to_end(&mut got);
+            let _ = tx.send(got);
+        });
+        let t0 = Instant::now();
+        let ended = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(Some(status)),
+                Ok(None) if t0.elapsed() > limit => break Ok(None),
+                Ok(None) => match interrupt.check() {
+                    Ok(()) => std::thread::sleep(Duration::from_millis(10)),
+                    Err(e) => break Err(SandboxError::Interrupted(e)),
+                },
+                Err(e) => break Err(failed("waiting for the sandbox", e)),
+            }
+        };
+        // Killing bwrap ends its PID namespace (--die-with-parent), so every process in it.
+        let _ = child.kill();
+        let _ = child.wait();
+        let status = ended?;
+        // The pipe's last writer died with the namespace; a moment's grace for the kernel.
+        let result = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
+        Ok(Run {
+            exited_ok: status.is_some_and(|s| s.success()),
+            result,
+        })
+    }
+}
+
+/// A pipe, both ends close-on-exec.
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and ours alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
