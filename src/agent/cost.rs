@@ -122,24 +122,38 @@ impl Spent {
         self.remote_failed += o.remote_failed;
     }
 
-    /// A remote call that answered: `input` tokens sent (`cached` of them repeating the previous
-    /// call's start), `output` written.
-    pub fn remote_answered(&mut self, input: u64, cached: u64, output: u64, seconds: f64) {
-        self.remote_calls += 1;
-        self.remote_input += input;
-        self.remote_cached += cached;
-        self.remote_output += output;
-        self.remote_seconds += seconds;
-    }
-
-    /// A remote call that failed after `attempts` tries, each of which may have been billed for
-    /// `input` tokens read and `max_output` written: booked at that worst case.
-    pub fn remote_failed(&mut self, attempts: u64, input: u64, max_output: u64, seconds: f64) {
-        self.remote_calls += attempts;
-        self.remote_failed += 1;
-        self.remote_input += input.saturating_mul(attempts);
-        self.remote_output += max_output.saturating_mul(attempts);
-        self.remote_seconds += seconds;
+    /// Makes a remote `call` that sends `input` tokens and may write `max_output`, and books it:
+    /// when it answers, its input (`used` says how much repeated the previous call's start, and
+    /// what it wrote); when it fails, its worst case, every one of the client's `attempts` sending
+    /// the input uncached and writing all it could, since a call that timed out may have been
+    /// billed all the same.
+    pub fn remote_call<T, E>(
+        &mut self,
+        attempts: u64,
+        input: u64,
+        max_output: u64,
+        call: impl FnOnce() -> Result<T, E>,
+        used: impl FnOnce(&T) -> (u64, u64),
+    ) -> Result<T, E> {
+        let t0 = std::time::Instant::now();
+        let answer = call();
+        self.remote_seconds += t0.elapsed().as_secs_f64();
+        match &answer {
+            Ok(a) => {
+                let (cached, output) = used(a);
+                self.remote_calls += 1;
+                self.remote_input += input;
+                self.remote_cached += cached;
+                self.remote_output += output;
+            }
+            Err(_) => {
+                self.remote_calls += attempts;
+                self.remote_failed += 1;
+                self.remote_input += input.saturating_mul(attempts);
+                self.remote_output += max_output.saturating_mul(attempts);
+            }
+        }
+        answer
     }
 
     /// USD at the remote so far.

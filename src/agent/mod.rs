@@ -410,14 +410,13 @@ impl Agent {
                 "not scored for the traffic: {why}"
             )));
         }
-        let t0 = Instant::now();
-        let scored = self.remote.score(&seq, traffic.k());
-        let seconds = t0.elapsed().as_secs_f64();
-        let (input, output) = (seq.len() as u64, self.scoring_output);
-        match &scored {
-            Ok(_) => spent.remote_answered(input, ask.prompt.len() as u64, output, seconds),
-            Err(_) => spent.remote_failed(self.remote_attempts, input, output, seconds),
-        }
+        let scored = spent.remote_call(
+            self.remote_attempts,
+            seq.len() as u64,
+            self.scoring_output,
+            || self.remote.score(&seq, traffic.k()),
+            |_| (ask.prompt.len() as u64, self.scoring_output),
+        );
         let written = scored
             .map_err(crate::error::Error::from)
             .and_then(|s| traffic.record(ask, ids, s));
@@ -494,22 +493,18 @@ impl Agent {
     ) -> Result<(Vec<u32>, FinishReason), Short> {
         match self.policy.escalate_by {
             EscalateBy::Remote => {
-                let t0 = Instant::now();
-                let input = ask.prompt.len() as u64;
-                let g = self
-                    .remote
-                    .generate(&ask.prompt, &ask.params)
-                    .map_err(|e| {
-                        let max = ask.params.max_tokens as u64;
-                        let seconds = t0.elapsed().as_secs_f64();
-                        spent.remote_failed(self.remote_attempts, input, max, seconds);
-                        Short {
-                            kept: Vec::new(),
-                            halt: Halt::Remote(e),
-                        }
+                let g = spent
+                    .remote_call(
+                        self.remote_attempts,
+                        ask.prompt.len() as u64,
+                        ask.params.max_tokens as u64,
+                        || self.remote.generate(&ask.prompt, &ask.params),
+                        |g| (0, g.ids.len() as u64),
+                    )
+                    .map_err(|e| Short {
+                        kept: Vec::new(),
+                        halt: Halt::Remote(e),
                     })?;
-                let seconds = t0.elapsed().as_secs_f64();
-                spent.remote_answered(input, 0, g.ids.len() as u64, seconds);
                 report.answered_by = AnsweredBy::Remote;
                 emit(&g.ids);
                 Ok((g.ids, g.finish))

@@ -22,9 +22,12 @@ use super::wire::{self, CodeTests};
 use super::{Agent, AgentError, Answer, Ask, Report};
 use k3mini_data::ChatFormat;
 use k3mini_data::chat::{Part, render};
-use k3mini_teacher::server::transport::{self, Bytes, EventSender, Peer, Reply, Request};
+use k3mini_http::ErrorResponse;
+use k3mini_http::{
+    Admitted, ApiError, Bytes, EventSender, Limits, Peer, Queue, Reply, Request, bad,
+};
 use k3mini_teacher::server::{
-    Admitted, ApiError, Limits, PromptCap, Queue, Sampling, ServeOptions, bad, token_ids,
+    PromptCap, SamplingFields, ServeOptions, admit, models, now_secs, token_ids, turn,
 };
 use k3mini_teacher::stop::{first_stop, stop_strings};
 use k3mini_teacher::wire::openai::{
@@ -32,7 +35,6 @@ use k3mini_teacher::wire::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
     CompletionResponse, Prompt, Stop, Usage,
 };
-use k3mini_teacher::wire::{ErrorResponse, Health, ModelCard, ModelList};
 use k3mini_teacher::{FinishReason, Interrupt, Teacher, TeacherError};
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -101,10 +103,7 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), TeacherError> {
     check_policy(&agent.policy, &options.limits)?;
-    let listen_err =
-        |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
-    let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
-    let local = listener.local_addr().map_err(listen_err)?;
+    let (listener, local) = k3mini_http::bind(addr).map_err(TeacherError::Request)?;
     let student = &agent.student.model;
     let prompt_cap = PromptCap::of(
         &student.tokenizer,
@@ -117,44 +116,30 @@ pub fn serve(
         queue: Queue::new(options.max_queued),
         request_timeout: options.request_timeout,
         stop: stop.clone(),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: now_secs(),
         requests: AtomicU64::new(0),
     });
     ready(local);
-    transport::serve(listener, options.limits, &stop, move |request, peer| {
+    k3mini_http::serve(listener, options.limits, &stop, move |request, peer| {
         route(&gateway, request, peer).unwrap_or_else(|e| e.reply())
     })
     .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
 }
 
+/// The paths the gateway routes.
+const PATHS: [&str; 4] = [
+    "/health",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+];
+
 fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError> {
+    let student = &gw.agent.student.model;
     let (method, path) = (r.method.as_str(), r.path.as_str());
     match (method, path) {
-        ("GET", "/health") => Ok(Reply::json(
-            200,
-            &Health {
-                status: "ok".into(),
-            },
-        )),
-        ("GET", "/v1/models") => {
-            let name = gw.agent.student.model.name();
-            Ok(Reply::json(
-                200,
-                &ModelList {
-                    object: "list".into(),
-                    data: vec![ModelCard {
-                        id: name.into(),
-                        object: "model".into(),
-                        created: gw.created,
-                        owned_by: "k3mini".into(),
-                        root: Some(name.into()),
-                        max_model_len: Some(gw.agent.student.model.context_length() as u64),
-                    }],
-                },
-            ))
-        }
+        ("GET", "/health") => Ok(k3mini_http::health()),
+        ("GET", "/v1/models") => Ok(models(student.name(), gw.created, student.context_length())),
         ("POST", "/v1/completions") => {
             let (req, tests) = wire::parse::<CompletionRequest>(&r.body, &wire::EXTENSIONS)?;
             let (ask, admitted) = completion_ask(gw, &req, tests)?;
@@ -167,18 +152,7 @@ fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError>
             let stream = req.stream.unwrap_or(false);
             respond(gw, ask, admitted, Endpoint::Chat, stream, peer)
         }
-        (_, "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions") => {
-            Err(ApiError {
-                status: 405,
-                message: format!("{method} is not allowed on {path}"),
-                param: None,
-            })
-        }
-        _ => Err(ApiError {
-            status: 404,
-            message: format!("no route {path}"),
-            param: None,
-        }),
+        _ => Err(k3mini_http::unrouted(method, path, &PATHS)),
     }
 }
 
@@ -198,7 +172,7 @@ fn unserved(set: bool, field: &str) -> Result<(), ApiError> {
 fn ask(
     gw: &Gateway,
     prompt: Vec<u32>,
-    fields: Sampling,
+    fields: SamplingFields,
     stop: Option<&Stop>,
     gate: Option<Gate>,
     parts: Option<Vec<Part>>,
@@ -298,7 +272,7 @@ fn completion_ask(
     if let Prompt::Text(s) = &req.prompt {
         gw.prompt_cap.check(s.len(), "prompt")?;
     }
-    let admitted = gw.queue.admit()?;
+    let admitted = admit(&gw.queue)?;
     let prompt = match &req.prompt {
         Prompt::Text(s) => student
             .tokenizer
@@ -312,18 +286,7 @@ fn completion_ask(
     let ask = ask(
         gw,
         prompt,
-        Sampling {
-            max_tokens: req.max_tokens,
-            default_max: 16,
-            temperature: req.temperature,
-            top_p: req.top_p,
-            seed: req.seed,
-            n: req.n,
-            best_of: req.best_of,
-            stop_token_ids: req.stop_token_ids.as_deref(),
-            ignore_eos: req.ignore_eos,
-            logprobs: 0,
-        },
+        SamplingFields::of_completion(req, 0),
         req.stop.as_ref(),
         tests_gate(gw, req, tests)?,
         None,
@@ -346,7 +309,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     gw.prompt_cap.check(rendered.text_len(), "messages")?;
-    let admitted = gw.queue.admit()?;
+    let admitted = admit(&gw.queue)?;
     let (prompt, parts) = rendered
         .encode(&student.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
@@ -360,18 +323,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
     let ask = ask(
         gw,
         prompt,
-        Sampling {
-            max_tokens: req.max_tokens.or(req.max_completion_tokens),
-            default_max: 256,
-            temperature: req.temperature,
-            top_p: req.top_p,
-            seed: req.seed,
-            n: req.n,
-            best_of: None,
-            stop_token_ids: req.stop_token_ids.as_deref(),
-            ignore_eos: req.ignore_eos,
-            logprobs: 0,
-        },
+        SamplingFields::of_chat(req, 0),
         req.stop.as_ref(),
         gate,
         Some(parts),
@@ -471,21 +423,13 @@ fn respond(
     if stream {
         return stream_answer(gw.clone(), ask, admitted, endpoint, deadline, peer.clone());
     }
-    let cancelled = || {
-        if gw.stop.load(Ordering::SeqCst) {
-            Some("the server is shutting down")
-        } else if peer.gone() {
-            Some("the client disconnected")
-        } else {
-            None
-        }
-    };
+    let cancelled = || k3mini_http::cancelled(&gw.stop, peer.gone());
     let interrupt = Interrupt {
         deadline,
         cancelled: Some(&cancelled),
     };
     let answer = {
-        let _turn = gw.queue.turn(admitted, interrupt)?;
+        let _turn = turn(&gw.queue, admitted, interrupt)?;
         gw.agent
             .answer(&ask, interrupt, &mut |_| {})
             .map_err(agent_error)?
@@ -677,27 +621,11 @@ fn stream_answer(
     peer: Peer,
 ) -> Result<Reply, ApiError> {
     let (reply, tx) = Reply::events();
-    let (started, turn) = std::sync::mpsc::channel::<Result<(), ApiError>>();
+    let (started, began) = std::sync::mpsc::channel::<Result<(), ApiError>>();
     std::thread::spawn(move || {
-        let stopping = || gw.stop.load(Ordering::SeqCst);
-        let waiting = || {
-            if stopping() {
-                Some("the server is shutting down")
-            } else if peer.gone() {
-                Some("the client disconnected")
-            } else {
-                None
-            }
-        };
-        let cancelled = || {
-            if stopping() {
-                Some("the server is shutting down")
-            } else if tx.is_closed() {
-                Some("the client disconnected")
-            } else {
-                None
-            }
-        };
+        // Once the stream is handed to hyper, the stream says whether its client left.
+        let waiting = || k3mini_http::cancelled(&gw.stop, peer.gone());
+        let cancelled = || k3mini_http::cancelled(&gw.stop, tx.is_closed());
         let queued = Interrupt {
             deadline,
             cancelled: Some(&waiting),
@@ -706,13 +634,13 @@ fn stream_answer(
             deadline,
             cancelled: Some(&cancelled),
         };
-        let _turn = match gw.queue.turn(admitted, queued) {
+        let _turn = match turn(&gw.queue, admitted, queued) {
             Ok(t) => {
                 let _ = started.send(Ok(()));
                 t
             }
             Err(e) => {
-                let _ = started.send(Err(e.into()));
+                let _ = started.send(Err(e));
                 return;
             }
         };
@@ -737,7 +665,7 @@ fn stream_answer(
             Err(e) => events.fail(agent_error(e)),
         }
     });
-    match turn.recv() {
+    match began.recv() {
         Ok(Ok(())) => Ok(reply),
         Ok(Err(e)) => Err(e),
         Err(_) => Err(ApiError {

@@ -239,23 +239,19 @@ pub fn cascade(
         if let Some(reason) = forbid(&out.spent, scored_ids.len() as u64, remote.scoring_output) {
             fail!(Halt::Budget(reason));
         }
-        let t1 = Instant::now();
-        let input = scored_ids.len() as u64;
-        let scored = match remote.teacher.score(&scored_ids, settings.k) {
-            Ok(s) => s,
-            Err(e) => {
-                let seconds = t1.elapsed().as_secs_f64();
-                let output = remote.scoring_output;
-                out.spent
-                    .remote_failed(remote.attempts, input, output, seconds);
-                fail!(Halt::Remote(e))
-            }
-        };
         // The scoring call's output is billed, and not used.
         let cached = common_prefix(&sent, &scored_ids) as u64;
-        let seconds = t1.elapsed().as_secs_f64();
-        out.spent
-            .remote_answered(input, cached, remote.scoring_output, seconds);
+        let scored = out.spent.remote_call(
+            remote.attempts,
+            scored_ids.len() as u64,
+            remote.scoring_output,
+            || remote.teacher.score(&scored_ids, settings.k),
+            |_| (cached, remote.scoring_output),
+        );
+        let scored = match scored {
+            Ok(s) => s,
+            Err(e) => fail!(Halt::Remote(e)),
+        };
         sent = scored_ids;
         // Position `context.len() − 1 + i` predicts draft token i.
         let first = context.len() - 1;
@@ -311,21 +307,18 @@ pub fn cascade(
                 seed: rng,
                 ..params.clone()
             };
-            let t2 = Instant::now();
-            let input = context.len() as u64;
-            let g = match remote.teacher.generate(&context, &rest) {
-                Ok(g) => g,
-                Err(e) => {
-                    let seconds = t2.elapsed().as_secs_f64();
-                    out.spent
-                        .remote_failed(remote.attempts, input, left, seconds);
-                    fail!(Halt::Remote(e))
-                }
-            };
             let cached = common_prefix(&sent, &context) as u64;
-            let seconds = t2.elapsed().as_secs_f64();
-            out.spent
-                .remote_answered(input, cached, g.ids.len() as u64, seconds);
+            let g = out.spent.remote_call(
+                remote.attempts,
+                context.len() as u64,
+                left,
+                || remote.teacher.generate(&context, &rest),
+                |g| (cached, g.ids.len() as u64),
+            );
+            let g = match g {
+                Ok(g) => g,
+                Err(e) => fail!(Halt::Remote(e)),
+            };
             out.trace.remote_tokens += g.ids.len() as u64;
             out.trace.handed_over = true;
             emit(&g.ids);

@@ -2,7 +2,7 @@
 //! serve` shares with k3mini's clients), and how it reads them: a field it does not serve is
 //! refused by name, never ignored.
 
-use k3mini_teacher::server::{ApiError, bad};
+use k3mini_http::{ApiError, bad};
 use k3mini_teacher::wire::parse_request_naming_unknown;
 use serde::Deserialize;
 

@@ -2,7 +2,8 @@
 //! listens, its queue, its time limits and its API key; and the line it prints when it listens.
 
 use anyhow::Result;
-use k3mini_teacher::server::{Limits, ServeOptions, exposure_warning};
+use k3mini_http::{Limits, exposure_warning};
+use k3mini_teacher::server::ServeOptions;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -64,7 +64,19 @@ pub struct Interrupt<'a> {
     pub cancelled: Option<&'a dyn Fn() -> Option<&'static str>>,
 }
 
-impl Interrupt<'_> {
+impl<'a> Interrupt<'a> {
+    /// Work that must end within `limit` of now (when there is one), or once `cancelled` gives
+    /// a reason.
+    pub fn from_now(
+        limit: Option<std::time::Duration>,
+        cancelled: &'a dyn Fn() -> Option<&'static str>,
+    ) -> Self {
+        Self {
+            deadline: limit.map(|limit| (std::time::Instant::now() + limit, limit)),
+            cancelled: Some(cancelled),
+        }
+    }
+
     pub fn check(&self) -> Result<(), TeacherError> {
         if let Some((at, limit)) = self.deadline
             && std::time::Instant::now() > at

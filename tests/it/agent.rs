@@ -14,7 +14,7 @@ use k3mini::agent::{Agent, AnsweredBy, Ask};
 use k3mini::export::export_gguf;
 use k3mini::run_dir::open_checkpoint;
 use k3mini_gguf::mix::FileType;
-use k3mini_teacher::server::transport::{self, Limits, Reply};
+use k3mini_http::{Limits, Reply, transport};
 use k3mini_teacher::{GenerateParams, TeacherError, fetch};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -787,19 +787,20 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     let policy = runs.to_str().unwrap();
     // Clients' Python runs only behind a key (and in the sandbox).
     let local = student.to_str().unwrap();
+    let serve = [
+        "agent",
+        "serve",
+        "--local",
+        local,
+        "--remote",
+        &teacher.url,
+        "--policy",
+        policy,
+        "--port",
+        "0",
+    ];
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
-        .args([
-            "agent",
-            "serve",
-            "--local",
-            local,
-            "--remote",
-            &teacher.url,
-            "--policy",
-            policy,
-            "--port",
-            "0",
-        ])
+        .args(serve)
         .env_remove("K3MINI_API_KEY")
         .output()
         .unwrap();
@@ -808,21 +809,7 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
         !refused.status.success() && why.contains("API key"),
         "{why}"
     );
-    let weak = listen(
-        &[
-            "agent",
-            "serve",
-            "--local",
-            local,
-            "--remote",
-            &teacher.url,
-            "--policy",
-            policy,
-            "--port",
-            "0",
-        ],
-        &[("K3MINI_API_KEY", "gate-key")],
-    );
+    let weak = listen(&serve, &[("K3MINI_API_KEY", "gate-key")]);
     let (status, got) = post(&weak.url, "/v1/completions", &body);
     assert_eq!(status, 401, "{got}");
     let (status, got) = post_as(&weak.url, "/v1/completions", &body, Some("gate-key"));

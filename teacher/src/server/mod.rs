@@ -10,7 +10,7 @@
 //!   `[tokens, layers, k]` with a dense layer's rows zero.
 //!
 //! Bad requests get errors in vLLM's JSON shape with status 400/401/404/405/413; a failure inside
-//! the model is a 500 with the reason. The HTTP layer is hyper ([`transport`]); the model runs one
+//! the model is a 500 with the reason. The HTTP layer is `k3mini_http`'s (hyper); the model runs one
 //! request at a time (it uses every core already), so `/health` and `/v1/models` answer while it
 //! works. A request the model cannot serve whole (prompt + `max_tokens` beyond its context) or that
 //! names an id outside the vocabulary is a 400; beyond `max_queued` model requests running or
@@ -20,19 +20,19 @@
 
 mod openai;
 mod sglang;
-pub mod transport;
 
 use crate::local::LocalTeacher;
 use crate::routing::Routing;
 use crate::routing::wire::RoutedExperts;
-use crate::wire::{Health, ModelCard, ModelList, parse_request};
+use crate::wire::openai::{ChatRequest, CompletionRequest};
+use crate::wire::{ModelCard, ModelList};
 use crate::{GenerateParams, Interrupt, Teacher, TeacherError};
+use k3mini_http::{Admitted, Peer, Queue, Reply, Request, Turn, bind, parse_body};
+pub use k3mini_http::{ApiError, Limits, bad};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
-pub use transport::Limits;
-use transport::{Peer, Reply, Request};
 
 /// Largest `logprobs` / `prompt_logprobs` / `top_logprobs` accepted (vLLM's `--max-logprobs`).
 pub const MAX_LOGPROBS: usize = 1000;
@@ -58,40 +58,20 @@ impl Default for ServeOptions {
     }
 }
 
-/// The risk of serving on `addr` as configured, for the operator to read; None when there is none
-/// (a loopback address, or an API key set).
-pub fn exposure_warning(addr: &SocketAddr, limits: &Limits) -> Option<String> {
-    (!addr.ip().is_loopback() && limits.api_key.is_none()).then(|| {
-        format!(
-            "warning: serving on {addr} without an API key: anyone who can reach this port can run \
-             the model (its compute and its answers); set --api-key or K3MINI_API_KEY, or bind \
-             127.0.0.1"
-        )
-    })
+/// A place in `queue`, or a 503 (with `Retry-After`) when it is full.
+pub fn admit(queue: &Queue) -> Result<Admitted, ApiError> {
+    queue
+        .admit()
+        .map_err(|busy| ApiError::from(TeacherError::Busy(busy.0)))
 }
 
-/// An error answered to the client: status, message, the request field at fault.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
-    pub param: Option<String>,
-}
-
-impl ApiError {
-    /// As a reply, in vLLM's shape.
-    pub fn reply(&self) -> Reply {
-        Reply::error(self.status, self.message.clone(), self.param.as_deref())
-    }
-}
-
-/// A 400 naming the request field at fault.
-pub fn bad(param: &str, message: impl Into<String>) -> ApiError {
-    ApiError {
-        status: 400,
-        message: message.into(),
-        param: Some(param.to_string()),
-    }
+/// The model's turn in `queue`, or the error `interrupt` gives while the request waits.
+pub fn turn<'q>(
+    queue: &'q Queue,
+    admitted: Admitted,
+    interrupt: Interrupt,
+) -> Result<Turn<'q>, ApiError> {
+    Ok(queue.turn(admitted, || interrupt.check())?)
 }
 
 impl From<TeacherError> for ApiError {
@@ -163,84 +143,15 @@ impl PromptCap {
     }
 }
 
-/// Model requests take turns: one runs (a model uses every core already), at most `capacity`
-/// are admitted (running, waiting, or being tokenized before they wait), and one more is refused
-/// ([`TeacherError::Busy`], a 503 with `Retry-After`).
-pub struct Queue {
-    compute: Mutex<()>,
-    admitted: Arc<AtomicUsize>,
-    capacity: usize,
-}
-
-/// A model request's place among the admitted, given back when dropped. Taken before its prompt
-/// is tokenized, so no more prompts than the queue holds are tokenized at once.
-pub struct Admitted(Arc<AtomicUsize>);
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A model request's turn: the compute lock, and its place among the admitted.
-pub struct Turn<'a> {
-    _compute: std::sync::MutexGuard<'a, ()>,
-    _admitted: Admitted,
-}
-
-impl Queue {
-    /// At most `capacity` (at least 1) requests admitted.
-    pub fn new(capacity: usize) -> Self {
-        Self {
-            compute: Mutex::new(()),
-            admitted: Arc::new(AtomicUsize::new(0)),
-            capacity: capacity.max(1),
-        }
-    }
-
-    /// A place among the admitted, or a refusal when the queue is full.
-    pub fn admit(&self) -> Result<Admitted, TeacherError> {
-        let before = self.admitted.fetch_add(1, Ordering::SeqCst);
-        let admitted = Admitted(self.admitted.clone());
-        if before >= self.capacity {
-            return Err(TeacherError::Busy(format!(
-                "the model is busy: {before} requests are running or queued (at most {}); retry \
-                 shortly",
-                self.capacity
-            )));
-        }
-        Ok(admitted)
-    }
-
-    /// Waits for the model with an admitted request's place. A waiting request whose
-    /// `interrupt` fires leaves the queue.
-    pub fn turn(&self, admitted: Admitted, interrupt: Interrupt) -> Result<Turn<'_>, TeacherError> {
-        let compute = loop {
-            match self.compute.try_lock() {
-                Ok(guard) => break guard,
-                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    interrupt.check()?;
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-        };
-        Ok(Turn {
-            _compute: compute,
-            _admitted: admitted,
-        })
-    }
-}
-
 impl State {
     /// A place for a model request (see [`Queue::admit`]).
     fn admit(&self) -> Result<Admitted, ApiError> {
-        Ok(self.queue.admit()?)
+        admit(&self.queue)
     }
 
     /// The model's turn for an admitted request (see [`Queue::turn`]).
     fn turn(&self, admitted: Admitted, interrupt: Interrupt) -> Result<Turn<'_>, ApiError> {
-        Ok(self.queue.turn(admitted, interrupt)?)
+        turn(&self.queue, admitted, interrupt)
     }
 
     /// The routed experts of tokens `start..` (the prompt's, then every generated one's but the
@@ -314,7 +225,7 @@ pub fn token_ids(ids: &[u64], vocab: usize, param: &str) -> Result<Vec<u32>, Api
 }
 
 /// The sampling fields every endpoint shares, as a request gives them.
-pub struct Sampling<'a> {
+pub struct SamplingFields<'a> {
     pub max_tokens: Option<u64>,
     pub default_max: usize,
     pub temperature: Option<f32>,
@@ -328,12 +239,44 @@ pub struct Sampling<'a> {
 }
 
 impl State {
-    fn params(&self, s: Sampling) -> Result<GenerateParams, ApiError> {
+    fn params(&self, s: SamplingFields) -> Result<GenerateParams, ApiError> {
         generate_params(s, self.teacher.vocab_size(), self.teacher.meta.eos)
     }
 }
 
-impl Sampling<'_> {
+impl<'a> SamplingFields<'a> {
+    /// A `/v1/completions` request's, writing `logprobs` top-k per token.
+    pub fn of_completion(req: &'a CompletionRequest, logprobs: usize) -> Self {
+        Self {
+            max_tokens: req.max_tokens,
+            default_max: 16,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            n: req.n,
+            best_of: req.best_of,
+            stop_token_ids: req.stop_token_ids.as_deref(),
+            ignore_eos: req.ignore_eos,
+            logprobs,
+        }
+    }
+
+    /// A `/v1/chat/completions` request's, writing `logprobs` top-k per token.
+    pub fn of_chat(req: &'a ChatRequest, logprobs: usize) -> Self {
+        Self {
+            max_tokens: req.max_tokens.or(req.max_completion_tokens),
+            default_max: 256,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            n: req.n,
+            best_of: None,
+            stop_token_ids: req.stop_token_ids.as_deref(),
+            ignore_eos: req.ignore_eos,
+            logprobs,
+        }
+    }
+
     /// The fields of a request for a model of `vocab` ids ending text with `eos`, checked.
     pub fn params(self, vocab: usize, eos: Option<u32>) -> Result<GenerateParams, ApiError> {
         generate_params(self, vocab, eos)
@@ -341,7 +284,7 @@ impl Sampling<'_> {
 }
 
 fn generate_params(
-    s: Sampling,
+    s: SamplingFields,
     vocab: usize,
     eos: Option<u32>,
 ) -> Result<GenerateParams, ApiError> {
@@ -399,10 +342,7 @@ pub fn serve(
     stop: Arc<AtomicBool>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), TeacherError> {
-    let listen_err =
-        |e: std::io::Error| TeacherError::Request(format!("cannot listen on {addr}: {e}"));
-    let listener = std::net::TcpListener::bind(addr).map_err(listen_err)?;
-    let local = listener.local_addr().map_err(listen_err)?;
+    let (listener, local) = bind(addr).map_err(TeacherError::Request)?;
     let pieces = (0..teacher.vocab_size() as u32)
         .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
         .collect();
@@ -418,89 +358,73 @@ pub fn serve(
         queue: Queue::new(options.max_queued),
         request_timeout: options.request_timeout,
         stop: stop.clone(),
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: now_secs(),
     });
     ready(local);
-    transport::serve(listener, options.limits, &stop, move |request, peer| {
+    k3mini_http::serve(listener, options.limits, &stop, move |request, peer| {
         handle(&state, request, peer)
     })
     .map_err(|e| TeacherError::Server(format!("serving {local}: {e}")))
 }
 
-fn handle(state: &State, request: &Request, peer: &Peer) -> Reply {
-    let cancelled = || {
-        if state.stop.load(Ordering::SeqCst) {
-            Some("the server is shutting down")
-        } else if peer.gone() {
-            Some("the client disconnected")
-        } else {
-            None
-        }
-    };
-    let interrupt = Interrupt {
-        deadline: state
-            .request_timeout
-            .map(|limit| (std::time::Instant::now() + limit, limit)),
-        cancelled: Some(&cancelled),
-    };
-    route(state, request, interrupt)
-        .unwrap_or_else(|e| Reply::error(e.status, e.message, e.param.as_deref()))
+/// Seconds since the Unix epoch: a server's `created`.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    parse_request(body).map_err(|(param, message)| bad(&param, message))
+/// `GET /v1/models`: the one model a k3mini server serves.
+pub fn models(name: &str, created: u64, context: usize) -> Reply {
+    Reply::json(
+        200,
+        &ModelList {
+            object: "list".into(),
+            data: vec![ModelCard {
+                id: name.into(),
+                object: "model".into(),
+                created,
+                owned_by: "k3mini".into(),
+                root: Some(name.into()),
+                max_model_len: Some(context as u64),
+            }],
+        },
+    )
 }
+
+fn handle(state: &State, request: &Request, peer: &Peer) -> Reply {
+    let cancelled = || k3mini_http::cancelled(&state.stop, peer.gone());
+    let interrupt = Interrupt::from_now(state.request_timeout, &cancelled);
+    route(state, request, interrupt).unwrap_or_else(|e| e.reply())
+}
+
+/// The paths this server routes.
+const PATHS: [&str; 5] = [
+    "/health",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/generate",
+];
 
 fn route(state: &State, r: &Request, interrupt: Interrupt) -> Result<Reply, ApiError> {
-    let name = state.teacher.name();
+    let t = &state.teacher;
     let (method, path) = (r.method.as_str(), r.path.as_str());
     match (method, path) {
-        ("GET", "/health") => Ok(Reply::json(
-            200,
-            &Health {
-                status: "ok".into(),
-            },
-        )),
-        ("GET", "/v1/models") => Ok(Reply::json(
-            200,
-            &ModelList {
-                object: "list".into(),
-                data: vec![ModelCard {
-                    id: name.into(),
-                    object: "model".into(),
-                    created: state.created,
-                    owned_by: "k3mini".into(),
-                    root: Some(name.into()),
-                    max_model_len: Some(state.teacher.context_length() as u64),
-                }],
-            },
-        )),
+        ("GET", "/health") => Ok(k3mini_http::health()),
+        ("GET", "/v1/models") => Ok(models(t.name(), state.created, t.context_length())),
         ("POST", "/v1/completions") => Ok(Reply::json(
             200,
-            &openai::completions(state, parse(&r.body)?, interrupt)?,
+            &openai::completions(state, parse_body(&r.body)?, interrupt)?,
         )),
         ("POST", "/v1/chat/completions") => Ok(Reply::json(
             200,
-            &openai::chat(state, parse(&r.body)?, interrupt)?,
+            &openai::chat(state, parse_body(&r.body)?, interrupt)?,
         )),
         ("POST", "/generate") => Ok(Reply::json(
             200,
-            &sglang::generate(state, parse(&r.body)?, interrupt)?,
+            &sglang::generate(state, parse_body(&r.body)?, interrupt)?,
         )),
-        (
-            _,
-            "/health" | "/v1/models" | "/v1/completions" | "/v1/chat/completions" | "/generate",
-        ) => Err(ApiError {
-            status: 405,
-            message: format!("{method} is not allowed on {path}"),
-            param: None,
-        }),
-        _ => Err(ApiError {
-            status: 404,
-            message: format!("no route {path}"),
-            param: None,
-        }),
+        _ => Err(k3mini_http::unrouted(method, path, &PATHS)),
     }
 }

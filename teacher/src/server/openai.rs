@@ -11,7 +11,7 @@
 //! Chat: `messages` (ChatML), `max_tokens` (or `max_completion_tokens`), `temperature`,
 //! `logprobs`, `top_logprobs`.
 
-use super::{ApiError, Sampling, State, bad, count};
+use super::{ApiError, SamplingFields, State, bad, count};
 use crate::local::Ran;
 use crate::routing::wire;
 use crate::stop::{cut_at_stop, cut_text, stop_strings};
@@ -70,18 +70,7 @@ pub(super) fn completions(
     };
     let logprobs = count(req.logprobs, "logprobs")?;
     let prompt_logprobs = count(req.prompt_logprobs, "prompt_logprobs")?;
-    let p = state.params(Sampling {
-        max_tokens: req.max_tokens,
-        default_max: 16,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        seed: req.seed,
-        n: req.n,
-        best_of: req.best_of,
-        stop_token_ids: req.stop_token_ids.as_deref(),
-        ignore_eos: req.ignore_eos,
-        logprobs: logprobs.unwrap_or(0),
-    })?;
+    let p = state.params(SamplingFields::of_completion(&req, logprobs.unwrap_or(0)))?;
     state.check_length(ids.len(), &p)?;
     let echo = req.echo.unwrap_or(false);
     let as_ids = req.return_tokens_as_token_ids.unwrap_or(false);
@@ -264,18 +253,7 @@ pub(super) fn chat(
     if top > 0 && !want {
         return Err(bad("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
     }
-    let p = state.params(Sampling {
-        max_tokens: req.max_tokens.or(req.max_completion_tokens),
-        default_max: 256,
-        temperature: req.temperature,
-        top_p: req.top_p,
-        seed: req.seed,
-        n: req.n,
-        best_of: None,
-        stop_token_ids: req.stop_token_ids.as_deref(),
-        ignore_eos: req.ignore_eos,
-        logprobs: top,
-    })?;
+    let p = state.params(SamplingFields::of_chat(&req, top))?;
     state.check_length(ids.len(), &p)?;
     let mut g = {
         let _turn = state.turn(admitted, interrupt)?;

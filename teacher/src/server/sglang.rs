@@ -5,7 +5,7 @@
 //! `output_top_logprobs` as `[logprob, id, null]`. `meta_info.routed_experts` (base64 raw int32)
 //! when the request sets `return_routed_experts`, from `routed_experts_start_len`.
 
-use super::{ApiError, Sampling, State, bad, count};
+use super::{ApiError, SamplingFields, State, bad, count};
 use crate::local::Ran;
 use crate::routing::wire;
 use crate::wire::finite_logprob;
@@ -34,7 +34,7 @@ pub(super) fn generate(
     };
     let sp = &req.sampling_params;
     let top = count(req.top_logprobs_num, "top_logprobs_num")?.unwrap_or(0);
-    let p = state.params(Sampling {
+    let p = state.params(SamplingFields {
         max_tokens: sp.max_new_tokens,
         default_max: 128,
         temperature: sp.temperature,

@@ -5,5 +5,4 @@ mod routing_client;
 mod routing_wire;
 mod smollm2;
 mod top_k;
-mod transport;
 mod wire;

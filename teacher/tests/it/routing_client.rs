@@ -4,9 +4,9 @@
 //! of the wrong shape, with an expert the teacher lacks, or missing, is an error naming it.
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use k3mini_http::{Limits, Reply, transport};
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher};
 use k3mini_teacher::routing::wire::{RoutedExperts, RoutingShape, from_sglang, from_vllm_lists};
-use k3mini_teacher::server::transport::{self, Limits, Reply};
 use k3mini_teacher::{Teacher, TeacherError};
 use serde_json::{Value, json};
 use std::net::TcpListener;

@@ -11,7 +11,8 @@
 //!   answered; there are none by default.
 //! - **Content-Type**: a `POST` must say `application/json`, which no simple request can (415).
 
-use super::{Limits, Reply};
+use crate::limits::Limits;
+use crate::reply::Reply;
 use hyper::Method;
 use hyper::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,

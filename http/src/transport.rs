@@ -1,6 +1,6 @@
-//! The teacher server's HTTP/1.1 transport: hyper on a two-thread tokio runtime, with the limits a
-//! server that fleets of scorers share needs. Parsing (request line, headers, `Content-Length`,
-//! chunked bodies, `Expect: 100-continue`, keep-alive) is hyper's; what is ours:
+//! The servers' HTTP/1.1 transport: hyper on a two-thread tokio runtime, with the limits a server
+//! that fleets of scorers, or a laptop's browser, share needs. Parsing (request line, headers,
+//! `Content-Length`, chunked bodies, `Expect: 100-continue`, keep-alive) is hyper's; what is ours:
 //!
 //! - **Connection slots**: at most `max_connections` open, and at most `max_per_peer` of them from
 //!   one address, so one client cannot take them all; each holds a semaphore permit owned by its
@@ -41,19 +41,18 @@
 //! Errors the transport answers itself are JSON in vLLM's shape ([`ErrorResponse`]); those hyper
 //! answers while parsing (400, 431) have no body, and a head past its deadline is closed unanswered.
 
-pub mod origin;
-
-use crate::wire::ErrorResponse;
+use crate::limits::Limits;
+use crate::origin::{self, Cors, Verdict};
+use crate::reply::Reply;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
-pub use hyper::body::Bytes;
+use hyper::body::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use origin::{Cors, Verdict};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
@@ -73,110 +72,12 @@ pub const OVERFLOW: usize = 4;
 /// How long an overflow connection may take to send its one request head.
 pub const OVERFLOW_HEAD: Duration = Duration::from_secs(1);
 
-#[derive(Clone, Debug)]
-pub struct Limits {
-    pub max_connections: usize,
-    /// Connections from one IP address, at most.
-    pub max_per_peer: usize,
-    /// A request body, read whole.
-    pub max_body: u64,
-    /// The request line and headers together.
-    pub max_head: usize,
-    pub max_headers: usize,
-    /// A request head must arrive within this of the previous response or of connecting, and
-    /// its body within this of its head.
-    pub header_timeout: Duration,
-    /// Required as `Authorization: Bearer …` on every path but `/health`.
-    pub api_key: Option<String>,
-    /// Host names a request's `Host` may give besides IP addresses and `localhost`.
-    pub allowed_hosts: Vec<String>,
-    /// Origins (`scheme://host[:port]`) whose pages may call the server (CORS); `*` for any.
-    pub allowed_origins: Vec<String>,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            max_connections: 256,
-            max_per_peer: 32,
-            max_body: 64 << 20,
-            max_head: 64 << 10,
-            max_headers: 100,
-            header_timeout: Duration::from_secs(10),
-            api_key: None,
-            allowed_hosts: Vec::new(),
-            allowed_origins: Vec::new(),
-        }
-    }
-}
-
 /// A request, its body read whole.
 pub struct Request {
     pub method: String,
     /// The target without its query string.
     pub path: String,
     pub body: Bytes,
-}
-
-/// A JSON response, or a stream of server-sent events.
-pub struct Reply {
-    pub status: u16,
-    pub body: Vec<u8>,
-    /// Seconds, sent as `Retry-After`.
-    pub retry_after: Option<u32>,
-    /// Server-sent events: the frames, sent as they arrive until the sender is dropped (`body`
-    /// is not sent).
-    pub events: Option<tokio::sync::mpsc::Receiver<Bytes>>,
-}
-
-/// Where a producer sends a streamed reply's frames: a send fails once the client has gone.
-pub type EventSender = tokio::sync::mpsc::Sender<Bytes>;
-
-/// Frames a stream may hold unsent before its producer waits on the client.
-const EVENTS_QUEUED: usize = 64;
-
-impl Reply {
-    pub fn json(status: u16, value: &impl serde::Serialize) -> Self {
-        Self {
-            status,
-            body: serde_json::to_vec(value).expect("a response serialises"),
-            retry_after: None,
-            events: None,
-        }
-    }
-
-    /// A 200 `text/event-stream` and the sender of its frames (send them from a thread of their
-    /// own with `blocking_send`: the handler returns this reply before the stream is written).
-    pub fn events() -> (Self, EventSender) {
-        let (tx, rx) = tokio::sync::mpsc::channel(EVENTS_QUEUED);
-        let reply = Self {
-            status: 200,
-            body: Vec::new(),
-            retry_after: None,
-            events: Some(rx),
-        };
-        (reply, tx)
-    }
-
-    /// A status without a body.
-    pub fn empty(status: u16) -> Self {
-        Self {
-            status,
-            body: Vec::new(),
-            retry_after: None,
-            events: None,
-        }
-    }
-
-    /// An error in vLLM's shape; a 503 says when to retry.
-    pub fn error(status: u16, message: impl Into<String>, param: Option<&str>) -> Self {
-        Self {
-            status,
-            body: ErrorResponse::new(status, message, param).to_json(),
-            retry_after: (status == 503).then_some(1),
-            events: None,
-        }
-    }
 }
 
 /// The client of the request being handled.
@@ -188,14 +89,6 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// A peer that never leaves (for handlers called outside a connection).
-    pub fn detached() -> Self {
-        Self {
-            gone: Arc::new(AtomicBool::new(false)),
-            socket: None,
-        }
-    }
-
     /// Whether the client has closed its connection, or shut down its side of it (its request's
     /// future was dropped, or the socket says it hung up; so also true once the handler has
     /// returned, its reply handed to hyper).
@@ -342,15 +235,7 @@ where
             let service = service_fn(move |r: hyper::Request<Incoming>| async move {
                 let health = r.method() == hyper::Method::GET && r.uri().path() == "/health";
                 Ok::<_, Infallible>(if health {
-                    response(
-                        Reply::json(
-                            200,
-                            &crate::wire::Health {
-                                status: "ok".into(),
-                            },
-                        ),
-                        None,
-                    )
+                    response(crate::health(), None)
                 } else {
                     response(
                         Reply::error(

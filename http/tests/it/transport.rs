@@ -4,7 +4,7 @@
 //! prompt stop with idle connections open; and random and mutated request bytes that never panic
 //! the server or cost it a slot.
 use k3mini_data::rng::splitmix64;
-use k3mini_teacher::server::transport::{self, Limits, Peer, Reply, Request};
+use k3mini_http::{Limits, Peer, Reply, Request, transport};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -547,7 +547,7 @@ fn random_and_mutated_requests_never_panic_or_leak_a_slot() {
 
 #[test]
 fn serving_beyond_loopback_without_a_key_is_warned_about() {
-    use k3mini_teacher::server::exposure_warning;
+    use k3mini_http::exposure_warning;
     let open: std::net::SocketAddr = "0.0.0.0:8000".parse().unwrap();
     let w = exposure_warning(&open, &Limits::default()).unwrap();
     assert!(w.contains("0.0.0.0:8000 without an API key"), "{w}");

@@ -1,0 +1,2 @@
+//! The HTTP crate's integration tests: the transport over loopback.
+mod transport;
