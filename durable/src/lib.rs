@@ -4,8 +4,8 @@
 //! data never reached the disk (the rename's directory entry can reach it first). Every write
 //! k3mini publishes (checkpoints, shards, manifests, exports, reports) goes through here.
 //!
-//! std alone is enough (`File::sync_all` is fsync, and a directory opened read-only syncs its
-//! entries on Unix); no crate is needed for four calls.
+//! std is enough for the writes (`File::sync_all` is fsync, and a directory opened read-only
+//! syncs its entries on Unix); libc gives [`read_small`] its `O_NONBLOCK`.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -16,7 +16,14 @@ use std::path::{Path, PathBuf};
 /// `max_bytes`, and read no further than that should it grow meanwhile.
 pub fn read_small(path: &Path, max_bytes: u64) -> io::Result<String> {
     use std::io::Read;
-    let meta = std::fs::metadata(path)?;
+    // Opened without waiting (a FIFO's open would block for a writer), then asked what it is:
+    // the file read is the file checked.
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NONBLOCK);
+    let file = options.open(path)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -33,9 +40,7 @@ pub fn read_small(path: &Path, max_bytes: u64) -> io::Result<String> {
         return Err(too_big(meta.len()));
     }
     let mut text = String::new();
-    File::open(path)?
-        .take(max_bytes + 1)
-        .read_to_string(&mut text)?;
+    file.take(max_bytes + 1).read_to_string(&mut text)?;
     if text.len() as u64 > max_bytes {
         return Err(too_big(text.len() as u64));
     }

@@ -96,7 +96,17 @@ pub fn check(method: &Method, headers: &HeaderMap, limits: &Limits) -> Verdict {
 /// Whether a `Host` value (`name`, `name:port`, `[v6]:port`) names this server.
 fn host_allowed(host: &str, allowed: &[String]) -> bool {
     let name = if let Some(v6) = host.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
+        // `[v6]` or `[v6]:port`, nothing else after the bracket.
+        let Some((v6, after)) = v6.split_once(']') else {
+            return false;
+        };
+        let port = after.strip_prefix(':').unwrap_or(after);
+        if !(after.is_empty()
+            || (after.starts_with(':') && port.bytes().all(|b| b.is_ascii_digit())))
+        {
+            return false;
+        }
+        v6
     } else {
         match host.rsplit_once(':') {
             Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,

@@ -5,10 +5,12 @@
 //! - **Connection slots**: at most `max_connections` open, and at most `max_per_peer` of them from
 //!   one address, so one client cannot take them all; each holds a semaphore permit owned by its
 //!   task, so a slot comes back however the connection ends (error, panic, drain). A connection
-//!   past either cap goes to the overflow pool ([`OVERFLOW`] times the slots, each connection
-//!   closed after one request or [`OVERFLOW_HEAD`] without one): `GET /health` is answered there
-//!   (a reserved path, so a full server still says it is alive), anything else a 503 with
-//!   `Retry-After`. Beyond that pool connections are closed.
+//!   past either cap goes to the overflow pool ([`OVERFLOW`] times the slots, at most
+//!   `max_per_peer` from one client, each connection closed after one request or
+//!   [`OVERFLOW_HEAD`] without one): `GET /health` is answered there (a reserved path, so a full
+//!   server still says it is alive), anything else a 503 with `Retry-After`. Beyond that pool
+//!   connections are closed. A client is an IPv4 address or an IPv6 /64; behind a reverse proxy
+//!   every client is the proxy.
 //! - **Deadlines**: a request head must arrive whole within `header_timeout` of the previous
 //!   response (or of connecting), so it is also how long an idle keep-alive connection stays open
 //!   (past it hyper closes the connection); its body must arrive within as long again of the head
@@ -130,6 +132,7 @@ pub fn serve<H>(
 where
     H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
 {
+    raise_open_files();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("k3mini-http")
@@ -142,7 +145,7 @@ where
     result
 }
 
-/// Connections open per IP address; a [`PeerSlot`] counts one and gives it back when dropped.
+/// Connections open per client; a [`PeerSlot`] counts one and gives it back when dropped.
 #[derive(Default)]
 struct Peers(std::sync::Mutex<HashMap<IpAddr, usize>>);
 
@@ -151,9 +154,22 @@ struct PeerSlot {
     ip: IpAddr,
 }
 
+/// Who a connection counts against: its IPv4 address, or its IPv6 address's /64 (one host
+/// holds a whole /64, and could take a slot from each of its addresses).
+fn client(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        },
+        v4 => v4,
+    }
+}
+
 impl Peers {
-    /// A slot for `ip` if it holds fewer than `cap`.
+    /// A slot for `ip`'s client if it holds fewer than `cap`.
     fn take(self: &Arc<Self>, ip: IpAddr, cap: usize) -> Option<PeerSlot> {
+        let ip = client(ip);
         let mut open = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(ip).or_insert(0);
         if *n >= cap {
@@ -191,7 +207,7 @@ where
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let overflow = Arc::new(Semaphore::new(limits.max_connections * OVERFLOW));
-    let peers = Arc::new(Peers::default());
+    let (peers, overflowing) = (Arc::new(Peers::default()), Arc::new(Peers::default()));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
@@ -229,7 +245,10 @@ where
                 let _ = connection.await;
                 drop((slot, peer));
             });
-        } else if let Ok(slot) = overflow.clone().try_acquire_owned() {
+        } else if let Some((peer, slot)) = overflowing
+            .take(from.ip(), limits.max_per_peer)
+            .and_then(|peer| Some((peer, overflow.clone().try_acquire_owned().ok()?)))
+        {
             let io = Stalls::new(TokioIo::new(stream), limits.header_timeout);
             let (open, per_peer) = (limits.max_connections, limits.max_per_peer);
             let service = service_fn(move |r: hyper::Request<Incoming>| async move {
@@ -253,10 +272,11 @@ where
             let connection = graceful.watch(overflow_http.serve_connection(io, service));
             tokio::spawn(async move {
                 let _ = connection.await;
-                drop(slot);
+                drop((slot, peer));
             });
         }
-        // Else both pools are full: the stream is dropped, closing it.
+        // Else both pools are full, or this client holds its share of both: the stream is
+        // dropped, closing it.
     }
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
@@ -346,6 +366,24 @@ where
     reply(answer)
 }
 
+/// Lifts this process's soft limit on open files to its hard limit: each connection holds two
+/// descriptors (its socket, and the duplicate that watches for a hang-up), and the slots and the
+/// overflow pool together are more than the usual soft limit of 1,024.
+fn raise_open_files() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
 /// A body read whole, at most `max` bytes, into one buffer sized by its `Content-Length` (so a
 /// large body is held once, not as its frames and then their copy).
 async fn read_body(
@@ -354,7 +392,9 @@ async fn read_body(
     max: u64,
 ) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
     let mut body = Limited::new(body, max as usize);
-    let mut whole = Vec::with_capacity(declared.unwrap_or(0).min(max) as usize);
+    let mut whole = Vec::new();
+    // Reserved, not assumed: under strict overcommit a refusal is an error, not an abort.
+    whole.try_reserve_exact(declared.unwrap_or(0).min(max) as usize)?;
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {
             whole.extend_from_slice(&data);

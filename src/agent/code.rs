@@ -35,13 +35,15 @@ pub fn program(prompt: &str, completion: &str, tests: &str, entry_point: &str) -
 
 /// Runs the program as HumanEval's `execution.py` does: `exec` in a fresh namespace, any
 /// exception (`SystemExit` included) a fail. The nonce and the program arrive on stdin (never in
-/// argv or the environment, which `/proc/self` shows), and the nonce is written on descriptor 3
-/// only after the program has run to its end: an `os._exit(0)` before `check` is a fail, and
-/// nothing the program prints counts.
-const RUNNER: &str = "import os, sys\nnonce = sys.stdin.readline().rstrip('\\n')\n\
-src = sys.stdin.read()\nsys.stdin.close()\nverdict = os.fdopen(3, 'w')\n\
-try:\n    exec(compile(src, 'program.py', 'exec'), {'__name__': '__main__'})\n\
-except BaseException:\n    os._exit(1)\nverdict.write(nonce)\nverdict.flush()\nos._exit(0)\n";
+/// argv or the environment, which `/proc/self` shows) and live in a function's locals, not the
+/// module's globals; the nonce is written on descriptor 3 only after the program has run to its
+/// end: an `os._exit(0)` before `check` is a fail, and nothing the program prints counts.
+const RUNNER: &str = "import os, sys\n\
+def main():\n    nonce = sys.stdin.readline().rstrip('\\n')\n    src = sys.stdin.read()\n    \
+sys.stdin.close()\n    verdict = os.fdopen(3, 'w')\n    \
+try:\n        exec(compile(src, 'program.py', 'exec'), {'__name__': '__main__'})\n    \
+except BaseException:\n        os._exit(1)\n    verdict.write(nonce)\n    verdict.flush()\n    \
+os._exit(0)\nmain()\n";
 
 /// Whether `program` passes: run in the sandbox ([`LIMITS`]) to its end within `limit`. An error
 /// when no sandbox can be made, or when `interrupt` fires first.

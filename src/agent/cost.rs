@@ -8,6 +8,7 @@
 //! "All remote" is what the same request would have cost sent to the remote whole: its prompt as
 //! input and the answer it returned as output.
 
+use k3mini_teacher::Teacher;
 use serde::{Deserialize, Serialize};
 
 /// The prices a cost is computed at (the `[cost]` table of a policy or bench file).
@@ -102,9 +103,9 @@ pub struct Spent {
     pub remote_output: u64,
     pub remote_calls: u64,
     pub remote_seconds: f64,
-    /// Remote calls that failed or timed out: each booked at its worst case (every attempt
-    /// sending its input uncached and writing all it could), since a call that timed out may have
-    /// been billed all the same.
+    /// Remote requests that did not answer (failed, timed out, or retried): each booked at its
+    /// worst case, its input uncached and all it could write, since a request that timed out may
+    /// have been billed all the same ([`Spent::remote_call`]).
     #[serde(default)]
     pub remote_failed: u64,
 }
@@ -122,37 +123,45 @@ impl Spent {
         self.remote_failed += o.remote_failed;
     }
 
-    /// Makes a remote `call` that sends `input` tokens and may write `max_output`, and books it:
-    /// when it answers, its input (`used` says how much repeated the previous call's start, and
-    /// what it wrote); when it fails, its worst case, every one of the client's `attempts` sending
-    /// the input uncached and writing all it could, since a call that timed out may have been
-    /// billed all the same.
+    /// Makes a remote `call` that sends `input` tokens and may write `max_output`, and books it.
+    /// Every request it sent that did not answer (a retry's failed tries, or all of a failed
+    /// call's) is booked at its worst case, the input uncached and all it could write, since a
+    /// request that timed out may have been billed all the same; the one that answered, at what
+    /// it used (`used`: how much of the input repeated the previous call's start, and what it
+    /// wrote). The requests sent are `remote`'s own count where it keeps one; else a call that
+    /// answered is one request and a failed one `attempts` (the client's tries).
     pub fn remote_call<T, E>(
         &mut self,
+        remote: &dyn Teacher,
         attempts: u64,
         input: u64,
         max_output: u64,
         call: impl FnOnce() -> Result<T, E>,
         used: impl FnOnce(&T) -> (u64, u64),
     ) -> Result<T, E> {
+        let before = remote.requests_sent();
         let t0 = std::time::Instant::now();
         let answer = call();
         self.remote_seconds += t0.elapsed().as_secs_f64();
-        match &answer {
+        let sent = match (before, remote.requests_sent()) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ if answer.is_ok() => 1,
+            _ => attempts,
+        };
+        let failed = match &answer {
             Ok(a) => {
                 let (cached, output) = used(a);
-                self.remote_calls += 1;
                 self.remote_input += input;
                 self.remote_cached += cached;
                 self.remote_output += output;
+                sent.saturating_sub(1)
             }
-            Err(_) => {
-                self.remote_calls += attempts;
-                self.remote_failed += 1;
-                self.remote_input += input.saturating_mul(attempts);
-                self.remote_output += max_output.saturating_mul(attempts);
-            }
-        }
+            Err(_) => sent,
+        };
+        self.remote_calls += sent;
+        self.remote_failed += failed;
+        self.remote_input += input.saturating_mul(failed);
+        self.remote_output += max_output.saturating_mul(failed);
         answer
     }
 

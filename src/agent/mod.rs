@@ -411,6 +411,7 @@ impl Agent {
             )));
         }
         let scored = spent.remote_call(
+            self.remote.as_ref(),
             self.remote_attempts,
             seq.len() as u64,
             self.scoring_output,
@@ -495,6 +496,7 @@ impl Agent {
             EscalateBy::Remote => {
                 let g = spent
                     .remote_call(
+                        self.remote.as_ref(),
                         self.remote_attempts,
                         ask.prompt.len() as u64,
                         ask.params.max_tokens as u64,

@@ -7,25 +7,32 @@
 //! - **Namespaces** (`--unshare-all`): a new user, PID, network, IPC, UTS and cgroup namespace.
 //!   The program sees only its own processes (no other `/proc/PID`, so not the gateway's
 //!   environment or command line), has no network at all (no loopback either), and every process
-//!   it starts ends with the sandbox: a PID namespace ends when its first process does, `setsid`
-//!   or not. `--die-with-parent` ends it with the gateway, `--new-session` keeps it off the
-//!   gateway's terminal.
+//!   it starts ends with the sandbox: Python is the namespace's first process (`--as-pid-1`, so
+//!   no bwrap process sits in it free of the limits), and a PID namespace ends when its first
+//!   process does, `setsid` or not. `--die-with-parent` ends it with the gateway, `--new-session`
+//!   keeps it off the gateway's terminal.
 //! - **Files**: the system's `/usr` (with the `/bin`, `/lib*` links into it) read-only, a fresh
-//!   `/proc` and `/dev`, and a private tmpfs `/tmp` of [`Limits::tmp_bytes`] as its working
-//!   directory. Nothing else of the host: no home directories, no `/etc`, no `/run`, no `/var`.
+//!   `/proc`, a read-only `/dev` of the usual devices, a read-only `/`, and two tmpfs of fixed
+//!   size: `/tmp` ([`Limits::tmp_bytes`], its working directory) and `/dev/shm` (1 MiB). Nothing
+//!   else of the host: no home directories, no `/etc`, no `/run`, no `/var`. No descriptor of
+//!   the gateway's but its stdin, the verdict pipe and stderr (all others close at exec).
 //! - **Environment**: none but `PATH` and `HOME`.
-//! - **Resources** (setrlimit, set by the sandbox's first lines before the program is read, inside
-//!   the user namespace so the process count is the sandbox's own): address space, processes,
-//!   file size, CPU seconds, open files, no core files; and the wall-clock limit, the request's
-//!   deadline and its cancellation, after which the sandbox is killed whole.
+//! - **Resources** (setrlimit): address space, file size, CPU seconds, open files and no core
+//!   files, set before bwrap starts so every process in the sandbox inherits them; the process
+//!   count set by the program's first lines, inside the user namespace, so it counts the
+//!   sandbox's own processes (on kernels since 5.14; before, all of the user's). The wall-clock
+//!   limit, the request's deadline and its cancellation kill the sandbox whole.
 //! - **Root**: run as root, the gateway starts bwrap as `nobody` (uid 65534): root's processes are
 //!   exempt from the process limit, and a mistake in the binds then exposes only what anyone may
 //!   read.
 //!
 //! What it does not contain: the kernel is shared (a kernel exploit escapes every namespace
-//! sandbox); CPU time up to the limit and memory up to the address-space cap are the machine's;
-//! and the program runs in the same interpreter as the runner that judges it, so code written to
-//! cheat the verdict from inside Python (by inspecting the runner's frames) is not stopped.
+//! sandbox); CPU time up to the limit, and memory up to the address-space cap of each of its
+//! processes and the two tmpfs, are the machine's (a cgroup would bound them together; none is
+//! made, since an unprivileged gateway has no cgroup of its own to divide); and the program runs
+//! in the same interpreter as the runner that judges it, so code written to cheat the verdict
+//! from inside Python (finding the nonce in the interpreter's memory) is not stopped: the
+//! sandbox protects the machine, not a score from a program written against the harness.
 //!
 //! Where no sandbox can be made (no bwrap, user namespaces disabled, no Python in `/usr`), every
 //! run is refused with [`SandboxError::Unavailable`] saying what is missing: code is never run
@@ -42,7 +49,7 @@ use std::time::{Duration, Instant};
 /// What one run may take besides its time.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Address space of each process, bytes.
+    /// Address space of each process, bytes (so at most `processes` times this in all).
     pub memory: u64,
     /// Processes (and threads) in the sandbox.
     pub processes: u64,
@@ -56,14 +63,16 @@ pub struct Limits {
 /// Enough for a HumanEval-style program (tens of MB) with room, far below any machine's.
 pub const LIMITS: Limits = Limits {
     memory: 1 << 30,
-    processes: 64,
+    processes: 8,
     file_bytes: 16 << 20,
     tmp_bytes: 64 << 20,
     open_files: 256,
 };
 
-/// The most of its verdict pipe a run may fill (a verdict is a line).
-const RESULT_BYTES: u64 = 4096;
+/// The most of its verdict pipe, or of its stderr, a run may fill (a verdict is a line).
+const PIPE_BYTES: u64 = 4096;
+/// Its `/dev/shm` (Python's multiprocessing would use it; a test has no need).
+const SHM_BYTES: u64 = 1 << 20;
 /// The uid a root gateway runs the sandbox as: `nobody`.
 const NOBODY: u32 = 65534;
 
@@ -86,8 +95,10 @@ pub enum SandboxError {
 pub struct Run {
     /// The program exited by itself with status 0 within its time.
     pub exited_ok: bool,
-    /// What it wrote on its verdict pipe (descriptor 3), at most [`RESULT_BYTES`].
+    /// What it wrote on its verdict pipe (descriptor 3), at most [`PIPE_BYTES`].
     pub result: Vec<u8>,
+    /// What it (or bwrap) wrote on stderr, at most [`PIPE_BYTES`].
+    pub stderr: Vec<u8>,
 }
 
 /// The sandbox as found on this machine: bwrap, the Python it runs, what is bound.
@@ -121,13 +132,14 @@ fn on_path(name: &str) -> Option<PathBuf> {
 impl Sandbox {
     fn find() -> Result<Self, String> {
         let bwrap = on_path("bwrap").ok_or("bwrap is not installed")?;
-        // The system's Python: the sandbox binds /usr only (a Python under a home directory,
-        // pyenv's say, is neither visible in it nor readable by `nobody`).
+        // The system's Python, wherever its links lead: the sandbox binds /usr only (a Python
+        // under a home directory, pyenv's say, is neither visible in it nor readable by
+        // `nobody`; an alternatives link through /etc would dangle in it).
         let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
             .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .ok_or("no python3 in /usr/bin or /usr/local/bin (the sandbox binds /usr only)")?;
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .find(|p| p.starts_with("/usr") && p.is_file())
+            .ok_or("no python3 under /usr (the sandbox binds /usr only)")?;
         let mut binds: Vec<String> = vec!["--ro-bind".into(), "/usr".into(), "/usr".into()];
         for top in ["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"] {
             let path = Path::new(top);
@@ -145,88 +157,115 @@ impl Sandbox {
             binds,
             drop_root,
         };
-        sandbox.try_once()?;
-        Ok(sandbox)
-    }
-
-    /// A sandboxed program that writes its verdict, or why none could run.
-    fn try_once(&self) -> Result<(), String> {
-        let mut cmd = self.command(
-            &LIMITS,
-            Duration::from_secs(10),
-            "import os; os.write(3, b'ok')",
-        );
-        let (read, write) = pipe().map_err(|e| format!("a pipe: {e}"))?;
-        self.pass_fd(&mut cmd, &write);
-        let out = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(|e| format!("{}: {e}", self.bwrap.display()))?;
-        drop(write);
-        let mut got = Vec::new();
-        std::fs::File::from(read).read_to_end(&mut got).ok();
-        if out.status.success() && got == b"ok" {
-            return Ok(());
+        let probe = sandbox
+            .python(
+                "import os; os.write(3, b'ok')",
+                Vec::new(),
+                &LIMITS,
+                Duration::from_secs(10),
+                Interrupt::default(),
+            )
+            .map_err(|e| e.to_string())?;
+        if probe.exited_ok && probe.result == b"ok" {
+            return Ok(sandbox);
         }
         Err(format!(
-            "{} could not run a program ({}): {}",
-            self.bwrap.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
+            "{} could not run a program: {}",
+            sandbox.bwrap.display(),
+            String::from_utf8_lossy(&probe.stderr).trim()
         ))
     }
 
-    /// bwrap running `python3 -I -c script` under `limits`, CPU seconds from `time`.
-    fn command(&self, limits: &Limits, time: Duration, script: &str) -> Command {
-        let cpu = time.as_secs() + 1;
+    /// bwrap running `python3 -I -c script`: its own namespaces, Python as its first process (so
+    /// no process of bwrap's own, free of the limits, is in it), `/` and `/dev` read-only, a
+    /// sized `/tmp` and `/dev/shm`; the process limit set by the script's first lines (inside the
+    /// user namespace, where it counts the sandbox's own processes).
+    fn command(&self, limits: &Limits, script: &str) -> Command {
         let prelude = format!(
             "import resource as _r\n\
-             for _k, _v in ((_r.RLIMIT_AS, {}), (_r.RLIMIT_NPROC, {}), (_r.RLIMIT_FSIZE, {}), \
-             (_r.RLIMIT_CPU, {cpu}), (_r.RLIMIT_NOFILE, {}), (_r.RLIMIT_CORE, 0)):\n    \
-             _r.setrlimit(_k, (_v, _v))\n\
-             del _r, _k, _v\n",
-            limits.memory, limits.processes, limits.file_bytes, limits.open_files
+             _r.setrlimit(_r.RLIMIT_NPROC, ({0}, {0}))\n\
+             del _r\n",
+            limits.processes
         );
+        let tmp = limits.tmp_bytes.to_string();
         let mut cmd = Command::new(&self.bwrap);
-        cmd.args(["--unshare-all", "--die-with-parent", "--new-session"])
-            .args(&self.binds)
-            .args(["--proc", "/proc", "--dev", "/dev"])
-            .args(["--size", &limits.tmp_bytes.to_string(), "--tmpfs", "/tmp"])
-            .args(["--chdir", "/tmp", "--hostname", "sandbox", "--clearenv"])
-            .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
-            .args(["--setenv", "HOME", "/tmp", "--"])
-            .arg(&self.python)
-            .args(["-I", "-c"])
-            .arg(format!("{prelude}{script}"))
-            .env_clear()
-            .current_dir("/");
+        cmd.args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--as-pid-1",
+        ])
+        .args(&self.binds)
+        .args(["--proc", "/proc", "--dev", "/dev"])
+        .args(["--size", &tmp, "--tmpfs", "/tmp"])
+        .args(["--size", &SHM_BYTES.to_string(), "--tmpfs", "/dev/shm"])
+        .args(["--remount-ro", "/dev", "--remount-ro", "/"])
+        .args(["--chdir", "/tmp", "--hostname", "sandbox", "--clearenv"])
+        .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
+        .args(["--setenv", "HOME", "/tmp", "--"])
+        .arg(&self.python)
+        .args(["-I", "-c"])
+        .arg(format!("{prelude}{script}"))
+        .env_clear()
+        .current_dir("/");
         cmd
     }
 
-    /// Gives the child `fd` as its descriptor 3, and starts it as `nobody` where we are root.
-    fn pass_fd(&self, cmd: &mut Command, fd: &OwnedFd) {
+    /// What the child does between fork and exec: `fd` becomes its descriptor 3 and every other
+    /// above 2 closes at exec (a descriptor the gateway inherited must not reach the program);
+    /// the limits but the process count are set, so bwrap and all it starts inherit them; and
+    /// under root it becomes `nobody`.
+    fn pre_exec(&self, cmd: &mut Command, fd: &OwnedFd, limits: &Limits, time: Duration) {
         use std::os::unix::process::CommandExt;
         let (fd, drop_root) = (fd.as_raw_fd(), self.drop_root);
-        // SAFETY: between fork and exec only async-signal-safe calls (dup2, fcntl, setgroups,
-        // setgid, setuid), on values copied in.
+        let set = [
+            (libc::RLIMIT_AS, limits.memory),
+            (libc::RLIMIT_FSIZE, limits.file_bytes),
+            (libc::RLIMIT_CPU, time.as_secs() + 1),
+            (libc::RLIMIT_NOFILE, limits.open_files),
+            (libc::RLIMIT_CORE, 0),
+        ];
+        // SAFETY: between fork and exec only async-signal-safe calls (dup2, fcntl, close_range,
+        // setrlimit, setgroups, setgid, setuid), on values copied in.
         unsafe {
             cmd.pre_exec(move || {
+                let failed = || Err(std::io::Error::last_os_error());
                 if fd == 3 {
                     // dup2 onto itself keeps close-on-exec: clear it instead.
                     if libc::fcntl(3, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
+                        return failed();
                     }
                 } else if libc::dup2(fd, 3) < 0 {
-                    return Err(std::io::Error::last_os_error());
+                    return failed();
+                }
+                // Marked close-on-exec rather than closed: std's own pipe reports a failed exec.
+                let marked = libc::syscall(
+                    libc::SYS_close_range,
+                    4u32,
+                    u32::MAX,
+                    libc::CLOSE_RANGE_CLOEXEC,
+                );
+                if marked < 0 {
+                    // Kernels before 5.11: one descriptor at a time.
+                    for other in 4..libc::sysconf(libc::_SC_OPEN_MAX).clamp(4, 1 << 20) as i32 {
+                        libc::fcntl(other, libc::F_SETFD, libc::FD_CLOEXEC);
+                    }
+                }
+                for (which, value) in set {
+                    let limit = libc::rlimit {
+                        rlim_cur: value,
+                        rlim_max: value,
+                    };
+                    if libc::setrlimit(which, &limit) < 0 {
+                        return failed();
+                    }
                 }
                 if drop_root
                     && (libc::setgroups(0, std::ptr::null()) < 0
                         || libc::setgid(NOBODY) < 0
                         || libc::setuid(NOBODY) < 0)
                 {
-                    return Err(std::io::Error::last_os_error());
+                    return failed();
                 }
                 Ok(())
             });
@@ -246,17 +285,17 @@ impl Sandbox {
     ) -> Result<Run, SandboxError> {
         let failed = |what: &str, e: std::io::Error| SandboxError::Failed(format!("{what}: {e}"));
         let (read, write) = pipe().map_err(|e| failed("a pipe", e))?;
-        let mut cmd = self.command(limits, limit, script);
-        self.pass_fd(&mut cmd, &write);
+        let mut cmd = self.command(limits, script);
+        self.pre_exec(&mut cmd, &write, limits, limit);
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| failed(&self.bwrap.display().to_string(), e))?;
         drop(write);
         // Fed and read beside the wait: a program that reads no input or fills no pipe cannot
-        // stall the gateway, and one whose descendants hold the pipe open is not waited for.
+        // stall the gateway, and one whose descendants hold a pipe open is not waited for.
         let mut input = child.stdin.take().expect("piped");
         std::thread::spawn(move || {
             // A sandbox that ends before reading its input must not end the gateway: the CLI
@@ -271,14 +310,8 @@ impl Sandbox {
             }
             let _ = input.write_all(&stdin);
         });
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut got = Vec::new();
-            let _ = std::fs::File::from(read)
-                .take(RESULT_BYTES)
-                .read_to_end(&mut got);
-            let _ = tx.send(got);
-        });
+        let result = drain(std::fs::File::from(read));
+        let stderr = drain(child.stderr.take().expect("piped"));
         let t0 = Instant::now();
         let ended = loop {
             match child.try_wait() {
@@ -295,13 +328,25 @@ impl Sandbox {
         let _ = child.kill();
         let _ = child.wait();
         let status = ended?;
-        // The pipe's last writer died with the namespace; a moment's grace for the kernel.
-        let result = rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default();
+        // The pipes' last writers died with the namespace; a moment's grace for the kernel.
+        let grace = Duration::from_secs(2);
         Ok(Run {
             exited_ok: status.is_some_and(|s| s.success()),
-            result,
+            result: result.recv_timeout(grace).unwrap_or_default(),
+            stderr: stderr.recv_timeout(grace).unwrap_or_default(),
         })
     }
+}
+
+/// Reads at most [`PIPE_BYTES`] of `from` on a thread of its own, sent when it ends.
+fn drain(from: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let _ = from.take(PIPE_BYTES).read_to_end(&mut got);
+        let _ = tx.send(got);
+    });
+    rx
 }
 
 /// A pipe, both ends close-on-exec.

@@ -242,6 +242,7 @@ pub fn cascade(
         // The scoring call's output is billed, and not used.
         let cached = common_prefix(&sent, &scored_ids) as u64;
         let scored = out.spent.remote_call(
+            remote.teacher,
             remote.attempts,
             scored_ids.len() as u64,
             remote.scoring_output,
@@ -309,6 +310,7 @@ pub fn cascade(
             };
             let cached = common_prefix(&sent, &context) as u64;
             let g = out.spent.remote_call(
+                remote.teacher,
                 remote.attempts,
                 context.len() as u64,
                 left,

@@ -223,6 +223,11 @@ pub trait Teacher: Sync {
     fn routing(&self) -> Option<&routing::wire::RoutingShape> {
         None
     }
+    /// HTTP requests sent (or tried) to a served teacher since it was connected, retries and
+    /// scoring windows included: what a remote may bill. None for a teacher on this machine.
+    fn requests_sent(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id: one pass

@@ -40,7 +40,8 @@ pub fn cut_text(mut text: String, stops: &[String]) -> String {
 }
 
 /// How many of `ids` to keep: the fewest whose text (`decode`) holds a stop string, or None when
-/// the whole text holds none.
+/// the whole text holds none. A prefix's text is a prefix of the whole, so holding one grows with
+/// the prefix: a binary search, log₂ n decodes rather than n.
 pub fn cut_at_stop(
     ids: &[u32],
     stops: &[String],
@@ -50,7 +51,16 @@ pub fn cut_at_stop(
         return None;
     }
     first_stop(&decode(ids), stops)?;
-    (1..=ids.len()).find(|&n| first_stop(&decode(&ids[..n]), stops).is_some())
+    let (mut lo, mut hi) = (0, ids.len());
+    // The first `lo` ids hold none; the first `hi` hold one.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match first_stop(&decode(&ids[..mid]), stops) {
+            Some(_) => hi = mid,
+            None => lo = mid,
+        }
+    }
+    Some(hi)
 }
 
 #[cfg(test)]
@@ -66,6 +76,11 @@ mod tests {
         assert_eq!(first_stop("abcdefghij", &stops), Some((3, 5)));
         assert_eq!(cut_text("abcdefghij".into(), &stops), "abc");
         assert_eq!(cut_at_stop(&ids, &stops, decode), Some(5));
+        for n in 1..=10 {
+            // A stop string the n-th id completes is found there, wherever n is.
+            let stop = vec![char::from(b'a' + n as u8 - 1).to_string()];
+            assert_eq!(cut_at_stop(&ids, &stop, decode), Some(n));
+        }
         assert_eq!(cut_at_stop(&ids, &["xyz".into()], decode), None);
         assert_eq!(cut_at_stop(&ids, &[], decode), None);
         assert!(stop_strings(Some(&Stop::One(String::new()))).is_err());

@@ -536,7 +536,7 @@ fn confidence_and_budget_decide_who_answers() {
             u.remote_input,
             u.remote_output
         ),
-        (1, 2, 8, 12)
+        (2, 2, 8, 12)
     );
     assert!(
         (a.report.cost.remote_usd - 20.0 * 0.05).abs() < 1e-9,
@@ -750,11 +750,29 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
 
     // OpenAI's stop strings are honoured: the answer ends before the first.
     let mut stopped = chat("What is the capital of France?");
-    stopped["stop"] = json!([" Paris", "."]);
+    let (_, plain) = post(
+        &gateway.url,
+        "/v1/chat/completions",
+        &chat("What is the capital of France?"),
+    );
+    let plain = content(&plain);
+    let stops = [" Paris".to_string(), ".".to_string()];
+    let (at, _) = k3mini_teacher::stop::first_stop(&plain, &stops)
+        .unwrap_or_else(|| panic!("the unstopped answer holds neither stop string: {plain:?}"));
+    stopped["stop"] = json!(stops);
     let (status, got) = post(&gateway.url, "/v1/chat/completions", &stopped);
     assert_eq!(status, 200, "{got}");
-    let text = content(&got);
-    assert!(!text.contains('.') && !text.contains(" Paris"), "{text:?}");
+    assert_eq!(content(&got), plain[..at], "{got}");
+    assert_eq!(got["choices"][0]["finish_reason"], "stop", "{got}");
+    // Streamed, the text held back while it might begin a stop string never passes it.
+    stopped["stream"] = json!(true);
+    let (status, text) = exchange(&gateway.url, "/v1/chat/completions", &stopped);
+    assert_eq!(status, 200, "{text}");
+    let streamed: String = events(&text)
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, plain[..at]);
     // Sampling fields the gateway cannot honour are refused by name, not ignored.
     for (field, value) in [
         ("presence_penalty", json!(0.5)),

@@ -1,6 +1,7 @@
 //! The sandbox a request's tests run in (`k3mini::agent::sandbox`), tried as a hostile client
-//! would: each program below passes only if its escape works, so a pass is a hole. Before the
-//! sandbox (a process group and an empty environment), every one of them passed.
+//! would: each program below passes only if its escape works, so a pass is a hole (each escape
+//! works for a program run as the gateway ran them before: its own process group and an empty
+//! environment).
 
 use k3mini::agent::code::passes;
 use k3mini::agent::policy::Policy;
@@ -57,22 +58,28 @@ fn a_forked_setsid_child_does_not_outlive_the_run() {
 
 #[test]
 fn the_gateways_environment_files_and_network_are_out_of_reach() {
-    // The environment of any other process (the gateway's holds its API keys).
+    // The environment of any other process (the gateway's holds its API keys): a process
+    // started with a secret in its environment, as the gateway is.
     let canary = format!("k3mini-canary-{}", std::process::id());
-    // SAFETY: nextest runs this test alone in its process; nothing else reads the environment.
-    unsafe { std::env::set_var("K3MINI_SANDBOX_CANARY", &canary) };
+    let mut holder = std::process::Command::new("sleep")
+        .arg("30")
+        .env("K3MINI_SANDBOX_CANARY", &canary)
+        .spawn()
+        .unwrap();
     let read_environ = format!(
         "import os\nfound = False\nfor pid in os.listdir('/proc'):\n    try:\n        \
          found |= b'{canary}' in open(f'/proc/{{pid}}/environ', 'rb').read()\n    except OSError:\n        \
          pass\nassert found\n"
     );
-    assert!(
-        !run(&read_environ),
-        "the program read another process's environment"
-    );
+    let escaped = run(&read_environ);
+    let _ = (holder.kill(), holder.wait());
+    assert!(!escaped, "the program read another process's environment");
 
-    // A write outside its scratch: a directory anyone may write to.
-    let outside = std::env::temp_dir().join(format!("k3mini-sandbox-out-{}", std::process::id()));
+    // A write outside its scratch: a directory anyone may write to, outside the host's /tmp
+    // (which the sandbox's own /tmp hides).
+    let outside = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("k3mini-sandbox-out-{}", std::process::id()));
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::set_permissions(
         &outside,
@@ -81,9 +88,10 @@ fn the_gateways_environment_files_and_network_are_out_of_reach() {
     .unwrap();
     let target = outside.join("escaped");
     let write = format!("open({:?}, 'w').write('x')\n", target.display().to_string());
-    assert!(!run(&write), "the program wrote outside its sandbox");
-    assert!(!target.exists());
+    let wrote = run(&write);
+    let exists = target.exists();
     std::fs::remove_dir_all(&outside).ok();
+    assert!(!wrote && !exists, "the program wrote outside its sandbox");
 
     // A TCP connection to a port this process listens on.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -114,6 +122,13 @@ fn the_nonce_cannot_be_read_and_printing_is_no_verdict() {
                  except OSError:\n            pass\nfor n in seen:\n    print(n.decode(), flush=True)\n    \
                  try:\n        os.write(3, n)\n    except OSError:\n        pass\nos._exit(0)\n";
     assert!(!run(forge), "the program forged a pass");
+    // The runner's module holds no nonce either.
+    let main = "import __main__, os\nos.write(3, str(getattr(__main__, 'nonce', '')).encode())\n\
+                os._exit(0)\n";
+    assert!(
+        !run(main),
+        "the program forged a pass from the runner's globals"
+    );
 }
 
 #[test]

@@ -677,11 +677,42 @@ fn open_files(n: u64) {
     }
 }
 
+/// A connection to `s` from the loopback address `from` (127.0.0.0/8 is all loopback on Linux).
+fn connect_from(s: &Server, from: std::net::Ipv4Addr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let to: std::net::SocketAddrV4 = s.addr.parse().unwrap();
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, bound and connected with sockaddr_in values of the right size.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let here = sockaddr(from, 0);
+        assert_eq!(
+            libc::bind(fd, (&here as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        let there = sockaddr(*to.ip(), to.port());
+        assert_eq!(
+            libc::connect(fd, (&there as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
 #[test]
 fn six_hundred_idle_connections_from_one_address_leave_health_answering() {
     open_files(4096);
     let s = start(Limits::default());
-    // Idle connections, renewed as the server lets them go.
+    // Idle connections from 127.0.0.1, renewed as the server lets them go.
     let stop = Arc::new(AtomicBool::new(false));
     let addr = s.addr.clone();
     let flood = {
@@ -706,18 +737,44 @@ fn six_hundred_idle_connections_from_one_address_leave_health_answering() {
         })
     };
     std::thread::sleep(Duration::from_millis(1500));
+    let other = std::net::Ipv4Addr::new(127, 0, 0, 2);
+    let ask = |request: &[u8]| {
+        let mut w = connect_from(&s, other);
+        w.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        w.write_all(request).unwrap();
+        response(&mut BufReader::new(w))
+    };
     for _ in 0..5 {
         let t0 = Instant::now();
-        let (status, _, body) = exchange(&s, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+        let (status, _, body) = ask(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         assert_eq!(status, 200, "{body}");
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
-        // Anything else from the same address is told to retry.
-        let (status, _, _) = exchange(&s, b"GET /a HTTP/1.1\r\n\r\n");
-        assert_eq!(status, 503);
+        // Another client is served as if the flood were not there.
+        let (status, _, body) = ask(b"GET /a HTTP/1.1\r\n\r\n");
+        assert_eq!(status, 200, "{body}");
         std::thread::sleep(Duration::from_millis(300));
     }
     stop.store(true, Ordering::SeqCst);
     flood.join().unwrap();
+}
+
+#[test]
+fn a_full_server_still_answers_health_to_anyone() {
+    // Every slot taken by other clients: /health is answered from the overflow pool.
+    let s = start(Limits {
+        max_connections: 2,
+        ..Default::default()
+    });
+    let held: Vec<TcpStream> = (1..=2)
+        .map(|i| connect_from(&s, std::net::Ipv4Addr::new(127, 0, 0, 10 + i)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, body) = exchange(&s, b"GET /health HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, _) = exchange(&s, b"GET /a HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 503);
+    assert!(headers.contains(&"retry-after: 1".into()), "{headers:?}");
+    drop(held);
 }
 
 #[test]

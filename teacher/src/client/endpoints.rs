@@ -24,6 +24,8 @@ pub(crate) struct Endpoints {
     authorization: Option<String>,
     next: AtomicUsize,
     jitter: AtomicU64,
+    /// Requests sent (or tried) since it was made: each may be billed.
+    sent: AtomicU64,
 }
 
 /// What one attempt came to.
@@ -52,7 +54,13 @@ impl Endpoints {
             authorization: opts.api_key.as_ref().map(|k| format!("Bearer {k}")),
             next: AtomicUsize::new(0),
             jitter: AtomicU64::new(0x9E37_79B9),
+            sent: AtomicU64::new(0),
         }
+    }
+
+    /// Requests sent (or tried: a connection that failed counts) since it was made.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
     }
 
     pub fn get<R: DeserializeOwned>(&self, path: &str) -> Result<R, TeacherError> {
@@ -87,6 +95,7 @@ impl Endpoints {
             }
             let endpoint = &self.urls[self.next.fetch_add(1, Ordering::Relaxed) % self.urls.len()];
             let url = format!("{endpoint}{path}");
+            self.sent.fetch_add(1, Ordering::SeqCst);
             match self.attempt(&url, body.as_deref())? {
                 Attempt::Done(text) => {
                     return serde_json::from_str(&text).map_err(|e| {

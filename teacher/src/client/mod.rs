@@ -306,6 +306,10 @@ impl Teacher for HttpTeacher {
         &self.shared.model
     }
 
+    fn requests_sent(&self) -> Option<u64> {
+        Some(self.shared.http.sent())
+    }
+
     fn vocab_size(&self) -> usize {
         self.shared.vocab.size
     }
