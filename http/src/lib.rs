@@ -7,7 +7,7 @@
 //! - [`admission`]: the model's queue, which a request joins before its prompt is tokenized;
 //! - [`json`]: errors in vLLM's shape and request bodies read into typed structs, naming the
 //!   field at fault;
-//! - the routes every server has ([`health`], [`unrouted`]) and the reasons work stops early
+//! - the routes every server has ([`Reply::health`], [`unrouted`]) and the reasons work stops early
 //!   ([`cancelled`]).
 
 pub mod admission;
@@ -44,16 +44,6 @@ pub fn exposure_warning(addr: &SocketAddr, limits: &Limits) -> Option<String> {
              127.0.0.1"
         )
     })
-}
-
-/// `GET /health`'s answer.
-pub fn health() -> Reply {
-    Reply::json(
-        200,
-        &Health {
-            status: "ok".into(),
-        },
-    )
 }
 
 /// The error for a request no route took: a 405 on one of the server's `paths`, else a 404.

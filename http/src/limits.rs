@@ -6,7 +6,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub struct Limits {
     pub max_connections: usize,
-    /// Connections from one IP address, at most.
+    /// Connections from one client (an IPv4 address, or an IPv6 /64), at most, in the slots and
+    /// again in the overflow pool.
     pub max_per_peer: usize,
     /// A request body, read whole.
     pub max_body: u64,

@@ -44,6 +44,16 @@ impl Reply {
         (reply, tx)
     }
 
+    /// `GET /health`'s answer.
+    pub fn health() -> Self {
+        Self::json(
+            200,
+            &crate::json::Health {
+                status: "ok".into(),
+            },
+        )
+    }
+
     /// A status without a body.
     pub fn empty(status: u16) -> Self {
         Self {

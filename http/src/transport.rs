@@ -3,9 +3,10 @@
 //! `Content-Length`, chunked bodies, `Expect: 100-continue`, keep-alive) is hyper's; what is ours:
 //!
 //! - **Connection slots**: at most `max_connections` open, and at most `max_per_peer` of them from
-//!   one address, so one client cannot take them all; each holds a semaphore permit owned by its
+//!   one client, so one client cannot take them all; each holds a semaphore permit owned by its
 //!   task, so a slot comes back however the connection ends (error, panic, drain). A connection
-//!   past either cap goes to the overflow pool ([`OVERFLOW`] times the slots, at most
+//!   past either cap goes to the overflow pool ([`OVERFLOW`] times the slots, as the process's
+//!   open-file limit allows (its soft limit is lifted to the hard one first), at most
 //!   `max_per_peer` from one client, each connection closed after one request or
 //!   [`OVERFLOW_HEAD`] without one): `GET /health` is answered there (a reserved path, so a full
 //!   server still says it is alive), anything else a 503 with `Retry-After`. Beyond that pool
@@ -132,14 +133,24 @@ pub fn serve<H>(
 where
     H: Fn(&Request, &Peer) -> Reply + Send + Sync + 'static,
 {
-    raise_open_files();
+    let open_files = raise_open_files();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("k3mini-http")
         .enable_all()
         .build()?;
     listener.set_nonblocking(true)?;
-    let result = runtime.block_on(accept(listener, Arc::new(limits), stop, Arc::new(handle)));
+    // Two descriptors a slot; the overflow pool gets what is left, past a margin for the rest of
+    // the process (model files, shards, the sandbox's pipes).
+    let spare = open_files.saturating_sub(2 * limits.max_connections as u64 + 256);
+    let overflow = (limits.max_connections * OVERFLOW).min(spare as usize);
+    let result = runtime.block_on(accept(
+        listener,
+        Arc::new(limits),
+        overflow,
+        stop,
+        Arc::new(handle),
+    ));
     // Handlers still running see `stop` and end at their next token; none is waited for here.
     runtime.shutdown_background();
     result
@@ -198,6 +209,7 @@ impl Drop for PeerSlot {
 async fn accept<H>(
     listener: std::net::TcpListener,
     limits: Arc<Limits>,
+    overflow: usize,
     stop: &AtomicBool,
     handle: Arc<H>,
 ) -> io::Result<()>
@@ -206,7 +218,7 @@ where
 {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let overflow = Arc::new(Semaphore::new(limits.max_connections * OVERFLOW));
+    let overflow = Arc::new(Semaphore::new(overflow));
     let (peers, overflowing) = (Arc::new(Peers::default()), Arc::new(Peers::default()));
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -254,14 +266,14 @@ where
             let service = service_fn(move |r: hyper::Request<Incoming>| async move {
                 let health = r.method() == hyper::Method::GET && r.uri().path() == "/health";
                 Ok::<_, Infallible>(if health {
-                    response(crate::health(), None)
+                    response(Reply::health(), None)
                 } else {
                     response(
                         Reply::error(
                             503,
                             format!(
                                 "the server is full ({open} connections, at most {per_peer} from \
-                                 one address); retry shortly"
+                                 one client); retry shortly"
                             ),
                             None,
                         ),
@@ -334,6 +346,9 @@ where
     let body = match tokio::time::timeout(limits.header_timeout, limited).await {
         Ok(Ok(read)) => read,
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return reply(too_large()),
+        Ok(Err(e)) if e.is::<Unreservable>() => {
+            return reply(Reply::error(503, e.to_string(), Some("body")));
+        }
         Err(_) => {
             return reply(Reply::error(
                 408,
@@ -369,23 +384,48 @@ where
 /// Lifts this process's soft limit on open files to its hard limit: each connection holds two
 /// descriptors (its socket, and the duplicate that watches for a hang-up), and the slots and the
 /// overflow pool together are more than the usual soft limit of 1,024.
-fn raise_open_files() {
+/// Returns the limit it now has.
+fn raise_open_files() -> u64 {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit and setrlimit on a local struct.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            limit.rlim_cur = limit.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
         }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
+/// The most of a declared body reserved before any of it arrives.
+const RESERVED: u64 = 8 << 20;
+
+/// The machine would not lend a body's buffer.
+#[derive(Debug)]
+struct Unreservable;
+
+impl std::fmt::Display for Unreservable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no memory for the request body")
     }
 }
 
-/// A body read whole, at most `max` bytes, into one buffer sized by its `Content-Length` (so a
-/// large body is held once, not as its frames and then their copy).
+impl std::error::Error for Unreservable {}
+
+/// A body read whole, at most `max` bytes, into one buffer sized by its `Content-Length` up to
+/// [`RESERVED`] and grown past it (so a large body is held about once, not as its frames and then
+/// their copy).
 async fn read_body(
     body: Incoming,
     declared: Option<u64>,
@@ -393,8 +433,11 @@ async fn read_body(
 ) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
     let mut body = Limited::new(body, max as usize);
     let mut whole = Vec::new();
-    // Reserved, not assumed: under strict overcommit a refusal is an error, not an abort.
-    whole.try_reserve_exact(declared.unwrap_or(0).min(max) as usize)?;
+    // A declared length reserves at most RESERVED up front (a length promised is not a body
+    // sent), and a reservation the machine refuses is an error, not an abort.
+    whole
+        .try_reserve_exact(declared.unwrap_or(0).min(max.min(RESERVED)) as usize)
+        .map_err(|_| Unreservable)?;
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {
             whole.extend_from_slice(&data);

@@ -124,12 +124,13 @@ impl Spent {
     }
 
     /// Makes a remote `call` that sends `input` tokens and may write `max_output`, and books it.
-    /// Every request it sent that did not answer (a retry's failed tries, or all of a failed
+    /// Every request it sent that was not answered (a retry's failed tries, or all of a failed
     /// call's) is booked at its worst case, the input uncached and all it could write, since a
-    /// request that timed out may have been billed all the same; the one that answered, at what
-    /// it used (`used`: how much of the input repeated the previous call's start, and what it
-    /// wrote). The requests sent are `remote`'s own count where it keeps one; else a call that
-    /// answered is one request and a failed one `attempts` (the client's tries).
+    /// request that timed out may have been billed all the same; a call that answered, at what it
+    /// used (`used`: how much of the input repeated the previous call's start, and what it
+    /// wrote). The requests are `remote`'s own count where it keeps one ([`Teacher::requests`];
+    /// exact because the gateway makes one call at a time); else a call that answered is one
+    /// request and a failed one `attempts` (the client's tries).
     pub fn remote_call<T, E>(
         &mut self,
         remote: &dyn Teacher,
@@ -139,25 +140,27 @@ impl Spent {
         call: impl FnOnce() -> Result<T, E>,
         used: impl FnOnce(&T) -> (u64, u64),
     ) -> Result<T, E> {
-        let before = remote.requests_sent();
+        let before = remote.requests();
         let t0 = std::time::Instant::now();
         let answer = call();
         self.remote_seconds += t0.elapsed().as_secs_f64();
-        let sent = match (before, remote.requests_sent()) {
-            (Some(a), Some(b)) => b.saturating_sub(a),
-            _ if answer.is_ok() => 1,
-            _ => attempts,
-        };
-        let failed = match &answer {
-            Ok(a) => {
-                let (cached, output) = used(a);
-                self.remote_input += input;
-                self.remote_cached += cached;
-                self.remote_output += output;
-                sent.saturating_sub(1)
+        let (sent, failed) = match (before, remote.requests()) {
+            (Some(a), Some(b)) => {
+                let sent = b.sent.saturating_sub(a.sent);
+                (
+                    sent,
+                    sent.saturating_sub(b.answered.saturating_sub(a.answered)),
+                )
             }
-            Err(_) => sent,
+            _ if answer.is_ok() => (1, 0),
+            _ => (attempts, attempts),
         };
+        if let Ok(a) = &answer {
+            let (cached, output) = used(a);
+            self.remote_input += input;
+            self.remote_cached += cached;
+            self.remote_output += output;
+        }
         self.remote_calls += sent;
         self.remote_failed += failed;
         self.remote_input += input.saturating_mul(failed);

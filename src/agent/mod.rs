@@ -179,7 +179,7 @@ impl Agent {
 
     /// Why the budget forbids a remote call that sends `input` tokens and may write `output`, on
     /// top of `spent`, if it does: the call priced at its worst case, every attempt uncached and
-    /// billed (what a call that fails is booked at, [`Spent::remote_failed`]).
+    /// billed (what a call that fails is booked at, [`Spent::remote_call`]).
     fn over_budget(&self, spent: &Spent, input: u64, output: u64) -> Option<String> {
         let b = &self.policy.budget;
         let prices = &self.policy.cost;

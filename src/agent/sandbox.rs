@@ -20,8 +20,10 @@
 //! - **Resources** (setrlimit): address space, file size, CPU seconds, open files and no core
 //!   files, set before bwrap starts so every process in the sandbox inherits them; the process
 //!   count set by the program's first lines, inside the user namespace, so it counts the
-//!   sandbox's own processes (on kernels since 5.14; before, all of the user's). The wall-clock
-//!   limit, the request's deadline and its cancellation kill the sandbox whole.
+//!   sandbox's own processes (on kernels since 5.14; before, all of the user's). Python as the
+//!   first process reaps no orphans, so a descendant whose parent died stays counted until the
+//!   run ends. The wall-clock limit, the request's deadline and its cancellation kill the
+//!   sandbox whole.
 //! - **Root**: run as root, the gateway starts bwrap as `nobody` (uid 65534): root's processes are
 //!   exempt from the process limit, and a mistake in the binds then exposes only what anyone may
 //!   read.
@@ -225,8 +227,8 @@ impl Sandbox {
             (libc::RLIMIT_NOFILE, limits.open_files),
             (libc::RLIMIT_CORE, 0),
         ];
-        // SAFETY: between fork and exec only async-signal-safe calls (dup2, fcntl, close_range,
-        // setrlimit, setgroups, setgid, setuid), on values copied in.
+        // SAFETY: between fork and exec only thin system calls (dup2, fcntl, close_range,
+        // getrlimit, setrlimit, setgroups, setgid, setuid), on values copied in.
         unsafe {
             cmd.pre_exec(move || {
                 let failed = || Err(std::io::Error::last_os_error());
@@ -245,14 +247,24 @@ impl Sandbox {
                     u32::MAX,
                     libc::CLOSE_RANGE_CLOEXEC,
                 );
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
                 if marked < 0 {
-                    // Kernels before 5.11: one descriptor at a time.
-                    for other in 4..libc::sysconf(libc::_SC_OPEN_MAX).clamp(4, 1 << 20) as i32 {
+                    // Kernels before 5.11: one descriptor at a time, up to the most there can be.
+                    libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+                    for other in 4..limit.rlim_cur.clamp(4, 1 << 20) as i32 {
                         libc::fcntl(other, libc::F_SETFD, libc::FD_CLOEXEC);
                     }
                 }
                 for (which, value) in set {
-                    let limit = libc::rlimit {
+                    // Never above a hard limit the gateway already has (only root may raise one).
+                    if libc::getrlimit(which, &mut limit) < 0 {
+                        return failed();
+                    }
+                    let value = value.min(limit.rlim_max);
+                    limit = libc::rlimit {
                         rlim_cur: value,
                         rlim_max: value,
                     };
@@ -338,13 +350,15 @@ impl Sandbox {
     }
 }
 
-/// Reads at most [`PIPE_BYTES`] of `from` on a thread of its own, sent when it ends.
-fn drain(from: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
+/// The first [`PIPE_BYTES`] of `from`, read on a thread of its own, sent once read; the rest is
+/// read and dropped, so a program that writes more never meets a closed pipe.
+fn drain(mut from: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<Vec<u8>> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut got = Vec::new();
-        let _ = from.take(PIPE_BYTES).read_to_end(&mut got);
+        let _ = (&mut from).take(PIPE_BYTES).read_to_end(&mut got);
         let _ = tx.send(got);
+        let _ = std::io::copy(&mut from, &mut std::io::sink());
     });
     rx
 }

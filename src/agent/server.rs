@@ -1,5 +1,7 @@
-//! `k3mini agent serve`: the gateway behind OpenAI's surface, on the teacher server's stack (the
-//! same transport, limits, queue and time limit; see `k3mini_teacher::server`).
+//! `k3mini agent serve`: the gateway behind OpenAI's surface, on the HTTP stack `teacher serve`
+//! stands on too (`k3mini_http`: the transport, limits, origin checks and the queue) and the
+//! teacher server's request plumbing (`k3mini_teacher::server`: the prompt cap, sampling fields,
+//! `/v1/models`).
 //!
 //! - `GET /health`, `GET /v1/models`
 //! - `POST /v1/completions` (`prompt` as text or ids) and `POST /v1/chat/completions`
@@ -27,9 +29,10 @@ use k3mini_http::{
     Admitted, ApiError, Bytes, EventSender, Limits, Peer, Queue, Reply, Request, bad,
 };
 use k3mini_teacher::server::{
-    PromptCap, SamplingFields, ServeOptions, admit, models, now_secs, token_ids, turn,
+    PromptCap, SamplingFields, ServeOptions, admit, check_length, encode_prompt, models, now_secs,
+    token_ids, turn,
 };
-use k3mini_teacher::stop::{first_stop, stop_strings};
+use k3mini_teacher::stop::{cut_text, stop_strings};
 use k3mini_teacher::wire::openai::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatMessage, ChatRequest, ChatResponse,
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
@@ -40,7 +43,7 @@ use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An OpenAI response (or stream event) with the gateway's report beside its fields.
 #[derive(Serialize)]
@@ -138,7 +141,7 @@ fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError>
     let student = &gw.agent.student.model;
     let (method, path) = (r.method.as_str(), r.path.as_str());
     match (method, path) {
-        ("GET", "/health") => Ok(k3mini_http::health()),
+        ("GET", "/health") => Ok(Reply::health()),
         ("GET", "/v1/models") => Ok(models(student.name(), gw.created, student.context_length())),
         ("POST", "/v1/completions") => {
             let (req, tests) = wire::parse::<CompletionRequest>(&r.body, &wire::EXTENSIONS)?;
@@ -188,18 +191,7 @@ fn ask(
             }
         }
     }
-    let context = student.context_length();
-    if prompt.len().saturating_add(params.max_tokens) > context {
-        return Err(bad(
-            "max_tokens",
-            format!(
-                "the student's context is {context} tokens; the prompt has {} and max_tokens \
-                 asks for {} more",
-                prompt.len(),
-                params.max_tokens
-            ),
-        ));
-    }
+    check_length(prompt.len(), params.max_tokens, student.context_length())?;
     Ok(Ask {
         prompt,
         params,
@@ -274,15 +266,10 @@ fn completion_ask(
     }
     let admitted = admit(&gw.queue)?;
     let prompt = match &req.prompt {
-        Prompt::Text(s) => student
-            .tokenizer
-            .encode(s)
-            .map_err(|e| bad("prompt", e.to_string()))?,
+        Prompt::Text(s) => encode_prompt(&student.tokenizer, &gw.prompt_cap, s, "prompt")?,
+        Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
         Prompt::Ids(ids) => token_ids(ids, student.vocab_size(), "prompt")?,
     };
-    if prompt.is_empty() {
-        return Err(bad("prompt", "the prompt is empty"));
-    }
     let ask = ask(
         gw,
         prompt,
@@ -382,18 +369,17 @@ impl Gateway {
                 .collect(),
             Endpoint::Completions => ids.to_vec(),
         };
-        let mut text = self
+        let text = self
             .agent
             .student
             .model
             .tokenizer
             .decode(&kept)
             .unwrap_or_default();
-        let cut = first_stop(&text, stop_text);
-        if let Some((at, _)) = cut {
-            text.truncate(at);
-        }
-        (text, cut.is_some())
+        let whole = text.len();
+        let text = cut_text(text, stop_text);
+        let cut = text.len() < whole;
+        (text, cut)
     }
 
     fn id(&self, endpoint: Endpoint) -> String {
@@ -417,17 +403,11 @@ fn respond(
     stream: bool,
     peer: &Peer,
 ) -> Result<Reply, ApiError> {
-    let deadline = gw
-        .request_timeout
-        .map(|limit| (Instant::now() + limit, limit));
     if stream {
-        return stream_answer(gw.clone(), ask, admitted, endpoint, deadline, peer.clone());
+        return stream_answer(gw.clone(), ask, admitted, endpoint, peer.clone());
     }
     let cancelled = || k3mini_http::cancelled(&gw.stop, peer.gone());
-    let interrupt = Interrupt {
-        deadline,
-        cancelled: Some(&cancelled),
-    };
+    let interrupt = Interrupt::from_now(gw.request_timeout, &cancelled);
     let answer = {
         let _turn = turn(&gw.queue, admitted, interrupt)?;
         gw.agent
@@ -617,9 +597,10 @@ fn stream_answer(
     ask: Ask,
     admitted: Admitted,
     endpoint: Endpoint,
-    deadline: Option<(Instant, Duration)>,
     peer: Peer,
 ) -> Result<Reply, ApiError> {
+    // The request's time runs from here, queueing included, as a whole answer's does.
+    let deadline = k3mini_teacher::deadline_in(gw.request_timeout);
     let (reply, tx) = Reply::events();
     let (started, began) = std::sync::mpsc::channel::<Result<(), ApiError>>();
     std::thread::spawn(move || {

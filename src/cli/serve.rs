@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// browser, with CORS; repeat for several. Requests from other pages are refused (403).
     #[arg(long = "allowed-origin")]
     allowed_origins: Vec<String>,
-    /// Connections one IP address may hold open; the server's others are kept for the rest.
+    /// Connections one client (an IPv4 address, or an IPv6 /64) may hold open; the server's
+    /// others are kept for the rest.
     #[arg(long, default_value_t = 32)]
     max_connections_per_peer: usize,
 }

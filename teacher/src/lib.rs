@@ -64,6 +64,13 @@ pub struct Interrupt<'a> {
     pub cancelled: Option<&'a dyn Fn() -> Option<&'static str>>,
 }
 
+/// The deadline `limit` from now (when there is one), as [`Interrupt::deadline`] holds it.
+pub fn deadline_in(
+    limit: Option<std::time::Duration>,
+) -> Option<(std::time::Instant, std::time::Duration)> {
+    limit.map(|limit| (std::time::Instant::now() + limit, limit))
+}
+
 impl<'a> Interrupt<'a> {
     /// Work that must end within `limit` of now (when there is one), or once `cancelled` gives
     /// a reason.
@@ -72,7 +79,7 @@ impl<'a> Interrupt<'a> {
         cancelled: &'a dyn Fn() -> Option<&'static str>,
     ) -> Self {
         Self {
-            deadline: limit.map(|limit| (std::time::Instant::now() + limit, limit)),
+            deadline: deadline_in(limit),
             cancelled: Some(cancelled),
         }
     }
@@ -223,11 +230,19 @@ pub trait Teacher: Sync {
     fn routing(&self) -> Option<&routing::wire::RoutingShape> {
         None
     }
-    /// HTTP requests sent (or tried) to a served teacher since it was connected, retries and
-    /// scoring windows included: what a remote may bill. None for a teacher on this machine.
-    fn requests_sent(&self) -> Option<u64> {
+    /// The HTTP requests a served teacher's client has sent (or tried) since it connected, and
+    /// how many of them were answered: what a remote may bill. None where the teacher keeps no
+    /// count (a teacher on this machine).
+    fn requests(&self) -> Option<Requests> {
         None
     }
+}
+
+/// [`Teacher::requests`]: retries and scoring windows each count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    pub sent: u64,
+    pub answered: u64,
 }
 
 /// The `k` largest of `row` as `(id, value)`, by descending value, ties by ascending id: one pass

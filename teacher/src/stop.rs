@@ -39,9 +39,10 @@ pub fn cut_text(mut text: String, stops: &[String]) -> String {
     text
 }
 
-/// How many of `ids` to keep: the fewest whose text (`decode`) holds a stop string, or None when
-/// the whole text holds none. A prefix's text is a prefix of the whole, so holding one grows with
-/// the prefix: a binary search, log₂ n decodes rather than n.
+/// How many of `ids` to keep: a prefix whose text (`decode`) holds a stop string where the one
+/// before it does not, or None when the whole text holds none. Found by bisection, log₂ n decodes
+/// rather than n; where a prefix's text is a prefix of the whole (byte-level BPE, but for a
+/// character cut in two) it is the fewest such ids.
 pub fn cut_at_stop(
     ids: &[u32],
     stops: &[String],

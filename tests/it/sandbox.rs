@@ -197,3 +197,40 @@ fn a_policy_that_runs_clients_tests_needs_an_api_key() {
     let plain = Policy::parse("route = \"gate\"\nescalate_by = \"remote\"\n", "plain").unwrap();
     assert!(check_policy(&plain, &Limits::default()).unwrap().is_none());
 }
+
+#[test]
+fn no_gateway_descriptor_writable_root_or_unlimited_process_is_inside() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
+    // A descriptor the gateway holds without close-on-exec (as one inherited from its launcher).
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("k3mini-sandbox-leak-{}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let fd = file.as_raw_fd();
+    // SAFETY: clears close-on-exec on a descriptor this test owns.
+    assert!(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } == 0);
+    let inode = file.metadata().unwrap().ino();
+    let leaked = format!(
+        "import os\nfor fd in map(int, os.listdir('/proc/self/fd')):\n    try:\n        \
+         assert os.fstat(fd).st_ino != {inode}\n    except OSError:\n        pass\n"
+    );
+    // Passes only while no descriptor of the file is open inside.
+    assert!(
+        run(&leaked),
+        "the gateway's descriptor {fd} reached the sandbox"
+    );
+    drop(file);
+    std::fs::remove_file(&path).ok();
+    // The root and /dev are read-only, /dev/shm and /tmp bounded, the limits are the first
+    // process's own (Python is that process), and what is printed, however much, is no harm.
+    assert!(run(
+        "import os, resource\nfor p in ('/x', '/dev/x'):\n    try:\n        open(p, 'w')\n        \
+         raise SystemExit(1)\n    except OSError:\n        pass\nassert os.getpid() == 1\n\
+         assert resource.getrlimit(resource.RLIMIT_AS)[1] == 1 << 30\n\
+         assert resource.getrlimit(resource.RLIMIT_NPROC)[1] == 8\n\
+         import sys\nfor _ in range(1000):\n    print('x' * 100)\n    print('y' * 100, file=sys.stderr)\n"
+    ));
+    assert!(!run("open('/dev/shm/big', 'wb').write(b'0' * (2 << 20))\n"));
+    assert!(!run("open('/tmp/big', 'wb').write(b'0' * (65 << 20))\n"));
+}

@@ -86,7 +86,7 @@ fn malformed_http_gets_its_status_and_never_locks_the_server_out() {
     let cases: Vec<(&str, Vec<u8>, u16)> = vec![
         (
             // (2^64 − 1 itself fits: its bytes pass the body cap, 413, or never come, 408 at the
-            // body's deadline; teacher/tests/it/transport.rs shows both.)
+            // body's deadline; http/tests/it/transport.rs shows both.)
             "a chunk size that overflows",
             b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n1ffffffffffffffff\r\n".to_vec(),
             400,

@@ -24,8 +24,9 @@ pub(crate) struct Endpoints {
     authorization: Option<String>,
     next: AtomicUsize,
     jitter: AtomicU64,
-    /// Requests sent (or tried) since it was made: each may be billed.
+    /// Requests sent (or tried) since it was made, and those answered: each sent may be billed.
     sent: AtomicU64,
+    answered: AtomicU64,
 }
 
 /// What one attempt came to.
@@ -55,12 +56,17 @@ impl Endpoints {
             next: AtomicUsize::new(0),
             jitter: AtomicU64::new(0x9E37_79B9),
             sent: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
         }
     }
 
-    /// Requests sent (or tried: a connection that failed counts) since it was made.
-    pub fn sent(&self) -> u64 {
-        self.sent.load(Ordering::SeqCst)
+    /// Requests sent (or tried: a connection that failed counts) since it was made, and those
+    /// answered with a 200.
+    pub fn requests(&self) -> crate::Requests {
+        crate::Requests {
+            sent: self.sent.load(Ordering::SeqCst),
+            answered: self.answered.load(Ordering::SeqCst),
+        }
     }
 
     pub fn get<R: DeserializeOwned>(&self, path: &str) -> Result<R, TeacherError> {
@@ -98,6 +104,7 @@ impl Endpoints {
             self.sent.fetch_add(1, Ordering::SeqCst);
             match self.attempt(&url, body.as_deref())? {
                 Attempt::Done(text) => {
+                    self.answered.fetch_add(1, Ordering::SeqCst);
                     return serde_json::from_str(&text).map_err(|e| {
                         server_err(format!(
                             "{url}: the response is not what the API sends: {e}"

@@ -306,8 +306,8 @@ impl Teacher for HttpTeacher {
         &self.shared.model
     }
 
-    fn requests_sent(&self) -> Option<u64> {
-        Some(self.shared.http.sent())
+    fn requests(&self) -> Option<crate::Requests> {
+        Some(self.shared.http.requests())
     }
 
     fn vocab_size(&self) -> usize {

@@ -168,33 +168,11 @@ impl State {
     /// Text as ids (special tokens recognised), refused when empty or longer than any prompt
     /// that fits (before it is tokenized).
     fn encode(&self, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
-        self.prompt_cap.check(text.len(), param)?;
-        let ids = self
-            .teacher
-            .tokenizer
-            .encode(text)
-            .map_err(|e| bad(param, e.to_string()))?;
-        if ids.is_empty() {
-            return Err(bad(param, "the prompt is empty"));
-        }
-        Ok(ids)
+        encode_prompt(&self.teacher.tokenizer, &self.prompt_cap, text, param)
     }
 
-    /// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
-    /// context (vLLM answers this with a 400 too).
     fn check_length(&self, prompt: usize, p: &GenerateParams) -> Result<(), ApiError> {
-        let max = self.teacher.context_length();
-        if prompt.saturating_add(p.max_tokens) > max {
-            return Err(bad(
-                "max_tokens",
-                format!(
-                    "this model's maximum context length is {max} tokens; the prompt has \
-                     {prompt} and max_tokens asks for {} more",
-                    p.max_tokens
-                ),
-            ));
-        }
-        Ok(())
+        check_length(prompt, p.max_tokens, self.teacher.context_length())
     }
 
     /// A token as the response names it: its text, or `token_id:N`.
@@ -209,6 +187,39 @@ impl State {
     fn text(&self, ids: &[u32]) -> String {
         self.teacher.tokenizer.decode(ids).unwrap_or_default()
     }
+}
+
+/// A prompt's text as ids (special tokens recognised): refused (a 400 naming `param`) when it is
+/// longer than any prompt that fits (before tokenizing), or when it is empty.
+pub fn encode_prompt(
+    tokenizer: &k3mini_data::Tokenizer,
+    cap: &PromptCap,
+    text: &str,
+    param: &str,
+) -> Result<Vec<u32>, ApiError> {
+    cap.check(text.len(), param)?;
+    let ids = tokenizer
+        .encode(text)
+        .map_err(|e| bad(param, e.to_string()))?;
+    if ids.is_empty() {
+        return Err(bad(param, "the prompt is empty"));
+    }
+    Ok(ids)
+}
+
+/// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
+/// `context` (vLLM answers this with a 400 too).
+pub fn check_length(prompt: usize, max_tokens: usize, context: usize) -> Result<(), ApiError> {
+    if prompt.saturating_add(max_tokens) > context {
+        return Err(bad(
+            "max_tokens",
+            format!(
+                "this model's maximum context length is {context} tokens; the prompt has \
+                 {prompt} and max_tokens asks for {max_tokens} more"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Ids given in a request, each inside a vocabulary of `vocab` (an id past it, `2^32 + 5`
@@ -411,7 +422,7 @@ fn route(state: &State, r: &Request, interrupt: Interrupt) -> Result<Reply, ApiE
     let t = &state.teacher;
     let (method, path) = (r.method.as_str(), r.path.as_str());
     match (method, path) {
-        ("GET", "/health") => Ok(k3mini_http::health()),
+        ("GET", "/health") => Ok(Reply::health()),
         ("GET", "/v1/models") => Ok(models(t.name(), state.created, t.context_length())),
         ("POST", "/v1/completions") => Ok(Reply::json(
             200,
