@@ -1,10 +1,9 @@
-//! The `k3mini` library's error: each lower crate's typed error, the recipe's and the agent's
-//! (defined here, so this module depends on no other of the crate's and every module can use
-//! it), I/O and format errors, a refusal that says what to do, and context around any of them
+//! The `k3mini` library's error: each lower crate's typed error (the agent's among them), the
+//! recipe's (defined here, so this module depends on no other of the crate's and every module can
+//! use it), I/O and format errors, a refusal that says what to do, and context around any of them
 //! (what was being done). The binary
 //! prints the chain; tests match on the variants or the message.
 
-use k3mini_teacher::TeacherError;
 use std::fmt::{self, Display};
 use std::path::PathBuf;
 
@@ -25,7 +24,7 @@ pub enum Error {
     #[error(transparent)]
     Teacher(#[from] k3mini_teacher::TeacherError),
     #[error(transparent)]
-    Agent(#[from] AgentError),
+    Agent(#[from] k3mini_agent::Error),
     #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
@@ -69,17 +68,6 @@ impl fmt::Display for RecipeError {
 }
 
 impl std::error::Error for RecipeError {}
-
-/// A request the agent's gateway could not answer (`k3mini::agent`).
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    /// The student failed (or the request asked it for the impossible).
-    #[error("the local model: {0}")]
-    Local(TeacherError),
-    /// The remote failed and the policy says to fail with it.
-    #[error("the remote: {0}")]
-    Remote(TeacherError),
-}
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -2,7 +2,6 @@
 //! teachers, evaluation, export and the quickstart. The binary in
 //! `main.rs` only parses arguments and calls these functions.
 
-pub mod agent;
 pub mod bench;
 pub mod compare;
 pub mod corpus;
@@ -10,7 +9,6 @@ pub mod device;
 pub mod error;
 pub mod evaluate;
 pub mod export;
-pub mod progress;
 pub mod quickstart;
 pub mod recipe;
 pub mod routing;
@@ -20,3 +18,8 @@ pub mod teachers;
 pub mod tensorboard;
 pub mod train;
 pub mod units;
+
+/// The local agent gateway (its own crate: a product with its own users).
+pub use k3mini_agent as agent;
+/// What long work reports, through the observer the binary installs.
+pub use k3mini_progress as progress;

@@ -171,6 +171,23 @@ impl State {
         encode_prompt(&self.teacher.tokenizer, &self.prompt_cap, text, param)
     }
 
+    /// A text prompt's ids and its place in the queue: refused before it queues when it cannot
+    /// fit, tokenized only once admitted.
+    fn admit_text(&self, text: &str, param: &str) -> Result<(Vec<u32>, Admitted), ApiError> {
+        self.prompt_cap.check(text.len(), param)?;
+        let admitted = self.admit()?;
+        Ok((self.encode(text, param)?, admitted))
+    }
+
+    /// Ids a request gives, checked before they queue, and their place in the queue.
+    fn admit_ids(&self, ids: &[u64], param: &str) -> Result<(Vec<u32>, Admitted), ApiError> {
+        if ids.is_empty() {
+            return Err(bad(param, "the prompt is empty"));
+        }
+        let ids = self.token_ids(ids, param)?;
+        Ok((ids, self.admit()?))
+    }
+
     fn check_length(&self, prompt: usize, p: &GenerateParams) -> Result<(), ApiError> {
         check_length(prompt, p.max_tokens, self.teacher.context_length())
     }
@@ -215,7 +232,8 @@ pub fn check_length(prompt: usize, max_tokens: usize, context: usize) -> Result<
             "max_tokens",
             format!(
                 "this model's maximum context length is {context} tokens; the prompt has \
-                 {prompt} and max_tokens asks for {max_tokens} more"
+                 {}{prompt} and max_tokens asks for {max_tokens} more",
+                if prompt == 1 { "at least " } else { "" }
             ),
         ));
     }
@@ -250,8 +268,12 @@ pub struct SamplingFields<'a> {
 }
 
 impl State {
+    /// The request's sampling, checked: a `max_tokens` that leaves no room for a prompt is
+    /// refused here, before the request queues.
     fn params(&self, s: SamplingFields) -> Result<GenerateParams, ApiError> {
-        generate_params(s, self.teacher.vocab_size(), self.teacher.meta.eos)
+        let p = generate_params(s, self.teacher.vocab_size(), self.teacher.meta.eos)?;
+        check_length(1, p.max_tokens, self.teacher.context_length())?;
+        Ok(p)
     }
 }
 

@@ -62,15 +62,13 @@ pub(super) fn completions(
 ) -> Result<CompletionResponse, ApiError> {
     refuse_stream(req.stream)?;
     let stops = stop_strings(req.stop.as_ref()).map_err(|e| bad("stop", e))?;
-    let admitted = state.admit()?;
-    let ids = match &req.prompt {
-        Prompt::Text(s) => state.encode(s, "prompt")?,
-        Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
-        Prompt::Ids(ids) => state.token_ids(ids, "prompt")?,
-    };
     let logprobs = count(req.logprobs, "logprobs")?;
     let prompt_logprobs = count(req.prompt_logprobs, "prompt_logprobs")?;
     let p = state.params(SamplingFields::of_completion(&req, logprobs.unwrap_or(0)))?;
+    let (ids, admitted) = match &req.prompt {
+        Prompt::Text(s) => state.admit_text(s, "prompt")?,
+        Prompt::Ids(ids) => state.admit_ids(ids, "prompt")?,
+    };
     state.check_length(ids.len(), &p)?;
     let echo = req.echo.unwrap_or(false);
     let as_ids = req.return_tokens_as_token_ids.unwrap_or(false);
@@ -243,17 +241,17 @@ pub(super) fn chat(
     let rendered = render(&req.messages, ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     state.prompt_cap.check(rendered.text_len(), "messages")?;
-    let admitted = state.admit()?;
-    let t = &state.teacher;
-    let (ids, _) = rendered
-        .encode(&t.tokenizer)
-        .map_err(|e| bad("messages", e.to_string()))?;
     let want = req.logprobs.unwrap_or(false);
     let top = count(req.top_logprobs, "top_logprobs")?.unwrap_or(0);
     if top > 0 && !want {
         return Err(bad("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
     }
     let p = state.params(SamplingFields::of_chat(&req, top))?;
+    let admitted = state.admit()?;
+    let t = &state.teacher;
+    let (ids, _) = rendered
+        .encode(&t.tokenizer)
+        .map_err(|e| bad("messages", e.to_string()))?;
     state.check_length(ids.len(), &p)?;
     let mut g = {
         let _turn = state.turn(admitted, interrupt)?;

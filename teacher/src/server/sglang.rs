@@ -25,13 +25,6 @@ pub(super) fn generate(
             "give `input_ids` (a non-empty list of ids) or `text`",
         )
     };
-    let admitted = state.admit()?;
-    let ids: Vec<u32> = match (&req.input_ids, &req.text) {
-        (Some(ids), _) if ids.is_empty() => return Err(malformed()),
-        (Some(ids), _) => state.token_ids(ids, "input_ids")?,
-        (None, Some(text)) if !text.is_empty() => state.encode(text, "text")?,
-        _ => return Err(malformed()),
-    };
     let sp = &req.sampling_params;
     let top = count(req.top_logprobs_num, "top_logprobs_num")?.unwrap_or(0);
     let p = state.params(SamplingFields {
@@ -46,6 +39,12 @@ pub(super) fn generate(
         ignore_eos: sp.ignore_eos,
         logprobs: top,
     })?;
+    let (ids, admitted) = match (&req.input_ids, &req.text) {
+        (Some(ids), _) if ids.is_empty() => return Err(malformed()),
+        (Some(ids), _) => state.admit_ids(ids, "input_ids")?,
+        (None, Some(text)) if !text.is_empty() => state.admit_text(text, "text")?,
+        _ => return Err(malformed()),
+    };
     state.check_length(ids.len(), &p)?;
     let want = req.return_logprob.unwrap_or(false);
     // SGLang: −1 (its default) starts at the prompt's last token.

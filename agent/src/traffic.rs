@@ -12,7 +12,7 @@
 //! the size cap (`--traffic-max-bytes`).
 
 use super::Ask;
-use crate::error::{Context, Result};
+use crate::error::{Result, at, refuse};
 use k3mini_data::chat::Part;
 use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, Storage, write_shard};
@@ -67,33 +67,38 @@ impl Traffic {
             temperature: LOGPROB_TEMPERATURE as f32,
             logprob_step: storage,
         };
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
+        std::fs::create_dir_all(dir).map_err(at(dir.display().to_string()))?;
         let lock_path = dir.join(".lock");
         let lock =
-            std::fs::File::create(&lock_path).with_context(|| lock_path.display().to_string())?;
+            std::fs::File::create(&lock_path).map_err(at(lock_path.display().to_string()))?;
         match lock.try_lock() {
             Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => crate::bail!(
-                "{}: another gateway is writing its traffic here (it holds {}); give each its \
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(refuse!(
+                    "{}: another gateway is writing its traffic here (it holds {}); give each its \
                  own directory",
-                dir.display(),
-                lock_path.display()
-            ),
-            Err(std::fs::TryLockError::Error(e)) => crate::bail!(
-                "{}: cannot lock it for this gateway ({e}); a file system without locks (some \
+                    dir.display(),
+                    lock_path.display()
+                ));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(refuse!(
+                    "{}: cannot lock it for this gateway ({e}); a file system without locks (some \
                  network mounts) cannot hold a traffic directory",
-                lock_path.display()
-            ),
+                    lock_path.display()
+                ));
+            }
         }
         let manifest = match read_traffic(dir)? {
             Some(m) => {
-                crate::ensure!(
-                    m.job == job,
-                    "{}: holds the traffic of another remote, top-k or tokenizer ({:?}); write \
+                if !(m.job == job) {
+                    return Err(refuse!(
+                        "{}: holds the traffic of another remote, top-k or tokenizer ({:?}); write \
                      this gateway's into another directory",
-                    dir.display(),
-                    m.job
-                );
+                        dir.display(),
+                        m.job
+                    ));
+                }
                 m
             }
             None => Manifest {
@@ -155,13 +160,15 @@ impl Traffic {
     /// to stop), so training reads the answer unless `data.train_on` says otherwise.
     pub fn record(&self, ask: &Ask, answer: &[u32], scored: Scored) -> Result<String> {
         let n = ask.prompt.len() + answer.len();
-        crate::ensure!(
-            scored.ids.len() == n
-                && scored.ids[..ask.prompt.len()] == ask.prompt[..]
-                && scored.ids[ask.prompt.len()..] == answer[..],
-            "the remote scored {} ids that are not the request's {n}",
-            scored.ids.len()
-        );
+        if !(scored.ids.len() == n
+            && scored.ids[..ask.prompt.len()] == ask.prompt[..]
+            && scored.ids[ask.prompt.len()..] == answer[..])
+        {
+            return Err(refuse!(
+                "the remote scored {} ids that are not the request's {n}",
+                scored.ids.len()
+            ));
+        }
         let mut parts = ask
             .parts
             .clone()
@@ -179,7 +186,7 @@ impl Traffic {
         let positions = row.positions();
         let bytes = write_shard(&path, &self.meta, self.storage, std::slice::from_ref(&row))?;
         let sha256 =
-            k3mini_data::digest::sha256_file(&path).with_context(|| path.display().to_string())?;
+            k3mini_data::digest::sha256_file(&path).map_err(at(path.display().to_string()))?;
         w.journal.append(&ShardEntry {
             index,
             file: file.clone(),

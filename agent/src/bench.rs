@@ -21,7 +21,7 @@ use super::cost::{Cost, Prices};
 use super::policy::{EscalateBy, OnRemoteError, Policy, Route};
 use super::verify::{VerifySettings, common_prefix};
 use super::{Agent, Ask, Report};
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result, at, refuse};
 use k3mini_data::chat::{ChatFormat, Message, render};
 use k3mini_data::digest::sha256_hex;
 use k3mini_eval::tasks::last_number;
@@ -82,14 +82,14 @@ enum Scalar {
 
 /// Reads a JSONL tasks file; a bad line is an error naming it.
 pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(at(format!("{}", path.display())))?;
     let mut tasks = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         if raw.trim().is_empty() {
             continue;
         }
-        let at = || format!("{}:{}", path.display(), i + 1);
-        let line: Line = serde_json::from_str(raw).with_context(at)?;
+        let line_at = || format!("{}:{}", path.display(), i + 1);
+        let line: Line = serde_json::from_str(raw).map_err(at(line_at()))?;
         let input = match (line.text, line.prompt, line.messages) {
             (Some(t), None, None) if !t.is_empty() => Input::Text(t),
             (None, Some(p), None) if !p.trim().is_empty() => Input::Chat(vec![Message {
@@ -98,21 +98,23 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
                 thinking: None,
             }]),
             (None, None, Some(m)) if !m.is_empty() => Input::Chat(m),
-            _ => crate::bail!(
-                "{}: give exactly one non-empty `text`, `prompt` or `messages`",
-                at()
-            ),
+            _ => {
+                return Err(refuse!(
+                    "{}: give exactly one non-empty `text`, `prompt` or `messages`",
+                    line_at()
+                ));
+            }
         };
         let answer = line.answer.map(|a| match a {
             Scalar::Text(s) => s,
             Scalar::Number(n) => n.to_string(),
         });
         if let Some(a) = answer.as_ref().filter(|a| last_number(a).is_none()) {
-            crate::bail!(
+            return Err(refuse!(
                 "{}: the answer {a:?} holds no number, and answers are checked by their last \
                  number (leave `answer` out to score by agreement with the remote)",
-                at()
-            );
+                line_at()
+            ));
         }
         let tests = match (line.tests, line.entry_point) {
             (None, None) => None,
@@ -121,26 +123,28 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
             {
                 Some(CodeTests { tests, entry_point })
             }
-            _ => crate::bail!(
-                "{}: `tests` and `entry_point` go together, on a `text` the answer completes \
+            _ => {
+                return Err(refuse!(
+                    "{}: `tests` and `entry_point` go together, on a `text` the answer completes \
                  as code, without an `answer`",
-                at()
-            ),
+                    line_at()
+                ));
+            }
         };
-        crate::ensure!(
-            line.max_tokens != Some(0),
-            "{}: max_tokens must be > 0",
-            at()
-        );
+        if !(line.max_tokens != Some(0)) {
+            return Err(refuse!("{}: max_tokens must be > 0", line_at()));
+        }
         tasks.push(Task {
-            id: line.id.unwrap_or_else(at),
+            id: line.id.unwrap_or_else(line_at),
             input,
             answer,
             tests,
             max_tokens: line.max_tokens,
         });
     }
-    crate::ensure!(!tasks.is_empty(), "{}: no tasks", path.display());
+    if !(!tasks.is_empty()) {
+        return Err(refuse!("{}: no tasks", path.display()));
+    }
     Ok(tasks)
 }
 
@@ -182,18 +186,20 @@ impl Default for Settings {
 impl Settings {
     /// A bench file, checked.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = k3mini_durable::read_small(path, 1 << 20)
-            .with_context(|| path.display().to_string())?;
+        let text =
+            k3mini_durable::read_small(path, 1 << 20).map_err(at(path.display().to_string()))?;
         let s: Settings = toml::from_str(&text)
             .map_err(|e| Error::Refused(format!("bench {}: {e}", path.display())))?;
-        crate::ensure!(
-            s.max_tokens > 0
-                && (0.0..=1.0).contains(&s.agree_at)
-                && s.test_seconds > 0.0
-                && s.test_seconds <= 3600.0,
-            "bench {}: max_tokens must be > 0, test_seconds in (0, 3600], agree_at in [0, 1]",
-            path.display()
-        );
+        if !(s.max_tokens > 0
+            && (0.0..=1.0).contains(&s.agree_at)
+            && s.test_seconds > 0.0
+            && s.test_seconds <= 3600.0)
+        {
+            return Err(refuse!(
+                "bench {}: max_tokens must be > 0, test_seconds in (0, 3600], agree_at in [0, 1]",
+                path.display()
+            ));
+        }
         s.cost
             .check()
             .and_then(|()| s.verify.check())
@@ -231,17 +237,17 @@ fn read_cache(path: &Path) -> Result<HashMap<String, Record>> {
     if !path.exists() {
         return Ok(HashMap::new());
     }
-    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let text = std::fs::read_to_string(path).map_err(at(path.display().to_string()))?;
     text.lines()
         .enumerate()
         .map(|(i, line)| {
-            let r: Record = serde_json::from_str(line).with_context(|| {
+            let r: Record = serde_json::from_str(line).map_err(at({
                 format!(
                     "{}:{} is not a bench record (delete the file to measure again)",
                     path.display(),
                     i + 1
                 )
-            })?;
+            }))?;
             Ok((r.key.clone(), r))
         })
         .collect()
@@ -258,12 +264,13 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
         }
     };
     let context = agent.student.model.context_length();
-    crate::ensure!(
-        !prompt.is_empty() && prompt.len() + max_tokens <= context,
-        "task {}: {} prompt tokens and {max_tokens} to answer do not fit the student's {context}",
-        task.id,
-        prompt.len()
-    );
+    if !(!prompt.is_empty() && prompt.len() + max_tokens <= context) {
+        return Err(refuse!(
+            "task {}: {} prompt tokens and {max_tokens} to answer do not fit the student's {context}",
+            task.id,
+            prompt.len()
+        ));
+    }
     Ok(Ask {
         prompt,
         params: GenerateParams {
@@ -291,7 +298,7 @@ pub fn measure(
 ) -> Result<Vec<Record>> {
     let mut cached = read_cache(cache)?;
     let kept = agent.policy.clone();
-    let bar = crate::progress::observer().bar("tasks", tasks.len() as u64, 0);
+    let bar = k3mini_progress::observer().bar("tasks", tasks.len() as u64, 0);
     let mut records = Vec::with_capacity(tasks.len());
     for task in tasks {
         bar.message(task.id.clone());
@@ -324,7 +331,7 @@ pub fn measure(
             agent.policy = policy;
             let answered = agent.answer(&ask, Interrupt::default(), &mut |_| {});
             agent.policy = kept.clone();
-            let a = answered.with_context(|| format!("task {} ({name})", task.id))?;
+            let a = answered.map_err(at(format!("task {} ({name})", task.id)))?;
             // The text as a client reads it: without the stop id that ended it.
             let body = match a.ids.split_last() {
                 Some((last, rest)) if ask.params.stop.contains(last) => rest,
@@ -351,8 +358,7 @@ pub fn measure(
             text += &serde_json::to_string(r)?;
             text.push('\n');
         }
-        k3mini_durable::write(cache, text.as_bytes())
-            .with_context(|| cache.display().to_string())?;
+        k3mini_durable::write(cache, text.as_bytes()).map_err(at(cache.display().to_string()))?;
         bar.inc(1);
     }
     bar.finish(true);
@@ -432,11 +438,13 @@ pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<V
 /// Refuses tasks with tests unless the settings allow running them.
 pub fn check_tasks(tasks: &[Task], settings: &Settings) -> Result<()> {
     match tasks.iter().find(|t| t.tests.is_some()) {
-        Some(t) if !settings.run_tests => crate::bail!(
-            "task {} carries tests, which run model-written Python: pass --run-tests (they run in \
+        Some(t) if !settings.run_tests => {
+            return Err(refuse!(
+                "task {} carries tests, which run model-written Python: pass --run-tests (they run in \
              the bubblewrap sandbox, agent::sandbox)",
-            t.id
-        ),
+                t.id
+            ));
+        }
         // Refused before any work rather than at the first task's score.
         Some(_) => super::sandbox::sandbox()
             .map(|_| ())
@@ -875,10 +883,10 @@ pub fn report(
 ) -> Result<Bench> {
     let rows = rows(tasks, records, settings)?;
     let bench = evaluate(records, &rows, policies, settings);
-    std::fs::create_dir_all(out).with_context(|| out.display().to_string())?;
+    std::fs::create_dir_all(out).map_err(at(out.display().to_string()))?;
     let write = |name: &str, bytes: &[u8]| {
         let path = out.join(name);
-        k3mini_durable::write(&path, bytes).with_context(|| path.display().to_string())
+        k3mini_durable::write(&path, bytes).map_err(at(path.display().to_string()))
     };
     write("report.md", bench.markdown().as_bytes())?;
     write(

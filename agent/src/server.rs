@@ -38,7 +38,7 @@ use k3mini_teacher::wire::openai::{
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
     CompletionResponse, Prompt, Stop, Usage,
 };
-use k3mini_teacher::{FinishReason, Interrupt, Teacher, TeacherError};
+use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use serde::Serialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -170,16 +170,14 @@ fn unserved(set: bool, field: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The prompt and sampling checked against the student (its vocabulary, its context). Unless
-/// `ignore_eos`, an answer ends at the end of a turn or of text, as the tokenizer names them.
-fn ask(
+/// What a request asks of the student before its prompt is read: its sampling checked against
+/// the student's vocabulary and context, and its stop strings. Unless `ignore_eos`, an answer
+/// ends at the end of a turn or of text, as the tokenizer names them.
+fn sampling(
     gw: &Gateway,
-    prompt: Vec<u32>,
     fields: SamplingFields,
     stop: Option<&Stop>,
-    gate: Option<Gate>,
-    parts: Option<Vec<Part>>,
-) -> Result<Ask, ApiError> {
+) -> Result<(GenerateParams, Vec<String>), ApiError> {
     let stop_text = stop_strings(stop).map_err(|e| bad("stop", e))?;
     let student = &gw.agent.student.model;
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
@@ -191,7 +189,21 @@ fn ask(
             }
         }
     }
-    check_length(prompt.len(), params.max_tokens, student.context_length())?;
+    // Room for at least one prompt token, known before the request queues.
+    check_length(1, params.max_tokens, student.context_length())?;
+    Ok((params, stop_text))
+}
+
+/// The request as the student answers it, its prompt's length checked against the context.
+fn ask(
+    gw: &Gateway,
+    prompt: Vec<u32>,
+    (params, stop_text): (GenerateParams, Vec<String>),
+    gate: Option<Gate>,
+    parts: Option<Vec<Part>>,
+) -> Result<Ask, ApiError> {
+    let context = gw.agent.student.model.context_length();
+    check_length(prompt.len(), params.max_tokens, context)?;
     Ok(Ask {
         prompt,
         params,
@@ -261,24 +273,22 @@ fn completion_ask(
     unserved(req.echo == Some(true), "echo")?;
     unserved(req.prompt_logprobs.is_some(), "prompt_logprobs")?;
     let student = &gw.agent.student.model;
-    if let Prompt::Text(s) = &req.prompt {
-        gw.prompt_cap.check(s.len(), "prompt")?;
-    }
-    let admitted = admit(&gw.queue)?;
-    let prompt = match &req.prompt {
-        Prompt::Text(s) => encode_prompt(&student.tokenizer, &gw.prompt_cap, s, "prompt")?,
+    let asked = sampling(gw, SamplingFields::of_completion(req, 0), req.stop.as_ref())?;
+    let gate = tests_gate(gw, req, tests)?;
+    let (prompt, admitted) = match &req.prompt {
+        Prompt::Text(s) => {
+            gw.prompt_cap.check(s.len(), "prompt")?;
+            let admitted = admit(&gw.queue)?;
+            let ids = encode_prompt(&student.tokenizer, &gw.prompt_cap, s, "prompt")?;
+            (ids, admitted)
+        }
         Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
-        Prompt::Ids(ids) => token_ids(ids, student.vocab_size(), "prompt")?,
+        Prompt::Ids(ids) => (
+            token_ids(ids, student.vocab_size(), "prompt")?,
+            admit(&gw.queue)?,
+        ),
     };
-    let ask = ask(
-        gw,
-        prompt,
-        SamplingFields::of_completion(req, 0),
-        req.stop.as_ref(),
-        tests_gate(gw, req, tests)?,
-        None,
-    )?;
-    Ok((ask, admitted))
+    Ok((ask(gw, prompt, asked, gate, None)?, admitted))
 }
 
 /// As [`completion_ask`], for a chat.
@@ -293,13 +303,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
         ));
     }
     let student = &gw.agent.student.model;
-    let rendered = render(&req.messages, ChatFormat::Chatml, true)
-        .map_err(|e| bad("messages", e.to_string()))?;
-    gw.prompt_cap.check(rendered.text_len(), "messages")?;
-    let admitted = admit(&gw.queue)?;
-    let (prompt, parts) = rendered
-        .encode(&student.tokenizer)
-        .map_err(|e| bad("messages", e.to_string()))?;
+    let asked = sampling(gw, SamplingFields::of_chat(req, 0), req.stop.as_ref())?;
     let gate = match &req.response_format {
         Some(f) => Gate::of(f).map_err(|e| bad("response_format", e))?,
         None => None,
@@ -307,15 +311,14 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
     if gate.is_some() {
         gated(gw, "response_format")?;
     }
-    let ask = ask(
-        gw,
-        prompt,
-        SamplingFields::of_chat(req, 0),
-        req.stop.as_ref(),
-        gate,
-        Some(parts),
-    )?;
-    Ok((ask, admitted))
+    let rendered = render(&req.messages, ChatFormat::Chatml, true)
+        .map_err(|e| bad("messages", e.to_string()))?;
+    gw.prompt_cap.check(rendered.text_len(), "messages")?;
+    let admitted = admit(&gw.queue)?;
+    let (prompt, parts) = rendered
+        .encode(&student.tokenizer)
+        .map_err(|e| bad("messages", e.to_string()))?;
+    Ok((ask(gw, prompt, asked, gate, Some(parts))?, admitted))
 }
 
 fn agent_error(e: AgentError) -> ApiError {

@@ -10,6 +10,7 @@ pub mod calibrate;
 pub mod code;
 pub mod confidence;
 pub mod cost;
+pub mod error;
 pub mod gate;
 pub mod policy;
 pub mod sandbox;
@@ -100,7 +101,7 @@ pub struct Answer {
     pub report: Report,
 }
 
-pub use crate::error::AgentError;
+pub use error::{AgentError, Error};
 
 /// Remote spending and escalations since the gateway started (the budget's ledger).
 #[derive(Default)]
@@ -419,7 +420,7 @@ impl Agent {
             |_| (ask.prompt.len() as u64, self.scoring_output),
         );
         let written = scored
-            .map_err(crate::error::Error::from)
+            .map_err(Error::from)
             .and_then(|s| traffic.record(ask, ids, s));
         Some(match written {
             Ok(file) => Recorded::Shard(file),

@@ -13,7 +13,7 @@
 use super::bench::{Point, Record, Row, Settings, Task, rows, sweep};
 use super::confidence::Signal;
 use super::policy::{EscalateBy, Policy};
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result, at, refuse};
 use std::path::Path;
 
 /// What to calibrate for.
@@ -61,10 +61,12 @@ pub fn calibrate(
 ) -> Result<Calibrated> {
     match target {
         Target::Quality(q) if !(0.0..=1.0).contains(&q) => {
-            crate::bail!("the target quality {q} is not in [0, 1]")
+            return Err(refuse!("the target quality {q} is not in [0, 1]"));
         }
         Target::Share(s) if !(0.0..=1.0).contains(&s) => {
-            crate::bail!("the escalation share {s} is not in [0, 1] (a fraction, not a percentage)")
+            return Err(refuse!(
+                "the escalation share {s} is not in [0, 1] (a fraction, not a percentage)"
+            ));
         }
         _ => {}
     }
@@ -112,10 +114,11 @@ pub fn calibrate(
     );
     // The file must read back as the policy it describes.
     let policy = Policy::parse(&toml, "calibrated").map_err(Error::Refused)?;
-    crate::ensure!(
-        policy.confidence.set() == [(signal, threshold)],
-        "the calibrated threshold {key} = {threshold} did not read back"
-    );
+    if !(policy.confidence.set() == [(signal, threshold)]) {
+        return Err(refuse!(
+            "the calibrated threshold {key} = {threshold} did not read back"
+        ));
+    }
     Ok(Calibrated {
         signal,
         threshold,
@@ -147,15 +150,15 @@ pub fn calibrate_into(
         student_sha256,
         &format!("on {} tasks from {provenance}", tasks.len()),
     )?;
-    k3mini_durable::write(out, c.toml.as_bytes()).with_context(|| out.display().to_string())?;
+    k3mini_durable::write(out, c.toml.as_bytes()).map_err(at(out.display().to_string()))?;
     Ok(c)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::bench::{Outcome, Row};
-    use crate::agent::confidence::Signals;
+    use crate::bench::{Outcome, Row};
+    use crate::confidence::Signals;
 
     fn outcome(score: f64, usd: f64) -> Outcome {
         Outcome {
