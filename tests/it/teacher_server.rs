@@ -673,8 +673,10 @@ fn a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized() {
             "{v}"
         );
         assert!(took < Duration::from_secs(2), "{endpoint}: {took:?}");
+        eprintln!("{endpoint}: a 60 MB prompt refused in {took:?}");
     }
     let grew = rss(&server).saturating_sub(before);
+    eprintln!("the server's RSS grew by {} MB", grew >> 20);
     assert!(grew < 200 << 20, "the server grew by {} MB", grew >> 20);
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
     assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);

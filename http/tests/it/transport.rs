@@ -744,10 +744,12 @@ fn six_hundred_idle_connections_from_one_address_leave_health_answering() {
         w.write_all(request).unwrap();
         response(&mut BufReader::new(w))
     };
+    let mut slowest = Duration::ZERO;
     for _ in 0..5 {
         let t0 = Instant::now();
         let (status, _, body) = ask(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         assert_eq!(status, 200, "{body}");
+        slowest = slowest.max(t0.elapsed());
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
         // Another client is served as if the flood were not there.
         let (status, _, body) = ask(b"GET /a HTTP/1.1\r\n\r\n");
@@ -756,6 +758,7 @@ fn six_hundred_idle_connections_from_one_address_leave_health_answering() {
     }
     stop.store(true, Ordering::SeqCst);
     flood.join().unwrap();
+    eprintln!("under 600 idle connections from one address, the slowest /health: {slowest:?}");
 }
 
 #[test]
