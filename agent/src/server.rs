@@ -29,7 +29,7 @@ use k3mini_http::{
     Admitted, ApiError, Bytes, EventSender, Limits, Peer, Queue, Reply, Request, bad,
 };
 use k3mini_teacher::server::{
-    PromptCap, SamplingFields, ServeOptions, admit, check_length, encode_prompt, models, now_secs,
+    PromptCap, SamplingFields, ServeOptions, admit, admit_text, check_length, models, now_secs,
     token_ids, turn,
 };
 use k3mini_teacher::stop::{cut_text, stop_strings};
@@ -276,12 +276,7 @@ fn completion_ask(
     let asked = sampling(gw, SamplingFields::of_completion(req, 0), req.stop.as_ref())?;
     let gate = tests_gate(gw, req, tests)?;
     let (prompt, admitted) = match &req.prompt {
-        Prompt::Text(s) => {
-            gw.prompt_cap.check(s.len(), "prompt")?;
-            let admitted = admit(&gw.queue)?;
-            let ids = encode_prompt(&student.tokenizer, &gw.prompt_cap, s, "prompt")?;
-            (ids, admitted)
-        }
+        Prompt::Text(s) => admit_text(&gw.queue, &student.tokenizer, &gw.prompt_cap, s, "prompt")?,
         Prompt::Ids(ids) if ids.is_empty() => return Err(bad("prompt", "the prompt is empty")),
         Prompt::Ids(ids) => (
             token_ids(ids, student.vocab_size(), "prompt")?,

@@ -115,8 +115,15 @@ pub struct PromptCap {
 impl PromptCap {
     /// For a model of `context` tokens whose tokenizer decodes each of its `vocab` ids.
     pub fn of(tokenizer: &k3mini_data::Tokenizer, vocab: usize, context: usize) -> Self {
-        let longest = (0..vocab as u32)
-            .map(|id| tokenizer.decode(&[id]).map_or(0, |s| s.len()))
+        let pieces = (0..vocab as u32).map(|id| tokenizer.decode(&[id]).unwrap_or_default());
+        Self::of_pieces(pieces, context)
+    }
+
+    /// For a model of `context` tokens whose ids decode to `pieces`.
+    pub fn of_pieces(pieces: impl IntoIterator<Item = impl AsRef<str>>, context: usize) -> Self {
+        let longest = pieces
+            .into_iter()
+            .map(|p| p.as_ref().len())
             .max()
             .unwrap_or(0)
             // Special tokens decode to nothing, but a prompt may spell one (`<|im_end|>`).
@@ -165,18 +172,15 @@ impl State {
         token_ids(ids, self.teacher.vocab_size(), param)
     }
 
-    /// Text as ids (special tokens recognised), refused when empty or longer than any prompt
-    /// that fits (before it is tokenized).
-    fn encode(&self, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
-        encode_prompt(&self.teacher.tokenizer, &self.prompt_cap, text, param)
-    }
-
-    /// A text prompt's ids and its place in the queue: refused before it queues when it cannot
-    /// fit, tokenized only once admitted.
+    /// A text prompt's ids and its place in the queue (see [`admit_text`]).
     fn admit_text(&self, text: &str, param: &str) -> Result<(Vec<u32>, Admitted), ApiError> {
-        self.prompt_cap.check(text.len(), param)?;
-        let admitted = self.admit()?;
-        Ok((self.encode(text, param)?, admitted))
+        admit_text(
+            &self.queue,
+            &self.teacher.tokenizer,
+            &self.prompt_cap,
+            text,
+            param,
+        )
     }
 
     /// Ids a request gives, checked before they queue, and their place in the queue.
@@ -206,22 +210,25 @@ impl State {
     }
 }
 
-/// A prompt's text as ids (special tokens recognised): refused (a 400 naming `param`) when it is
-/// longer than any prompt that fits (before tokenizing), or when it is empty.
-pub fn encode_prompt(
+/// A text prompt's ids (special tokens recognised) and its place in `queue`: refused (a 400
+/// naming `param`) before it queues when it is longer than any prompt that fits, tokenized only
+/// once admitted, and refused when it holds no token.
+pub fn admit_text(
+    queue: &Queue,
     tokenizer: &k3mini_data::Tokenizer,
     cap: &PromptCap,
     text: &str,
     param: &str,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(Vec<u32>, Admitted), ApiError> {
     cap.check(text.len(), param)?;
+    let admitted = admit(queue)?;
     let ids = tokenizer
         .encode(text)
         .map_err(|e| bad(param, e.to_string()))?;
     if ids.is_empty() {
         return Err(bad(param, "the prompt is empty"));
     }
-    Ok(ids)
+    Ok((ids, admitted))
 }
 
 /// Refuses a request the model cannot serve whole: the prompt plus `max_tokens` beyond its
@@ -376,14 +383,10 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), TeacherError> {
     let (listener, local) = bind(addr).map_err(TeacherError::Request)?;
-    let pieces = (0..teacher.vocab_size() as u32)
+    let pieces: Vec<String> = (0..teacher.vocab_size() as u32)
         .map(|id| teacher.tokenizer.decode(&[id]).unwrap_or_default())
         .collect();
-    let prompt_cap = PromptCap::of(
-        &teacher.tokenizer,
-        teacher.vocab_size(),
-        teacher.context_length(),
-    );
+    let prompt_cap = PromptCap::of_pieces(&pieces, teacher.context_length());
     let state = Arc::new(State {
         prompt_cap,
         pieces,
