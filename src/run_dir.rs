@@ -6,7 +6,7 @@
 //!                                       train.weights_shard_bytes: model-0000i-of-0000N.safetensors
 //!                                       and model.safetensors.index.json, as transformers shards)
 //!                   param_ids.json      parameter ids (the optimizer's moments are keyed by them)
-//!                   optimizer.bpk       AdamW moments
+//!                   optimizer.bpk       AdamW moments (k3mini_checkpoints::moments)
 //!                   state.json          step, data cursors, bad-step count
 //!                   plan.toml           the resolved plan the run was trained with
 //!                   manifest.json       SHA-256 of each file (k3mini_checkpoints)
@@ -20,16 +20,16 @@
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::recipe::{PLAN, RunPlan, checkpoint_plan};
-use burn::optim::{ModuleOptimizer, OptimizerRecord};
 use burn::tensor::Device;
-use k3mini_checkpoints::param_ids::{param_ids, restore_param_ids};
+use k3mini_checkpoints::moments::{self, Moments};
+use k3mini_checkpoints::param_ids::{param_entries, param_ids, restore_param_ids};
 use k3mini_data::PackCursor;
 use k3mini_data::signals::SignalCursor;
 use k3mini_data::stream::StreamCursor;
 use k3mini_student::K3Mini;
 use k3mini_student::hf::{hf_weight_files, load_hf_files, safetensors_header, save_hf_files};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -246,9 +246,9 @@ impl Checkpoint {
             .with_context(|| format!("checkpoint {}: no {name}", self.dir.display()))
     }
 
-    /// Model (with its parameter ids), optimizer record and state, to continue training on
-    /// `device`. The optimizer state is read from disk as it is applied, not loaded whole first.
-    pub fn resume(self, device: &Device) -> Result<(K3Mini, OptimizerRecord, TrainState)> {
+    /// Model (with its parameter ids) and state, to continue training on `device`, and the
+    /// AdamW moments' file, read onto each moment's owner once the devices are shared out.
+    pub fn resume(self, device: &Device) -> Result<(K3Mini, SavedMoments, TrainState)> {
         let dir = self.dir.display().to_string();
         let read = |name: &str| -> Result<Vec<u8>> {
             let path = self.path(name)?;
@@ -258,17 +258,36 @@ impl Checkpoint {
             serde_json::from_slice(&read(IDS)?).with_context(|| format!("{dir}: {IDS}"))?;
         let state: TrainState =
             serde_json::from_slice(&read(STATE)?).with_context(|| format!("{dir}: {STATE}"))?;
-        let path = self.path(OPTIMIZER)?;
-        let record = OptimizerRecord::load(path).map_err(|e| {
-            crate::refused!(
-                "{}: is not an optimizer state k3mini wrote (AdamW moments as a burn-pack \
-                 record): {e}",
-                path.display()
-            )
-        })?;
+        let moments = SavedMoments {
+            path: self.path(OPTIMIZER)?.to_path_buf(),
+            step: state.step,
+        };
         let model = restore_param_ids(self.model(device)?, &ids)
             .map_err(|e| crate::refused!("{dir}: {IDS}: {e}"))?;
-        Ok((model, record, state))
+        Ok((model, moments, state))
+    }
+}
+
+/// A verified checkpoint's AdamW moments, not yet read, and the step they were saved after.
+pub struct SavedMoments {
+    path: PathBuf,
+    step: usize,
+}
+
+impl SavedMoments {
+    /// Reads them for `model` (which carries the checkpoint's parameter ids), each moment straight
+    /// onto `owner(id)`, a tensor at a time.
+    pub fn read(
+        &self,
+        model: &K3Mini,
+        owner: impl Fn(burn::module::ParamId) -> Device,
+    ) -> Result<HashMap<u64, Moments>> {
+        Ok(moments::read(
+            &self.path,
+            &param_entries(model),
+            self.step,
+            |id| owner(burn::module::ParamId::from(id)).inner(),
+        )?)
     }
 }
 
@@ -277,7 +296,7 @@ impl Checkpoint {
 pub fn write_checkpoint(
     plan: &RunPlan,
     model: &K3Mini,
-    optim: &ModuleOptimizer,
+    moments: &HashMap<u64, Moments>,
     state: &TrainState,
 ) -> Result<PathBuf> {
     k3mini_checkpoints::write_with(
@@ -287,11 +306,7 @@ pub fn write_checkpoint(
         |dir| -> Result<()> {
             save_hf_files(model, dir, plan.train.weights_shard_bytes)?;
             put(dir, IDS, &serde_json::to_vec(&param_ids(model))?)?;
-            let path = dir.join(OPTIMIZER);
-            optim
-                .to_record()
-                .save(&path)
-                .map_err(|e| crate::refused!("{}: {e:?}", path.display()))?;
+            moments::write(&dir.join(OPTIMIZER), &param_entries(model), moments)?;
             put(dir, STATE, &serde_json::to_vec_pretty(state)?)?;
             put(dir, PLAN, plan.to_toml().as_bytes())
         },

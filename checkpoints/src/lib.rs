@@ -6,9 +6,11 @@
 //! checksum so a corrupt or truncated file is named instead of loaded. Files are written and hashed as streams: a checkpoint of a model
 //! larger than memory's spare room never has to be whole in memory.
 //!
+//! [`moments`] holds the AdamW state, streamed to and from the devices that own it;
 //! [`param_ids`] carries burn's parameter ids (which key the optimizer state) alongside the
 //! transformers-named safetensors weights, so resumption is exact.
 
+pub mod moments;
 pub mod param_ids;
 
 use serde::{Deserialize, Serialize};

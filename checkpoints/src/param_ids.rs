@@ -30,14 +30,23 @@ impl PathStack {
     }
 }
 
-/// Module path → parameter id, for every float parameter.
-pub fn param_ids<M: Module>(module: &M) -> BTreeMap<String, u64> {
+/// A float parameter as a checkpoint names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamEntry {
+    /// Module path, enum variants left out (`model.layers.0.mlp.down_proj.weight`).
+    pub path: String,
+    pub id: u64,
+    pub shape: Vec<usize>,
+}
+
+/// Every float parameter, in the module's order.
+pub fn param_entries<M: Module>(module: &M) -> Vec<ParamEntry> {
     #[derive(Default)]
-    struct Ids {
+    struct Entries {
         path: PathStack,
-        out: BTreeMap<String, u64>,
+        out: Vec<ParamEntry>,
     }
-    impl ModuleVisitor for Ids {
+    impl ModuleVisitor for Entries {
         fn enter_module(&mut self, name: &str, container_type: &str) {
             self.path.enter(name, container_type);
         }
@@ -45,12 +54,24 @@ pub fn param_ids<M: Module>(module: &M) -> BTreeMap<String, u64> {
             self.path.exit();
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.out.insert(self.path.path(), param.id.val());
+            self.out.push(ParamEntry {
+                path: self.path.path(),
+                id: param.id.val(),
+                shape: param.dims().to_vec(),
+            });
         }
     }
-    let mut v = Ids::default();
+    let mut v = Entries::default();
     module.visit(&mut v);
     v.out
+}
+
+/// Module path → parameter id, for every float parameter.
+pub fn param_ids<M: Module>(module: &M) -> BTreeMap<String, u64> {
+    param_entries(module)
+        .into_iter()
+        .map(|p| (p.path, p.id))
+        .collect()
 }
 
 /// Gives every float parameter the id recorded for its path. Errors if a path is missing.

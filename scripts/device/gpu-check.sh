@@ -12,6 +12,7 @@
 # 3. the 3B recipe (recipes/k3-mini-3b.toml: checkpointing, 1 x 4096 micro-batches) in bf16 for
 #    two optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`.
 # 4. scaling over 1, 2, 4 and all GPUs on the 300M and 3B steps (section 4 below).
+# (2b: host memory of smoke-300m checkpointing after every step against never, GPU only.)
 #
 # DEVICE defaults to cuda:0 when nvidia-smi sees a GPU, else cpu (the CPU half: step 1 compares
 # one CPU device with two CPU replicas, step 2 runs on the CPU, step 3 is skipped, step 4 scales
@@ -102,6 +103,13 @@ bench() {  # name recipe extra-args...
 bench smoke recipes/smoke-300m.toml
 bench smoke-ckpt recipes/smoke-300m.toml --activation-checkpointing
 bench smoke-bf16 recipes/smoke-300m.toml --precision bf16
+# 2b. What checkpoints cost the host: smoke-300m writing one after every step against none before
+# the last measured step (the moments come off the GPU a tensor at a time). GPU only: the CPU
+# figure is in docs/training.md.
+if [ "$DEVICE" != cpu ]; then
+  bench smoke-ckpt-every recipes/smoke-300m.toml --checkpoint-every 1
+  bench smoke-ckpt-never recipes/smoke-300m.toml --checkpoint-every 0
+fi
 
 # 3. The 3B recipe, two steps of four 1 x 4096 micro-batches (GPU only).
 if [ "$DEVICE" != cpu ]; then
@@ -230,6 +238,16 @@ for name, label, prec in [("smoke", "smoke-300m, f32", "f32"),
     mfu = r["flops_per_token"] * r["median_tokens_per_s"] / (peak * 1e12) if device != "cpu" else None
     rows.append(f"| {label} | {device} | {r['params']/1e6:.0f}M | {r['median_tokens_per_s']:.0f} | {mem} | "
                 + (f"{100 * mfu:.1f}% of {prec} peak" if mfu is not None else "-") + " |")
+rss = {}
+for name in ("smoke-ckpt-every", "smoke-ckpt-never"):
+    p = os.path.join(out, name + ".json")
+    if os.path.exists(p) and os.path.getsize(p) > 0:
+        rss[name] = json.load(open(p))["peak_rss_bytes"] / 2**30
+if len(rss) == 2:
+    a, b = rss["smoke-ckpt-every"], rss["smoke-ckpt-never"]
+    rows.append("")
+    rows.append(f"- host peak RSS, smoke-300m on {device}: a checkpoint after every step {a:.2f} GiB, "
+                f"none {b:.2f} GiB ({a - b:+.2f} GiB)")
 table = "\n".join(rows)
 print(table)
 parts = [open(os.path.join(out, "correctness.md")).read(), table, open(os.path.join(out, "scaling.md")).read()]

@@ -70,6 +70,10 @@ pub enum BenchCommand {
         /// Every recompute region composed: the reference.
         #[arg(long)]
         composed_regions: bool,
+        /// Overrides train.checkpoint_every (0: only the checkpoint at the end, written after
+        /// the last measured step), to measure what checkpoints cost in memory.
+        #[arg(long)]
+        checkpoint_every: Option<usize>,
     },
     /// Teacher scoring: in-process vs through `teacher serve` on loopback, and shard bytes per token.
     Teacher {
@@ -270,6 +274,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             head_chunk,
             kda_kernel,
             composed_regions,
+            checkpoint_every,
         } => {
             let mut plan = k3mini::recipe::load(&recipe)?;
             if let Some(d) = device {
@@ -284,6 +289,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             }
             if let Some(k) = kda_kernel {
                 plan.model.kda.kernel = k.into();
+            }
+            if let Some(n) = checkpoint_every {
+                plan.train.checkpoint_every = if n == 0 { plan.train.steps + 1 } else { n };
             }
             let _composed = composed_regions.then(ComposedRegions::new);
             train(&plan, steps, json)

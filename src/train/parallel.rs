@@ -141,6 +141,12 @@ impl Parallel {
         })
     }
 
+    /// The device that owns parameter `id`: reduces its gradient, holds its AdamW moments.
+    pub fn owner(&self, id: ParamId) -> Device {
+        let at = self.owners.get(&id).copied().unwrap_or(0);
+        self.devices[at].clone()
+    }
+
     /// After the optimizer step (each parameter updated on its owner): the model on the first
     /// device and every replica receive the parameters other devices own.
     pub fn broadcast(&mut self, stepped: K3Mini) -> K3Mini {

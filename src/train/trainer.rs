@@ -12,15 +12,14 @@ use crate::device::DeviceKind;
 use crate::error::{Context, Error, Result};
 use crate::progress::Bar;
 use crate::recipe::RunPlan;
-use crate::run_dir::{self, Start, StepMetrics, TrainState};
+use crate::run_dir::{self, SavedMoments, Start, StepMetrics, TrainState};
 use crate::tensorboard::{self, EventLog};
 use crate::train::modes;
 use crate::train::objective::TrainingObjective;
-use crate::train::optim::{build_optimizer, clip_global_norm, global_grad_norm};
+use crate::train::optim::{AdamW, clip_global_norm, global_grad_norm};
 use crate::train::parallel::Parallel;
 use crate::train::schedule::lr_at;
 use crate::units::bytes;
-use burn::optim::ModuleOptimizer;
 use burn::tensor::Device;
 use k3mini_data::stream::{Split, StreamCursor};
 use k3mini_data::{DocFeed, Tokenizer};
@@ -101,8 +100,12 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         None => plan.clone(),
     };
     let plan = &keep_traffic_pin(plan, opts.resume)?;
-    let (tokenizer, mut model, mut optim, mut state, devices) = begin(plan, opts)?;
+    let (tokenizer, mut model, saved, mut state, devices) = begin(plan, opts)?;
     let mut parallel = Parallel::new(&model, devices);
+    let mut optim = AdamW::new(&plan.optim, &model);
+    if let Some(saved) = saved {
+        optim = optim.with_moments(saved.read(&model, |id| parallel.owner(id))?);
+    }
     let mut objective = modes::open(plan, &tokenizer, &state)?;
     let mut log = RunLog::open(plan, &state)?;
     let (total, first) = (plan.train.steps, state.step);
@@ -126,7 +129,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             // of it was applied, so the steps before it are checkpointed and kept.
             Err((model, e)) => {
                 if state.step > first && state.step % plan.train.checkpoint_every != 0 {
-                    run_dir::write_checkpoint(plan, &model, &optim, &state)?;
+                    run_dir::write_checkpoint(plan, &model, optim.moments(), &state)?;
                     return Err(e).with_context(|| {
                         format!(
                             "step {} (checkpoint at step {} written)",
@@ -160,7 +163,7 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         }
         let interrupted = INTERRUPTED.load(Ordering::SeqCst);
         if state.step % plan.train.checkpoint_every == 0 || state.step == last || interrupted {
-            run_dir::write_checkpoint(plan, &model, &optim, &state)?;
+            run_dir::write_checkpoint(plan, &model, optim.moments(), &state)?;
         }
         if interrupted {
             log.progress.message(format!(
@@ -174,12 +177,19 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
     Ok(log.finish(plan, first, state.step))
 }
 
-/// The checks that can refuse a run, then its tokenizer and its model, optimizer and state: fresh,
-/// or from the newest checkpoint; and its devices (the model is on the first).
+/// The checks that can refuse a run, then its tokenizer, its model and state (fresh, or from the
+/// newest checkpoint, with that checkpoint's optimizer state to read once the parameters have
+/// owners), and its devices (the model is on the first).
 fn begin(
     plan: &RunPlan,
     opts: &TrainOptions,
-) -> Result<(Tokenizer, K3Mini, ModuleOptimizer, TrainState, Vec<Device>)> {
+) -> Result<(
+    Tokenizer,
+    K3Mini,
+    Option<SavedMoments>,
+    TrainState,
+    Vec<Device>,
+)> {
     // Opened first: a device this build or machine lacks is refused before anything else.
     // Checkpointing is the model's recompute regions where the backend runs them; elsewhere
     // (burn's CubeCL backends) burn's balanced gradient checkpointing stands in.
@@ -201,7 +211,7 @@ fn begin(
     let tokenizer = preflight(plan)?;
     let start = run_dir::start(plan, opts.resume, opts.accept_changes)?;
     device.seed(plan.seed);
-    let (model, optim, state) = match start {
+    let (model, saved, state) = match start {
         Start::Fresh => {
             let model = match &plan.init {
                 Some(init) => {
@@ -214,9 +224,8 @@ fn begin(
                 }
                 None => K3Mini::new(&plan.model, &device)?,
             };
-            let optim = build_optimizer(&plan.optim, &model);
             let state = TrainState::fresh(plan, modes::fresh_cursor(plan));
-            (model, optim, state)
+            (model, None, state)
         }
         Start::Resume {
             checkpoint,
@@ -226,9 +235,8 @@ fn begin(
                 crate::progress::observer()
                     .note(&format!("resuming under a changed plan: {change}"));
             }
-            let (model, record, state) = checkpoint.resume(&device)?;
-            let optim = build_optimizer(&plan.optim, &model).load_record(record);
-            (model, optim, state)
+            let (model, saved, state) = checkpoint.resume(&device)?;
+            (model, Some(saved), state)
         }
     };
     if state.step > plan.train.steps {
@@ -240,7 +248,7 @@ fn begin(
         );
     }
     let model = model.with_checkpointing(plan.train.activation_checkpointing);
-    Ok((tokenizer, model, optim, state, devices))
+    Ok((tokenizer, model, saved, state, devices))
 }
 
 /// What a run reports as it goes: `metrics.jsonl`, TensorBoard's event file, the progress bar,
@@ -361,7 +369,7 @@ fn train_step(
     plan: &RunPlan,
     mut model: K3Mini,
     parallel: &mut Parallel,
-    optim: &mut ModuleOptimizer,
+    optim: &mut AdamW,
     objective: &mut dyn TrainingObjective,
     state: &TrainState,
     lr: f64,
