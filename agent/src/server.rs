@@ -16,7 +16,9 @@
 //! it becomes final (a cascade's after each round; a local answer once the policy has judged it)
 //! and the last event carries `finish_reason`, `usage` and `k3mini`, then `data: [DONE]`. A
 //! failure after the stream began is an `error` event. Fields the gateway does not serve
-//! (`logprobs`, `echo`, `prompt_logprobs`) are refused with a 400 rather than ignored.
+//! (`logprobs`, `echo`, `prompt_logprobs`, vLLM's `return_token_ids`,
+//! `return_tokens_as_token_ids` and `routed_experts_prompt_start`) are refused with a 400 rather
+//! than ignored.
 
 use super::gate::Gate;
 use super::policy::{Policy, Route};
@@ -272,6 +274,15 @@ fn completion_ask(
     unserved(req.logprobs.is_some(), "logprobs")?;
     unserved(req.echo == Some(true), "echo")?;
     unserved(req.prompt_logprobs.is_some(), "prompt_logprobs")?;
+    unserved(req.return_token_ids == Some(true), "return_token_ids")?;
+    unserved(
+        req.return_tokens_as_token_ids == Some(true),
+        "return_tokens_as_token_ids",
+    )?;
+    unserved(
+        req.routed_experts_prompt_start.is_some(),
+        "routed_experts_prompt_start",
+    )?;
     let student = &gw.agent.student.model;
     let asked = sampling(gw, SamplingFields::of_completion(req, 0), req.stop.as_ref())?;
     let gate = tests_gate(gw, req, tests)?;

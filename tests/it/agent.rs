@@ -786,6 +786,18 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
         assert_eq!(status, 400, "{field}: {got}");
         assert!(got.to_string().contains(field), "{got}");
     }
+    // So are vLLM's extensions a teacher server answers and the gateway does not.
+    for (field, value) in [
+        ("return_token_ids", json!(true)),
+        ("return_tokens_as_token_ids", json!(true)),
+        ("routed_experts_prompt_start", json!(0)),
+    ] {
+        let mut body = json!({"prompt": "Hi", "max_tokens": 2});
+        body[field] = value;
+        let (status, got) = post(&gateway.url, "/v1/completions", &body);
+        assert_eq!(status, 400, "{field}: {got}");
+        assert!(got.to_string().contains(field), "{got}");
+    }
 
     // Tests a completion carries: run only where the policy says so, and a failing completion
     // escalates (the random student cannot write `add`; SmolLM2 may).
