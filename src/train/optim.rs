@@ -10,9 +10,8 @@
 //! k3mini keeps its own AdamW rather than burn's `ModuleOptimizer` so that the moments can be
 //! saved and restored a tensor at a time on the devices that own them
 //! ([`k3mini_checkpoints::moments`], which `run_dir` calls); burn's record goes through host memory
-//! whole. The arithmetic
-//! is burn's, operation for operation (β and ε in f32 as burn holds them), so runs resume and
-//! repeat bit for bit across the change; a test steps both side by side.
+//! whole. The arithmetic is burn's, operation for operation (β and ε in f32 as burn holds them), so
+//! runs resume and repeat bit for bit across the change; a test steps both side by side (on the CPU).
 
 use crate::recipe::OptimConfig;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
