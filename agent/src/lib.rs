@@ -99,6 +99,8 @@ pub struct Answer {
     pub ids: Vec<u32>,
     pub finish: FinishReason,
     pub report: Report,
+    /// The journal line of the traffic shard the report names: hold it until the answer is sent.
+    pub unjournaled: Option<traffic::Unjournaled>,
 }
 
 pub use error::{AgentError, Error};
@@ -246,12 +248,18 @@ impl Agent {
                 if report.answered_by != AnsweredBy::Local || report.escalated {
                     report.gate_failure = self.gate_fails(ask, Some(&ids), interrupt)?;
                 }
-                report.traffic = self.record(ask, &ids, &report, &mut spent, interrupt);
-                Ok((ids, finish, report))
+                let (recorded, unjournaled) =
+                    match self.record(ask, &ids, &report, &mut spent, interrupt) {
+                        Some(Ok((file, line))) => (Some(Recorded::Shard(file)), Some(line)),
+                        Some(Err(why)) => (Some(Recorded::Error(why)), None),
+                        None => (None, None),
+                    };
+                report.traffic = recorded;
+                Ok((ids, finish, report, unjournaled))
             },
         );
         self.ledger().spent_today += spent.remote_usd(&self.policy.cost);
-        let (ids, finish, mut report) = answered?;
+        let (ids, finish, mut report, unjournaled) = answered?;
         report.usage = Usage {
             prompt_tokens: ask.prompt.len() as u64,
             completion_tokens: ids.len() as u64,
@@ -262,6 +270,7 @@ impl Agent {
             ids,
             finish,
             report,
+            unjournaled,
         })
     }
 
@@ -384,8 +393,9 @@ impl Agent {
 
     /// Writes an answer the remote wrote (whole, or as the cascade's verifier) to the traffic
     /// directory, after one more remote call that scores prompt and answer (its cost booked in
-    /// `spent`, the prompt a prefix-cache hit after the escalation's calls); None when there is
-    /// no directory or the remote wrote nothing of it.
+    /// `spent`, the prompt a prefix-cache hit after the escalation's calls): its shard's name and
+    /// journal line, or why it was not written; None when there is no directory or the remote
+    /// wrote nothing of it.
     fn record(
         &self,
         ask: &Ask,
@@ -393,7 +403,7 @@ impl Agent {
         report: &Report,
         spent: &mut Spent,
         interrupt: Interrupt,
-    ) -> Option<Recorded> {
+    ) -> Option<Result<(String, traffic::Unjournaled), String>> {
         let traffic = self.traffic.as_ref()?;
         if report.answered_by == AnsweredBy::Local || ids.is_empty() {
             return None;
@@ -404,12 +414,10 @@ impl Agent {
             .check()
             .err()
             .map(|e| e.to_string())
-            .or_else(|| traffic.full())
+            .or_else(|| traffic.blocked())
             .or_else(|| self.over_budget(spent, seq.len() as u64, self.scoring_output));
         if let Some(why) = blocked {
-            return Some(Recorded::Error(format!(
-                "not scored for the traffic: {why}"
-            )));
+            return Some(Err(format!("not scored for the traffic: {why}")));
         }
         let scored = spent.remote_call(
             self.remote.as_ref(),
@@ -419,13 +427,12 @@ impl Agent {
             || self.remote.score(&seq, traffic.k()),
             |_| (ask.prompt.len() as u64, self.scoring_output),
         );
-        let written = scored
-            .map_err(Error::from)
-            .and_then(|s| traffic.record(ask, ids, s));
-        Some(match written {
-            Ok(file) => Recorded::Shard(file),
-            Err(e) => Recorded::Error(e.to_string()),
-        })
+        Some(
+            scored
+                .map_err(Error::from)
+                .and_then(|s| traffic.record(ask, ids, s))
+                .map_err(|e| e.to_string()),
+        )
     }
 
     /// Where the answer `ids` ends at the request's first stop string, if its text holds one.

@@ -43,8 +43,8 @@ use k3mini_teacher::wire::openai::{
 use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// An OpenAI response (or stream event) with the gateway's report beside its fields.
@@ -426,7 +426,7 @@ fn respond(
     let (text, _) = gw.text(&answer.ids, endpoint, &ask.params.stop, &ask.stop_text);
     let (id, model, created) = (gw.id(endpoint), gw.model(), gw.created);
     let report = Some(answer.report.clone());
-    Ok(match endpoint {
+    let reply = match endpoint {
         Endpoint::Completions => Reply::json(
             200,
             &Annotated {
@@ -474,6 +474,11 @@ fn respond(
                 k3mini: report,
             },
         ),
+    };
+    // The traffic journal's line for the shard the report names is written once it is sent.
+    Ok(match answer.unjournaled {
+        Some(line) => reply.hold(line),
+        None => reply,
     })
 }
 
@@ -611,6 +616,13 @@ fn stream_answer(
     // The request's time runs from here, queueing included, as a whole answer's does.
     let deadline = k3mini_teacher::deadline_in(gw.request_timeout);
     let (reply, tx) = Reply::events();
+    // The traffic journal's line for the shard the report names, dropped (so written) by the last
+    // to let go of it: the stream once sent, or this thread once it has finished.
+    let unjournaled = Arc::new(Mutex::new(None));
+    let reply = match gw.agent.traffic {
+        Some(_) => reply.hold(unjournaled.clone()),
+        None => reply,
+    };
     let (started, began) = std::sync::mpsc::channel::<Result<(), ApiError>>();
     std::thread::spawn(move || {
         // Once the stream is handed to hyper, the stream says whether its client left.
@@ -651,7 +663,10 @@ fn stream_answer(
             .agent
             .answer(&ask, interrupt, &mut |ids| events.push(ids));
         match answered {
-            Ok(answer) => events.finish(&answer),
+            Ok(mut answer) => {
+                *unjournaled.lock().unwrap_or_else(|p| p.into_inner()) = answer.unjournaled.take();
+                events.finish(&answer);
+            }
             Err(e) => events.fail(agent_error(e)),
         }
     });

@@ -13,6 +13,10 @@ pub struct Reply {
     /// Server-sent events: the frames, sent as they arrive until the sender is dropped (`body`
     /// is not sent).
     pub events: Option<tokio::sync::mpsc::Receiver<Bytes>>,
+    /// Kept until hyper is done with the body (it has taken the last bytes to write, or the client
+    /// has gone), then dropped off the connection's thread: what sending the answer should not
+    /// wait for ([`Reply::hold`]).
+    pub held: Option<Box<dyn Send + Sync>>,
 }
 
 /// Where a producer sends a streamed reply's frames: a send fails once the client has gone.
@@ -28,6 +32,7 @@ impl Reply {
             body: serde_json::to_vec(value).expect("a response serialises"),
             retry_after: None,
             events: None,
+            held: None,
         }
     }
 
@@ -40,6 +45,7 @@ impl Reply {
             body: Vec::new(),
             retry_after: None,
             events: Some(rx),
+            held: None,
         };
         (reply, tx)
     }
@@ -61,6 +67,7 @@ impl Reply {
             body: Vec::new(),
             retry_after: None,
             events: None,
+            held: None,
         }
     }
 
@@ -71,7 +78,15 @@ impl Reply {
             body: ErrorResponse::new(status, message, param).to_json(),
             retry_after: (status == 503).then_some(1),
             events: None,
+            held: None,
         }
+    }
+
+    /// This reply, keeping `value` until hyper is done with its body: dropping it then does what
+    /// must follow the answer without delaying it (a journal's line for what the answer names).
+    pub fn hold(mut self, value: impl Send + Sync + 'static) -> Self {
+        self.held = Some(Box::new(value));
+        self
     }
 }
 

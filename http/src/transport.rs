@@ -47,8 +47,7 @@
 use crate::limits::Limits;
 use crate::origin::{self, Cors, Verdict};
 use crate::reply::Reply;
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Bytes;
 use hyper::body::{Frame, Incoming};
 use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -550,13 +549,21 @@ fn authorized(header: Option<&HeaderValue>, key: &str) -> bool {
     bool::from(token.ct_eq(key.as_bytes()))
 }
 
-/// A response body: whole, or a stream of events.
-type Body = BoxBody<Bytes, Infallible>;
+/// A response body, and what its reply holds ([`Reply::held`]): dropped on the blocking pool
+/// when hyper drops the body, once it has taken the last frame to write or its client has gone.
+struct Body {
+    frames: Frames,
+    held: Option<Box<dyn Send + Sync>>,
+}
 
-/// The frames of a streamed reply, as they arrive.
-struct Events(tokio::sync::mpsc::Receiver<Bytes>);
+enum Frames {
+    /// The whole body, until it is taken.
+    Whole(Option<Bytes>),
+    /// A streamed reply's frames, as they arrive.
+    Events(tokio::sync::mpsc::Receiver<Bytes>),
+}
 
-impl hyper::body::Body for Events {
+impl hyper::body::Body for Body {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -564,19 +571,53 @@ impl hyper::body::Body for Events {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|frame| frame.map(|b| Ok(Frame::data(b))))
+        let frame = match &mut self.frames {
+            Frames::Whole(whole) => std::task::Poll::Ready(whole.take()),
+            Frames::Events(rx) => rx.poll_recv(cx),
+        };
+        frame.map(|frame| frame.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.frames, Frames::Whole(None))
+    }
+
+    /// A whole body's exact length, which hyper sends as its `Content-Length`.
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match &self.frames {
+            Frames::Whole(whole) => {
+                hyper::body::SizeHint::with_exact(whole.as_ref().map_or(0, |b| b.len() as u64))
+            }
+            Frames::Events(_) => hyper::body::SizeHint::default(),
+        }
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        // What it holds may write and sync a file: not on a thread that serves connections.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || drop(held))),
+            Err(_) => drop(held),
+        }
     }
 }
 
 fn response(reply: Reply, cors: Option<&Cors>) -> hyper::Response<Body> {
-    let (body, content_type) = match reply.events {
-        Some(rx) => (Events(rx).boxed(), Some("text/event-stream")),
+    let (frames, content_type) = match reply.events {
+        Some(rx) => (Frames::Events(rx), Some("text/event-stream")),
         None => {
-            let typed = (!reply.body.is_empty()).then_some("application/json");
-            (Full::new(Bytes::from(reply.body)).boxed(), typed)
+            let whole = (!reply.body.is_empty()).then(|| Bytes::from(reply.body));
+            let typed = whole.is_some().then_some("application/json");
+            (Frames::Whole(whole), typed)
         }
+    };
+    let body = Body {
+        frames,
+        held: reply.held,
     };
     let mut r = hyper::Response::new(body);
     *r.status_mut() = hyper::StatusCode::from_u16(reply.status)

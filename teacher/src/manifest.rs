@@ -18,6 +18,35 @@ use std::path::Path;
 
 pub const MANIFEST: &str = "manifest.json";
 
+/// Shard `index`'s file name, in every sharded job's directory.
+pub fn shard_file(index: usize) -> String {
+    format!("shard-{index:05}.parquet")
+}
+
+/// The index of the shard a file `name` is ([`shard_file`]'s spelling only), if it is one.
+pub fn shard_index(name: &str) -> Option<usize> {
+    let digits = name.strip_prefix("shard-")?.strip_suffix(".parquet")?;
+    let index = digits.parse().ok()?;
+    (shard_file(index) == name).then_some(index)
+}
+
+/// The shard files in `dir` that `m` does not list, by index: a traffic shard whose journal line
+/// was not yet written when its writer died.
+pub fn unlisted_shards<J>(dir: &Path, m: &Manifest<J>) -> Result<Vec<usize>, TeacherError> {
+    let listed: std::collections::HashSet<usize> = m.shards.iter().map(|s| s.index).collect();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(|e| io(dir, e))? {
+        let e = e.map_err(|e| io(dir, e))?;
+        if let Some(index) = e.file_name().to_str().and_then(shard_index)
+            && !listed.contains(&index)
+        {
+            found.push(index);
+        }
+    }
+    found.sort_unstable();
+    Ok(found)
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ShardEntry {
     pub index: usize,
@@ -52,9 +81,11 @@ pub struct TrafficJob {
 pub const KIND_TRAFFIC: &str = "traffic";
 
 /// A traffic directory's manifest, a journal: the job on its first line (`{"job": …}`), then one
-/// [`ShardEntry`] a line, each appended and synced as its shard lands, so an escalation costs the
-/// same at the 50,000th shard as at the first (rewriting `manifest.json` whole did not). A line
-/// cut short by a crash is the last one, and is dropped. Directories written before it hold
+/// [`ShardEntry`] a line, each appended and synced once the answer naming its shard is sent, so an
+/// escalation costs the same at the 50,000th shard as at the first (rewriting `manifest.json`
+/// whole did not). A line cut short by a crash is the last one, and is dropped; a shard whose line
+/// never came ([`unlisted_shards`]) is listed when its directory is next opened for writing.
+/// Readers see the journal's lines only, in its order. Directories written before it hold
 /// `manifest.json`, which [`read_traffic`] reads too.
 pub const TRAFFIC_MANIFEST: &str = "manifest.jsonl";
 
@@ -97,6 +128,17 @@ pub fn read_traffic(dir: &Path) -> Result<Option<Manifest<TrafficJob>>, TeacherE
         .enumerate()
         .map(|(i, l)| serde_json::from_slice(l).map_err(|e| at(i + 2, e)))
         .collect::<Result<Vec<ShardEntry>, _>>()?;
+    let mut seen = std::collections::HashSet::new();
+    if let Some(i) = shards.iter().position(|s| !seen.insert(s.index)) {
+        return Err(io(
+            &path,
+            format!(
+                "line {}: lists shard {} a second time",
+                i + 2,
+                shards[i].index
+            ),
+        ));
+    }
     Ok(Some(Manifest {
         job: header.job,
         shards,
@@ -182,9 +224,17 @@ impl TrafficJournal {
                 Ok(())
             }
             Err(e) => {
-                // A line cut short mid-journal would hide every line after it: cut it off.
-                let _ = self.file.set_len(self.len);
-                Err(io(&self.path, e))
+                // A line cut short mid-journal would hide every line after it: cut it off. One
+                // that cannot be cut off is whole (only its sync failed): it stands, since
+                // appending it again would list its shard twice; should a crash take it, the
+                // shard is listed again as unlisted ([`unlisted_shards`]).
+                match self.file.set_len(self.len) {
+                    Ok(()) => Err(io(&self.path, e)),
+                    Err(_) => {
+                        self.len += line.len() as u64;
+                        Ok(())
+                    }
+                }
             }
         }
     }
@@ -341,7 +391,7 @@ where
     };
     for index in 0..items.div_ceil(per_shard) {
         let range = index * per_shard..((index + 1) * per_shard).min(items);
-        let file = format!("shard-{index:05}.parquet");
+        let file = shard_file(index);
         let path = dir.join(&file);
         let intact =
             |file: &str, sha256: &str| sha256_file(&dir.join(file)).is_ok_and(|sum| sum == sha256);
@@ -405,7 +455,7 @@ mod tests {
     fn entry(index: usize) -> ShardEntry {
         ShardEntry {
             index,
-            file: format!("shard-{index:05}.parquet"),
+            file: shard_file(index),
             sha256: "00".repeat(32),
             items: [index, index + 1],
             rows: 1,
@@ -503,6 +553,43 @@ mod tests {
         std::fs::write(&path, &text).unwrap();
         let err = read_traffic(&dir).unwrap_err().to_string();
         assert!(err.contains("line 2"), "{err}");
+        // So is a shard listed twice.
+        text[second] = b'{';
+        text.extend(serde_json::to_vec(&entry(1)).unwrap());
+        text.push(b'\n');
+        std::fs::write(&path, &text).unwrap();
+        let err = read_traffic(&dir).unwrap_err().to_string();
+        assert!(err.contains("line 6: lists shard 1 a second time"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn shard_files_not_in_the_manifest_are_found_by_their_index() {
+        assert_eq!(shard_index(&shard_file(7)), Some(7));
+        assert_eq!(shard_index(&shard_file(123_456)), Some(123_456));
+        for other in [
+            "shard-7.parquet",
+            "shard-+0007.parquet",
+            "shard-00007.parquet.tmp",
+            "xshard-00007.parquet",
+            "shard-.parquet",
+        ] {
+            assert_eq!(shard_index(other), None, "{other}");
+        }
+        let dir = scratch("unlisted");
+        let m = Manifest {
+            job: job(),
+            shards: vec![entry(0), entry(2)],
+        };
+        for name in [
+            shard_file(0),
+            shard_file(3),
+            shard_file(1),
+            "shard-4.parquet".into(),
+        ] {
+            std::fs::write(dir.join(name), b"").unwrap();
+        }
+        assert_eq!(unlisted_shards(&dir, &m).unwrap(), vec![1, 3]);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -296,6 +296,7 @@ fn fake_remote(probe: Vec<u64>, mode: Arc<AtomicU8>, stop: Arc<AtomicBool>) -> S
                     body: b"<html>not json".to_vec(),
                     retry_after: None,
                     events: None,
+                    held: None,
                 },
                 _ => {
                     std::thread::sleep(Duration::from_secs(120));
@@ -901,13 +902,33 @@ fn escalations_become_shards_the_next_student_trains_on() {
         got["k3mini"]["traffic"]["shard"], "shard-00002.parquet",
         "{got}"
     );
+    // Streamed, its last event names the shard.
+    let mut streamed = chat("Name a fruit.");
+    streamed["stream"] = json!(true);
+    let (status, text) = exchange(&gateway.url, "/v1/chat/completions", &streamed);
+    assert_eq!(status, 200, "{text}");
+    let last = events(&text).pop().unwrap();
+    assert_eq!(
+        last["k3mini"]["traffic"]["shard"], "shard-00003.parquet",
+        "{text}"
+    );
+    // Each shard's journal line is written once its answer is sent: soon after it arrives.
+    let listed = |n: usize| {
+        let t0 = Instant::now();
+        loop {
+            let m = k3mini_teacher::manifest::read_traffic(&traffic)
+                .unwrap()
+                .unwrap();
+            if m.shards.len() >= n || t0.elapsed() > Duration::from_secs(10) {
+                return m;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let manifest = listed(4);
     drop(gateway);
-
-    let manifest = k3mini_teacher::manifest::read_traffic(&traffic)
-        .unwrap()
-        .unwrap();
     assert_eq!(manifest.job.kind, "traffic");
-    assert_eq!(manifest.shards.len(), 3);
+    assert_eq!(manifest.shards.len(), 4);
     let first =
         k3mini_data::shards::read_shard(&traffic.join("shard-00000.parquet"), None).unwrap();
     let row = &first.rows[0];
@@ -966,7 +987,7 @@ fn escalations_become_shards_the_next_student_trains_on() {
     );
 
     // Traffic escalated after the run's plan was made belongs to a later run: a resume keeps
-    // the three shards its checkpoint pinned (no plan change), while a fresh plan takes four.
+    // the four shards its checkpoint pinned (no plan change), while a fresh plan takes five.
     let gateway = agent(
         student.to_str().unwrap(),
         &teacher.url,
@@ -977,9 +998,10 @@ fn escalations_become_shards_the_next_student_trains_on() {
     let shard = &got["k3mini"]["traffic"]["shard"];
     assert_eq!(
         (status, shard),
-        (200, &json!("shard-00003.parquet")),
+        (200, &json!("shard-00004.parquet")),
         "{got}"
     );
+    assert_eq!(listed(5).shards.len(), 5);
     drop(gateway);
     let init = scratch.path("student");
     let resumed = k3mini_ok([
@@ -996,9 +1018,9 @@ fn escalations_become_shards_the_next_student_trains_on() {
         k3mini::recipe::ModePlan::Traffic { shards, .. } => *shards,
         m => panic!("{m:?}"),
     };
-    assert_eq!(shards(&k3mini::recipe::load(&recipe).unwrap()), 4);
+    assert_eq!(shards(&k3mini::recipe::load(&recipe).unwrap()), 5);
     let ck = k3mini::run_dir::open_checkpoint(&scratch.path("next")).unwrap();
-    assert_eq!(shards(&ck.plan), 3);
+    assert_eq!(shards(&ck.plan), 4);
 
     // Full: past --traffic-max-bytes the answer still goes out, unrecorded and unscored.
     let gateway = agent(

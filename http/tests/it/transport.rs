@@ -1,8 +1,8 @@
 //! The server's HTTP transport (hyper) over loopback with a handler that echoes what it was given:
 //! keep-alive, chunked bodies, `Expect: 100-continue`; the caps, the connection slots (never
 //! leaked, however a connection ends), the API key; a disconnected client seen by the handler; a
-//! prompt stop with idle connections open; and random and mutated request bytes that never panic
-//! the server or cost it a slot.
+//! prompt stop with idle connections open; what a reply holds let go of once its body is sent; and
+//! random and mutated request bytes that never panic the server or cost it a slot.
 use k3mini_data::rng::splitmix64;
 use k3mini_http::{Limits, Peer, Reply, Request, transport};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -12,12 +12,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 fn text(status: u16, text: String) -> Reply {
-    Reply {
-        status,
-        body: serde_json::to_vec(&text).unwrap(),
-        retry_after: None,
-        events: None,
-    }
+    Reply::json(status, &text)
 }
 
 /// `"METHOD PATH BODY"` for a request; `/big` answers 64 MiB. `/wait` holds until its client has gone (at most 20 s) and
@@ -36,6 +31,18 @@ fn echo(r: &Request, peer: &Peer, gone: &mpsc::Sender<Duration>) -> Reply {
             std::thread::sleep(Duration::from_millis(300));
             text(200, "held".into())
         }
+        // A reply holding what says, on the channel, when it is let go of.
+        "/held" => text(200, "held".into()).hold(Dropped(gone.clone())),
+        // Two events a second apart, the reply holding the same.
+        "/held-events" => {
+            let (reply, tx) = Reply::events();
+            std::thread::spawn(move || {
+                let _ = tx.blocking_send("data: first\n\n".into());
+                std::thread::sleep(Duration::from_secs(1));
+                let _ = tx.blocking_send("data: last\n\n".into());
+            });
+            reply.hold(Dropped(gone.clone()))
+        }
         "/panic" => panic!("a handler that fails"),
         // More than the socket buffers hold: sent only to a client that reads.
         "/big" => text(200, "x".repeat(64 << 20)),
@@ -48,6 +55,15 @@ fn echo(r: &Request, peer: &Peer, gone: &mpsc::Sender<Duration>) -> Reply {
                 String::from_utf8_lossy(&r.body)
             ),
         ),
+    }
+}
+
+/// Sends `Duration::ZERO` when dropped.
+struct Dropped(mpsc::Sender<Duration>);
+
+impl Drop for Dropped {
+    fn drop(&mut self) {
+        let _ = self.0.send(Duration::ZERO);
     }
 }
 
@@ -814,4 +830,48 @@ fn an_unauthenticated_body_is_not_read() {
         assert_eq!(status, 401, "{path}: {body}");
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
+}
+
+#[test]
+fn what_a_reply_holds_is_let_go_once_its_body_is_sent() {
+    let s = start(Limits::default());
+    let (status, _, body) = exchange(&s, b"GET /held HTTP/1.1\r\n\r\n");
+    assert_eq!((status, body.as_str()), (200, "\"held\""));
+    s.gone.recv_timeout(Duration::from_secs(5)).unwrap();
+
+    // A stream holds it until its last event is written, not until the handler returns.
+    let (mut w, mut r) = connect(&s);
+    write!(w, "GET /held-events HTTP/1.1\r\n\r\n").unwrap();
+    let mut line = String::new();
+    while !line.starts_with("data: first") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    assert_eq!(
+        s.gone.try_recv(),
+        Err(mpsc::TryRecvError::Empty),
+        "let go of while its stream was open"
+    );
+    while line.trim_end() != "0" {
+        line.clear();
+        assert!(r.read_line(&mut line).unwrap() > 0, "no last chunk");
+    }
+    s.gone.recv_timeout(Duration::from_secs(5)).unwrap();
+
+    // A client gone mid-stream lets it go too.
+    let (mut w, mut r) = connect(&s);
+    write!(w, "GET /held-events HTTP/1.1\r\n\r\n").unwrap();
+    line.clear();
+    while !line.starts_with("data: first") {
+        line.clear();
+        assert!(
+            r.read_line(&mut line).unwrap() > 0,
+            "the stream ended early"
+        );
+    }
+    drop((w, r));
+    s.gone.recv_timeout(Duration::from_secs(10)).unwrap();
 }
