@@ -26,6 +26,8 @@ pub enum Error {
     #[error(transparent)]
     Agent(#[from] k3mini_agent::Error),
     #[error(transparent)]
+    Dist(#[from] k3mini_dist::DistError),
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Json(#[from] serde_json::Error),

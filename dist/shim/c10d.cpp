@@ -16,7 +16,8 @@ namespace {
 
 struct Group {
   c10::intrusive_ptr<::c10d::ProcessGroupGloo> pg;
-  std::chrono::milliseconds timeout;
+  // Why an operation failed: a failed group runs no more (its peers' state is unknown).
+  std::string failed;
 };
 
 // The dtypes the Rust side sends (`Dtype` in src/c10d.rs).
@@ -58,8 +59,22 @@ int guarded(char* err, size_t len, F body) {
   return 1;
 }
 
-void finish(Group* g, c10::intrusive_ptr<::c10d::Work> work) {
-  work->wait(g->timeout);
+// Runs one operation of `group`, started by `start`, to its end. `wait()` has no deadline of its
+// own: a deadline here would return while Gloo's threads still write the caller's buffers. What
+// bounds it is the timeout the group was made with, which Gloo applies to every transfer (a
+// peer gone or silent past it fails the operation).
+template <typename F>
+int operation(void* group, char* err, size_t len, F start) {
+  auto* g = static_cast<Group*>(group);
+  if (!g->failed.empty()) {
+    fail(("the group failed earlier: " + g->failed).c_str(), err, len);
+    return 1;
+  }
+  int status = guarded(err, len, [&] { start(g)->wait(); });
+  if (status != 0) {
+    g->failed = err != nullptr && len > 0 ? err : "an operation failed";
+  }
+  return status;
 }
 
 }  // namespace
@@ -104,18 +119,24 @@ void* k3_group_new(const char* path, const char* host, int port, int is_server,
     }
     options->threads = 2;
     auto pg = c10::make_intrusive<::c10d::ProcessGroupGloo>(store, rank, world, options);
-    out = new Group{pg, timeout};
+    out = new Group{pg, std::string()};
   });
   return out;
 }
 
-void k3_group_free(void* group) { delete static_cast<Group*>(group); }
+// Destructors are noexcept: one that throws (a store's I/O) ends the process whatever is caught
+// here; the catch is for what deleting may throw before them.
+void k3_group_free(void* group) {
+  try {
+    delete static_cast<Group*>(group);
+  } catch (...) {
+  }
+}
 
 int k3_all_reduce(void* group, void* data, size_t n, int dtype, char* err, size_t err_len) {
-  return guarded(err, err_len, [&] {
-    auto* g = static_cast<Group*>(group);
+  return operation(group, err, err_len, [&](Group* g) {
     std::vector<at::Tensor> tensors{wrap(data, n, dtype)};
-    finish(g, g->pg->allreduce(tensors));
+    return g->pg->allreduce(tensors);
   });
 }
 
@@ -123,31 +144,26 @@ int k3_all_reduce(void* group, void* data, size_t n, int dtype, char* err, size_
 // world pieces, `output` one) or an all-gather (1: the other way round).
 int k3_between(void* group, int gather, const void* input, void* output, size_t n, int dtype,
                char* err, size_t err_len) {
-  return guarded(err, err_len, [&] {
-    auto* g = static_cast<Group*>(group);
+  return operation(group, err, err_len, [&](Group* g) {
     size_t whole = n * static_cast<size_t>(g->pg->getSize());
     auto in = wrap(input, gather ? n : whole, dtype);
     auto out = wrap(output, gather ? whole : n, dtype);
-    finish(g, gather ? g->pg->_allgather_base(out, in) : g->pg->_reduce_scatter_base(out, in));
+    return gather ? g->pg->_allgather_base(out, in) : g->pg->_reduce_scatter_base(out, in);
   });
 }
 
 int k3_broadcast(void* group, void* data, size_t n, int dtype, int root, char* err,
                  size_t err_len) {
-  return guarded(err, err_len, [&] {
-    auto* g = static_cast<Group*>(group);
+  return operation(group, err, err_len, [&](Group* g) {
     std::vector<at::Tensor> tensors{wrap(data, n, dtype)};
     ::c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    finish(g, g->pg->broadcast(tensors, opts));
+    return g->pg->broadcast(tensors, opts);
   });
 }
 
 int k3_barrier(void* group, char* err, size_t err_len) {
-  return guarded(err, err_len, [&] {
-    auto* g = static_cast<Group*>(group);
-    finish(g, g->pg->barrier());
-  });
+  return operation(group, err, err_len, [](Group* g) { return g->pg->barrier(); });
 }
 
 }  // extern "C"

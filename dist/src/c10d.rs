@@ -1,6 +1,13 @@
 //! PyTorch's c10d across processes and machines: a Gloo process group (host buffers; what CPU
 //! runs use) meeting in a file store or a TCP store, through `shim/c10d.cpp`. The shim catches
-//! every C++ exception and hands back its message, named here by the operation.
+//! every C++ exception and hands back its message, named here by the operation; after one, the
+//! group refuses every further operation (what its peers did is unknown). An operation returns
+//! only once Gloo is done with its buffers: the group's timeout bounds each transfer, not the
+//! whole operation, so a large one may take longer than it and still succeed.
+//!
+//! Gloo has no reduce-scatter of its own: c10d's all-reduces the whole input and keeps this
+//! rank's piece (`world` times the traffic of a ring reduce-scatter). All-gather and broadcast
+//! are Gloo's.
 
 use crate::launch::{Device, Rendezvous, Store};
 use crate::{Collective, DistError, Result, pieces, root_in};
@@ -115,7 +122,7 @@ impl Gloo {
             Device::Host(h) => (1, Some(c_string(OP, "device host", h)?)),
             Device::Interface(i) => (2, Some(c_string(OP, "device interface", i)?)),
         };
-        let timeout_ms = c_longlong::try_from(r.timeout.as_millis()).unwrap_or(c_longlong::MAX);
+        let timeout_ms = crate::bounded(r.timeout).as_millis() as c_longlong;
         let mut err = vec![0u8; ERR_LEN];
         // SAFETY: every pointer is valid for the call (CStrings and a buffer of ERR_LEN bytes).
         let group = unsafe {

@@ -1,8 +1,13 @@
 //! Where a rank finds its group: the variables a launcher sets. torchrun's (`RANK`, `WORLD_SIZE`,
 //! `LOCAL_RANK`, `MASTER_ADDR`/`MASTER_PORT`, and its agent's store when
 //! `TORCHELASTIC_USE_AGENT_STORE` says so), else SLURM's for an `srun` job step of one task per
-//! device (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, the master the first host of
-//! `SLURM_JOB_NODELIST` unless `MASTER_ADDR` names it). Neither: one process, no group.
+//! device (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, the master the first host of the
+//! step's node list unless `MASTER_ADDR` names it, the port from the job id unless `MASTER_PORT`
+//! does, so jobs sharing a node do not collide). Neither: one process, no group.
+//!
+//! Under torchrun the keys go under its run id and restart count, which every node's agent
+//! counts alike only while the membership is fixed (`--nnodes N`, not a range): an elastic
+//! group that changes size is not supported.
 
 use crate::{DistError, Result};
 use std::time::Duration;
@@ -50,6 +55,15 @@ pub struct Rendezvous {
 pub enum Launcher {
     Torchrun,
     Slurm,
+}
+
+impl std::fmt::Display for Launcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Launcher::Torchrun => "torchrun",
+            Launcher::Slurm => "srun",
+        })
+    }
 }
 
 /// A rank a launcher started.
@@ -126,12 +140,13 @@ pub fn from_env(
     }
     let host = match (var("MASTER_ADDR"), launcher) {
         (Some(h), _) if !h.trim().is_empty() => h.trim().to_string(),
-        (_, Launcher::Slurm) => var("SLURM_JOB_NODELIST")
+        (_, Launcher::Slurm) => var("SLURM_STEP_NODELIST")
+            .or_else(|| var("SLURM_JOB_NODELIST"))
             .as_deref()
             .and_then(first_host)
             .ok_or_else(|| {
                 DistError::Launch(
-                    "neither MASTER_ADDR nor SLURM_JOB_NODELIST names the first node".into(),
+                    "neither MASTER_ADDR nor SLURM_STEP_NODELIST names the first node".into(),
                 )
             })?,
         (_, Launcher::Torchrun) => {
@@ -141,6 +156,10 @@ pub fn from_env(
         }
     };
     let port = match number("MASTER_PORT")? {
+        None if launcher == Launcher::Slurm => {
+            let job = number("SLURM_JOB_ID")?.unwrap_or(0);
+            DEFAULT_PORT + (job % 20_000) as u16
+        }
         None => DEFAULT_PORT,
         Some(p) => u16::try_from(p)
             .map_err(|_| DistError::Launch(format!("MASTER_PORT={p} is not a port")))?,
@@ -171,23 +190,38 @@ pub fn from_env(
 }
 
 /// The first host of a SLURM node list: `node07`, `node[03-06,09]` → `node03`,
-/// `gpu[1,4]-ib,cpu2` → `gpu1-ib`.
+/// `gpu[1,4]-ib,cpu2` → `gpu1-ib`, `n[1-2]-ib[3-4]` → `n1-ib3`.
 pub fn first_host(list: &str) -> Option<String> {
-    let list = list.trim();
-    let (head, rest) = match list.find('[') {
-        Some(open) if list[..open].find(',').is_none() => (&list[..open], &list[open + 1..]),
-        _ => {
-            return list
-                .split(',')
-                .next()
-                .filter(|h| !h.is_empty())
-                .map(String::from);
+    // The first entry: up to a comma outside brackets.
+    let mut depth = 0i32;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            depth += match c {
+                '[' => 1,
+                ']' => -1,
+                _ => 0,
+            };
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    // Each bracketed range becomes its first value.
+    let (mut host, mut rest) = (String::new(), list[..end].trim());
+    while let Some(open) = rest.find('[') {
+        let close = open + rest[open..].find(']')?;
+        let first = rest[open + 1..close].split(',').next()?.split('-').next()?;
+        if first.is_empty() {
+            return None;
         }
-    };
-    let close = rest.find(']')?;
-    let first = rest[..close].split(',').next()?.split('-').next()?;
-    let tail = rest[close + 1..].split(',').next().unwrap_or("");
-    (!first.is_empty()).then(|| format!("{head}{first}{tail}"))
+        host.push_str(&rest[..open]);
+        host.push_str(first);
+        rest = &rest[close + 1..];
+    }
+    if rest.contains(']') {
+        return None;
+    }
+    host.push_str(rest);
+    (!host.is_empty()).then_some(host)
 }
 
 #[cfg(test)]
@@ -259,7 +293,8 @@ mod tests {
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "16"),
             ("SLURM_LOCALID", "5"),
-            ("SLURM_JOB_NODELIST", "gpu[012-013]"),
+            ("SLURM_JOB_NODELIST", "gpu[011-013]"),
+            ("SLURM_STEP_NODELIST", "gpu[012-013]"),
         ])
         .unwrap()
         .unwrap();
@@ -268,9 +303,13 @@ mod tests {
             (l.rendezvous.rank, l.rendezvous.world, l.local_rank),
             (5, 16, 5)
         );
-        assert!(
-            matches!(&l.rendezvous.store, Store::Tcp { host, server: false, .. } if host == "gpu012")
-        );
+        // The step's first node, and a port of the job's own.
+        let store = Store::Tcp {
+            host: "gpu012".into(),
+            port: DEFAULT_PORT + 77,
+            server: false,
+        };
+        assert_eq!(l.rendezvous.store, store);
         assert_eq!(l.rendezvous.prefix, "k3mini/slurm-77-0/0");
         // torchrun under srun (one task per node): torchrun's variables win.
         let l = launch(&[
@@ -337,10 +376,12 @@ mod tests {
             ("node[03-06,09]", "node03"),
             ("gpu[1,4]-ib,cpu2", "gpu1-ib"),
             ("a1,b[2-3]", "a1"),
+            ("n[1-2]-ib[3-4],x", "n1-ib3"),
         ] {
             assert_eq!(first_host(list).as_deref(), Some(first), "{list}");
         }
-        assert_eq!(first_host(""), None);
-        assert_eq!(first_host("node[03"), None);
+        for bad in ["", "node[03", "node[]", "node]3"] {
+            assert_eq!(first_host(bad), None, "{bad}");
+        }
     }
 }

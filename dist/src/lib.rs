@@ -4,9 +4,11 @@
 //! torchrun and SLURM jobs already run), its ranks found from the launcher's variables
 //! ([`launch`]).
 //!
-//! Every operation is called by every rank of the group, in the same order, with the same lengths;
-//! one that is not (or a rank that dies) ends the others' call with an error within the group's
-//! timeout, never a hang.
+//! Every operation is called by every rank of the group, in the same order, with the same lengths
+//! (and root). The thread ranks check all of it; Gloo sees only byte counts, so a call the ranks
+//! disagree on may fail or may mix their bytes: the caller keeps the order. A rank that dies, or
+//! one that never comes, ends the others' call with an error within the group's timeout, never a
+//! hang.
 
 #[cfg(feature = "c10d")]
 pub mod c10d;
@@ -37,6 +39,15 @@ pub enum DistError {
 }
 
 pub type Result<T, E = DistError> = std::result::Result<T, E>;
+
+/// The longest a group waits for its ranks, and the shortest (a zero timeout means "forever" to
+/// c10d and Gloo): a group's timeout is held within them.
+pub const WAIT_BOUNDS: (Duration, Duration) =
+    (Duration::from_millis(1), Duration::from_secs(24 * 3600));
+
+fn bounded(timeout: Duration) -> Duration {
+    timeout.clamp(WAIT_BOUNDS.0, WAIT_BOUNDS.1)
+}
 
 /// One rank's handle on a group of `world` ranks. Sums are element-wise.
 pub trait Collective: Send {

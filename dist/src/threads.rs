@@ -27,7 +27,7 @@ pub fn group(world: usize, timeout: Duration) -> Vec<ThreadRank> {
         .map(|rank| ThreadRank {
             rank,
             world,
-            timeout,
+            timeout: crate::bounded(timeout),
             shared: shared.clone(),
         })
         .collect()
@@ -216,6 +216,14 @@ impl Collective for ThreadRank {
     fn broadcast(&mut self, data: &mut [f32], root: usize) -> Result<()> {
         const OP: &str = "broadcast";
         root_in(OP, self.world, root)?;
+        let roots = self.exchange("broadcast root", root)?;
+        if roots.iter().any(|r| **r != root) {
+            let roots: Vec<usize> = roots.iter().map(|r| **r).collect();
+            return Err(DistError::Shape {
+                op: OP,
+                message: format!("the ranks named different roots: {roots:?}"),
+            });
+        }
         let table = self.same_length(OP, data)?;
         data.copy_from_slice(&table[root]);
         Ok(())

@@ -98,6 +98,15 @@ fn thread_ranks_refuse_what_does_not_fit_and_never_hang() {
     assert!(err.to_string().contains("not 2 pieces of 3"), "{err}");
     let err = ranks[0].broadcast(&mut out, 2).unwrap_err();
     assert!(err.to_string().contains("root rank 2"), "{err}");
+    let mut pair = threads::group(2, Duration::from_secs(20));
+    let errs = both(&mut pair, |r| {
+        let root = r.rank();
+        r.broadcast(&mut [0.0; 2], root)
+    });
+    for e in errs {
+        let e = e.unwrap_err().to_string();
+        assert!(e.contains("different roots: [0, 1]"), "{e}");
+    }
 
     // Ranks that disagree on a length, or on the operation, are told so.
     let mut pair = threads::group(2, Duration::from_secs(20));
@@ -198,8 +207,8 @@ mod gloo {
     }
 
     /// Starts `world` ranks of test `test` (this binary, filtered to it), each told its rank.
-    fn launch(test: &str, world: usize, dir: &Path, extra: &str) -> Vec<std::process::Child> {
-        (0..world)
+    fn launch(test: &str, world: usize, dir: &Path, extra: &str) -> Ranks {
+        let ranks = (0..world)
             .map(|rank| {
                 let args = [
                     test,
@@ -216,7 +225,30 @@ mod gloo {
                     .spawn()
                     .unwrap()
             })
-            .collect()
+            .collect();
+        Ranks(ranks)
+    }
+
+    /// The rank processes a test started: killed if the test ends before they do.
+    struct Ranks(Vec<std::process::Child>);
+
+    impl Ranks {
+        /// Waits for every rank; whether each succeeded.
+        fn wait(&mut self) -> Vec<bool> {
+            self.0
+                .iter_mut()
+                .map(|c| c.wait().unwrap().success())
+                .collect()
+        }
+    }
+
+    impl Drop for Ranks {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
     }
 
     /// A rank's [`script`] results, written to `out` as little-endian f64s.
@@ -286,9 +318,8 @@ mod gloo {
         for world in [2, 3] {
             let n = 1000;
             let dir = scratch(&format!("gloo-{world}"));
-            for mut child in launch(TEST, world, &dir.0, &n.to_string()) {
-                assert!(child.wait().unwrap().success(), "a rank failed");
-            }
+            let ok = launch(TEST, world, &dir.0, &n.to_string()).wait();
+            assert!(ok.iter().all(|&ok| ok), "ranks' success: {ok:?}");
             check_against_threads(&dir.0, world, n);
         }
     }
@@ -363,25 +394,34 @@ mod gloo {
         if let Some(a) = as_worker(TEST) {
             let rank: usize = a[1].parse().unwrap();
             let mut g = join(rank, 2, Path::new(&a[3]), Duration::from_secs(20));
+            // Both are in the group before one goes.
+            g.barrier().unwrap();
             if rank == 1 {
                 // Gone without a word, as a killed process is.
                 std::process::exit(3);
             }
             let t0 = Instant::now();
             let err = g.all_reduce(&mut [1.0; 64]).unwrap_err();
-            let report = format!("{:.1}\t{err}", t0.elapsed().as_secs_f64());
-            std::fs::write(&a[4], report).unwrap();
-            std::mem::forget(g);
-            std::process::exit(0);
+            let failed = t0.elapsed().as_secs_f64();
+            // The group refuses what follows, and lets go of its peer at once.
+            let again = g.barrier().unwrap_err();
+            let t1 = Instant::now();
+            drop(g);
+            let dropped = t1.elapsed().as_secs_f64();
+            std::fs::write(&a[4], format!("{failed:.2}\t{dropped:.2}\t{err}\t{again}")).unwrap();
+            return;
         }
         let dir = scratch("dies");
-        let mut ranks = launch(TEST, 2, &dir.0, "");
-        for r in &mut ranks {
-            r.wait().unwrap();
-        }
+        assert_eq!(launch(TEST, 2, &dir.0, "").wait(), [true, false]);
         let report = std::fs::read_to_string(dir.0.join("rank-0")).unwrap();
-        let (seconds, err) = report.split_once('\t').unwrap();
-        assert!(err.starts_with("all_reduce: "), "{err}");
-        assert!(seconds.parse::<f64>().unwrap() < 25.0, "{report}");
+        let fields: Vec<&str> = report.split('\t').collect();
+        let seconds = |i: usize| fields[i].parse::<f64>().unwrap();
+        assert!(fields[2].starts_with("all_reduce: "), "{report}");
+        assert!(
+            fields[3].starts_with("barrier: the group failed earlier: "),
+            "{report}"
+        );
+        // The peer's death is seen, not waited out: well inside the 20 s timeout.
+        assert!(seconds(0) < 5.0 && seconds(1) < 5.0, "{report}");
     }
 }

@@ -190,6 +190,7 @@ fn begin(
     TrainState,
     Vec<Device>,
 )> {
+    one_process()?;
     // Opened first: a device this build or machine lacks is refused before anything else.
     // Checkpointing is the model's recompute regions where the backend runs them; elsewhere
     // (burn's CubeCL backends) burn's balanced gradient checkpointing stands in.
@@ -460,11 +461,29 @@ fn preflight(plan: &RunPlan) -> Result<Tokenizer> {
     Ok(tokenizer)
 }
 
+/// Refuses a process a launcher (torchrun, srun) started as one rank of several: training does
+/// not yet reach across processes, and ranks training alone would each write the run directory.
+fn one_process() -> Result<()> {
+    let env = |name: &str| std::env::var(name).ok();
+    if let Some(l) = k3mini_dist::launch::from_env(&env, std::time::Duration::ZERO)? {
+        bail!(
+            "{} started this process as rank {} of {}: k3mini does not train across processes \
+             yet; start one process per machine (run.device or --device spreads it over the \
+             machine's devices)",
+            l.launcher,
+            l.rendezvous.rank,
+            l.rendezvous.world
+        );
+    }
+    Ok(())
+}
+
 /// What `k3mini recipe check` runs beyond the plan: what `train` would refuse before its first
 /// step — the devices, [`preflight`], and a document in each split of the corpus that training
 /// reads (plain and online runs; shards are `teacher score`'s to write, and it reads the same
 /// corpus's training split).
 pub fn check_run(plan: &RunPlan) -> Result<()> {
+    one_process()?;
     plan.devices.open()?;
     let tokenizer = preflight(plan)?;
     if plan.data.sources.is_empty() {

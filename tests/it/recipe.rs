@@ -500,14 +500,14 @@ fn recipe_check_refuses_what_train_refuses() {
     ];
     // Each is refused by both commands, with the same message, and nothing is written.
     let run = s.path("run");
+    let train: [&std::ffi::OsStr; 4] = [
+        "train".as_ref(),
+        "--quiet".as_ref(),
+        "--out".as_ref(),
+        run.as_ref(),
+    ];
     for (text, says) in cases {
         let path = s.write("recipe.toml", &text);
-        let train: [&std::ffi::OsStr; 4] = [
-            "train".as_ref(),
-            "--quiet".as_ref(),
-            "--out".as_ref(),
-            run.as_ref(),
-        ];
         for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
             let out = assert_cmd::Command::cargo_bin("k3mini")
                 .unwrap()
@@ -523,4 +523,29 @@ fn recipe_check_refuses_what_train_refuses() {
         }
         assert!(!run.join("metrics.jsonl").exists());
     }
+    // A rank torchrun started: refused until training reaches across processes, rather than
+    // every rank training alone into one directory.
+    let path = s.write("recipe.toml", &good);
+    let torchrun = [
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29500"),
+    ];
+    for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
+        let out = assert_cmd::Command::cargo_bin("k3mini")
+            .unwrap()
+            .args(args)
+            .arg(&path)
+            .envs(torchrun)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("torchrun started this process as rank 1 of 2"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!run.join("metrics.jsonl").exists());
 }
