@@ -34,6 +34,10 @@ pub struct InfoArgs {
     /// sharded across them.
     #[arg(long)]
     device: Option<k3mini::device::DeviceList>,
+    /// The ranks a launcher starts across every node (torchrun's nodes × processes per node),
+    /// one device each: each rank's memory with the optimizer state sharded across all of them.
+    #[arg(long, conflicts_with = "device", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    ranks: Option<u32>,
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
@@ -63,13 +67,21 @@ fn info(args: InfoArgs) -> Result<()> {
     if let Some(devices) = &args.device {
         footprint.replicas = devices.replicas();
     }
+    if let Some(ranks) = args.ranks {
+        footprint.replicas = ranks as usize;
+    }
     footprint.batch = args.batch.unwrap_or(footprint.batch);
     footprint.seq_len = args.seq_len.unwrap_or(footprint.seq_len);
     let info = model_info(&name, &config, &footprint);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
-        print!("{}", render(&info));
+        let holder = if args.ranks.is_some() {
+            "rank"
+        } else {
+            "device"
+        };
+        print!("{}", render(&info, holder));
     }
     Ok(())
 }
@@ -90,7 +102,8 @@ pub fn bytes(n: usize) -> String {
     k3mini::units::bytes(n as f64)
 }
 
-fn render(info: &ModelInfo) -> String {
+/// `info` as text, its memory that of each `holder` (a device, or a rank on one).
+fn render(info: &ModelInfo, holder: &str) -> String {
     use std::fmt::Write;
     let c = &info.config;
     let mut s = String::new();
@@ -121,9 +134,9 @@ fn render(info: &ModelInfo) -> String {
         s,
         "\n  training memory of {} (f32, AdamW, micro-batch {} x {} tokens{}{})",
         if f.replicas > 1 {
-            "each device"
+            format!("each {holder}")
         } else {
-            "the device"
+            "the device".into()
         },
         f.batch,
         f.seq_len,
@@ -134,7 +147,7 @@ fn render(info: &ModelInfo) -> String {
         },
         if f.replicas > 1 {
             format!(
-                ", {} devices, optimizer state sharded: the busiest owns {} parameters",
+                ", {} {holder}s, optimizer state sharded: the busiest owns {} parameters",
                 f.replicas,
                 human(m.owned_params)
             )

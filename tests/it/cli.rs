@@ -207,3 +207,53 @@ fn a_closed_stdout_ends_a_command_quietly() {
     assert_ne!(out.status.code(), Some(101), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--ranks N` is the estimate for N ranks of one device each (eight a node, say), the optimizer
+/// state sharded across all of them: the same as N devices in one process, and less each the
+/// more ranks share it.
+#[test]
+fn model_info_per_rank_memory_shards_the_optimizer_across_every_rank() {
+    let total = |args: &[&str]| {
+        let out = k3mini()
+            .args([
+                "model",
+                "info",
+                "--recipe",
+                "recipes/k3-mini-3b.toml",
+                "--json",
+            ])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["training_memory_total"].as_u64().unwrap()
+    };
+    let one_node = total(&["--ranks", "8"]);
+    assert_eq!(one_node, total(&["--device", "cuda:0,1,2,3,4,5,6,7"]));
+    assert!(total(&["--ranks", "16"]) < one_node);
+    assert!(one_node < total(&["--ranks", "1"]));
+    let out = k3mini()
+        .args([
+            "model",
+            "info",
+            "--recipe",
+            "recipes/k3-mini-3b.toml",
+            "--ranks",
+            "8",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("training memory of each rank")
+            && text.contains("8 ranks, optimizer state sharded"),
+        "{text}"
+    );
+}
