@@ -55,6 +55,8 @@ pub struct Rendezvous {
 pub enum Launcher {
     Torchrun,
     Slurm,
+    /// Seen, to be refused: its ranks carry no rendezvous k3mini reads.
+    Mpi,
 }
 
 impl std::fmt::Display for Launcher {
@@ -62,6 +64,7 @@ impl std::fmt::Display for Launcher {
         f.write_str(match self {
             Launcher::Torchrun => "torchrun",
             Launcher::Slurm => "srun",
+            Launcher::Mpi => "mpirun",
         })
     }
 }
@@ -80,45 +83,101 @@ pub struct Launched {
 /// The port a store listens on when `MASTER_PORT` is not set (torch's default).
 pub const DEFAULT_PORT: u16 = 29500;
 
+/// The ports a SLURM job's store takes when `MASTER_PORT` is not set: one per job id, below
+/// Linux's ephemeral ports (32768 up), so neither another job's store nor an outgoing connection
+/// holds it.
+pub const SLURM_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A launcher's rank: which launcher, and its place in the group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ranks {
+    pub launcher: Launcher,
+    pub rank: u64,
+    pub world: u64,
+}
+
+/// `name`'s value as a whole number, if set.
+fn number(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Result<Option<u64>> {
+    var(name)
+        .map(|v| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| DistError::Launch(format!("{name}={v:?} is not a whole number")))
+        })
+        .transpose()
+}
+
+/// Which launcher started this process as one rank of several, from the group size and rank
+/// alone: torchrun (`WORLD_SIZE`, `RANK`), an srun job step (`SLURM_NTASKS`, `SLURM_PROCID`; a
+/// batch script's own step sets no `SLURM_STEP_ID`), mpirun (Open MPI's `OMPI_COMM_WORLD_*`,
+/// MPICH's and Intel MPI's `PMI_*`). None for one process: no launcher, or a group of one.
+pub fn ranks(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<Ranks>> {
+    let slurm = var("SLURM_STEP_ID").is_some();
+    let found = [
+        (Launcher::Torchrun, "WORLD_SIZE", "RANK", true),
+        (Launcher::Slurm, "SLURM_NTASKS", "SLURM_PROCID", slurm),
+        (
+            Launcher::Mpi,
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_RANK",
+            true,
+        ),
+        (Launcher::Mpi, "PMI_SIZE", "PMI_RANK", true),
+    ]
+    .into_iter()
+    .filter(|&(.., applies)| applies)
+    .find_map(|(launcher, size, rank, _)| {
+        number(var, size)
+            .transpose()
+            .map(|world| world.map(|w| (launcher, rank, w)))
+    })
+    .transpose()?;
+    let Some((launcher, rank_var, world)) = found else {
+        return Ok(None);
+    };
+    if world <= 1 {
+        return Ok(None);
+    }
+    let rank = number(var, rank_var)?.ok_or_else(|| {
+        DistError::Launch(format!(
+            "{launcher} says the group has {world} ranks but {rank_var} is not set"
+        ))
+    })?;
+    if rank >= world {
+        return Err(DistError::Launch(format!(
+            "rank {rank} of a group of {world}: {launcher}'s variables disagree"
+        )));
+    }
+    Ok(Some(Ranks {
+        launcher,
+        rank,
+        world,
+    }))
+}
+
 /// The rank `var` (an environment lookup) describes, waiting `timeout` for the others; None when
-/// no launcher started this process as one rank of several.
+/// no launcher started this process as one rank of several ([`ranks`]).
 pub fn from_env(
     var: &dyn Fn(&str) -> Option<String>,
     timeout: Duration,
 ) -> Result<Option<Launched>> {
-    let number = |name: &str| -> Result<Option<u64>> {
-        var(name)
-            .map(|v| {
-                v.trim()
-                    .parse::<u64>()
-                    .map_err(|_| DistError::Launch(format!("{name}={v:?} is not a whole number")))
-            })
-            .transpose()
+    let Some(Ranks {
+        launcher,
+        rank,
+        world,
+    }) = ranks(var)?
+    else {
+        return Ok(None);
     };
-    let required = |name: &str| -> Result<u64> {
-        number(name)?.ok_or_else(|| {
-            DistError::Launch(format!(
-                "RANK is set but {name} is not: start every rank with torchrun (or set RANK, \
-                 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT together)"
-            ))
-        })
-    };
-    let (launcher, rank, world, local_rank, restart, run) = if var("RANK").is_some() {
-        (
-            Launcher::Torchrun,
-            required("RANK")?,
-            required("WORLD_SIZE")?,
-            required("LOCAL_RANK")?,
+    let number = |name: &str| number(var, name);
+    let (local_rank, restart, run) = match launcher {
+        // One process a machine (a pod of a Kubeflow job) sets no LOCAL_RANK.
+        Launcher::Torchrun => (
+            number("LOCAL_RANK")?.unwrap_or(0),
             number("TORCHELASTIC_RESTART_COUNT")?.unwrap_or(0),
             var("TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into()),
-        )
-    } else if var("SLURM_STEP_ID").is_some()
-        && let (Some(rank), Some(world)) = (number("SLURM_PROCID")?, number("SLURM_NTASKS")?)
-    {
-        (
-            Launcher::Slurm,
-            rank,
-            world,
+        ),
+        Launcher::Slurm => (
             number("SLURM_LOCALID")?.unwrap_or(0),
             number("SLURM_RESTART_COUNT")?.unwrap_or(0),
             format!(
@@ -126,18 +185,14 @@ pub fn from_env(
                 var("SLURM_JOB_ID").unwrap_or_default(),
                 var("SLURM_STEP_ID").unwrap_or_default()
             ),
-        )
-    } else {
-        return Ok(None);
+        ),
+        Launcher::Mpi => {
+            return Err(DistError::Launch(format!(
+                "mpirun started this process as rank {rank} of {world}: k3mini's ranks meet \
+                 through torchrun's or SLURM's variables; launch them with torchrun or srun"
+            )));
+        }
     };
-    if world <= 1 && rank == 0 {
-        return Ok(None);
-    }
-    if rank >= world {
-        return Err(DistError::Launch(format!(
-            "rank {rank} of a group of {world}: the launcher's variables disagree"
-        )));
-    }
     let host = match (var("MASTER_ADDR"), launcher) {
         (Some(h), _) if !h.trim().is_empty() => h.trim().to_string(),
         (_, Launcher::Slurm) => var("SLURM_STEP_NODELIST")
@@ -149,7 +204,7 @@ pub fn from_env(
                     "neither MASTER_ADDR nor SLURM_STEP_NODELIST names the first node".into(),
                 )
             })?,
-        (_, Launcher::Torchrun) => {
+        (_, _) => {
             return Err(DistError::Launch(
                 "RANK is set but MASTER_ADDR is not: start every rank with torchrun".into(),
             ));
@@ -158,7 +213,8 @@ pub fn from_env(
     let port = match number("MASTER_PORT")? {
         None if launcher == Launcher::Slurm => {
             let job = number("SLURM_JOB_ID")?.unwrap_or(0);
-            DEFAULT_PORT + (job % 20_000) as u16
+            let span = u64::from(SLURM_PORTS.end - SLURM_PORTS.start);
+            SLURM_PORTS.start + (job % span) as u16
         }
         None => DEFAULT_PORT,
         Some(p) => u16::try_from(p)
@@ -306,7 +362,7 @@ mod tests {
         // The step's first node, and a port of the job's own.
         let store = Store::Tcp {
             host: "gpu012".into(),
-            port: DEFAULT_PORT + 77,
+            port: SLURM_PORTS.start + 77,
             server: false,
         };
         assert_eq!(l.rendezvous.store, store);
@@ -328,44 +384,66 @@ mod tests {
 
     #[test]
     fn one_process_is_no_group_and_bad_variables_are_named() {
-        assert_eq!(launch(&[]).unwrap(), None);
-        assert_eq!(
-            launch(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")]).unwrap(),
-            None
-        );
-        let one = [("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")];
-        assert_eq!(launch(&one).unwrap(), None);
+        // No launcher; a group of one (a Kubeflow job of one replica sets no LOCAL_RANK); a stray
+        // RANK; a batch script's own step (no SLURM_STEP_ID); `srun -n1`.
+        for vars in [
+            &[][..],
+            &[("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "h")][..],
+            &[("RANK", "3")][..],
+            &[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "4")][..],
+            &[
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NTASKS", "1"),
+            ][..],
+        ] {
+            assert_eq!(launch(vars).unwrap(), None, "{vars:?}");
+        }
+        // A Kubeflow replica: no LOCAL_RANK, rank 0 serves the store.
+        let l = launch(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.local_rank, 0);
         for (vars, says) in [
+            (&[("RANK", "x"), ("WORLD_SIZE", "2")][..], "RANK=\"x\""),
+            (&[("WORLD_SIZE", "2")][..], "RANK is not set"),
             (
-                &[("RANK", "x"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")][..],
-                "RANK=\"x\"",
-            ),
-            (
-                &[("RANK", "1"), ("LOCAL_RANK", "0")][..],
-                "WORLD_SIZE is not",
-            ),
-            (
-                &[("RANK", "2"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")][..],
+                &[("RANK", "2"), ("WORLD_SIZE", "2")][..],
                 "rank 2 of a group of 2",
             ),
             (
-                &[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")][..],
+                &[("RANK", "1"), ("WORLD_SIZE", "2")][..],
                 "MASTER_ADDR is not",
             ),
             (
                 &[
                     ("RANK", "1"),
                     ("WORLD_SIZE", "2"),
-                    ("LOCAL_RANK", "0"),
                     ("MASTER_ADDR", "h"),
                     ("MASTER_PORT", "70000"),
                 ][..],
                 "MASTER_PORT=70000",
             ),
+            (
+                &[("OMPI_COMM_WORLD_SIZE", "8"), ("OMPI_COMM_WORLD_RANK", "3")][..],
+                "mpirun started this process as rank 3 of 8",
+            ),
         ] {
             let err = launch(vars).unwrap_err().to_string();
-            assert!(err.contains(says), "{err}");
+            assert!(err.contains(says), "{vars:?}: {err}");
         }
+        // What refuses a launcher's rank reads the group alone: MPI's ranks are seen.
+        let seen = ranks(&|k| {
+            (k == "PMI_SIZE")
+                .then(|| "4".into())
+                .or((k == "PMI_RANK").then(|| "1".into()))
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (seen.launcher, seen.rank, seen.world),
+            (Launcher::Mpi, 1, 4)
+        );
     }
 
     #[test]

@@ -34,8 +34,10 @@ pub struct InfoArgs {
     /// sharded across them.
     #[arg(long)]
     device: Option<k3mini::device::DeviceList>,
-    /// The ranks a launcher starts across every node (torchrun's nodes × processes per node),
-    /// one device each: each rank's memory with the optimizer state sharded across all of them.
+    /// The ranks a launcher would start across every node (torchrun's nodes × processes per
+    /// node), one device each: an estimate of each rank's memory with the optimizer state shared
+    /// out by whole parameters across all of them, as one process shares it over its devices
+    /// (training across processes is refused today).
     #[arg(long, conflicts_with = "device", value_parser = clap::value_parser!(u32).range(1..=65536))]
     ranks: Option<u32>,
     /// Machine-readable output.

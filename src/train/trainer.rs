@@ -465,14 +465,14 @@ fn preflight(plan: &RunPlan) -> Result<Tokenizer> {
 /// not yet reach across processes, and ranks training alone would each write the run directory.
 fn one_process() -> Result<()> {
     let env = |name: &str| std::env::var(name).ok();
-    if let Some(l) = k3mini_dist::launch::from_env(&env, std::time::Duration::ZERO)? {
+    if let Some(r) = k3mini_dist::launch::ranks(&env)? {
         bail!(
             "{} started this process as rank {} of {}: k3mini does not train across processes \
              yet; start one process per machine (run.device or --device spreads it over the \
              machine's devices)",
-            l.launcher,
-            l.rendezvous.rank,
-            l.rendezvous.world
+            r.launcher,
+            r.rank,
+            r.world
         );
     }
     Ok(())

@@ -548,4 +548,25 @@ fn recipe_check_refuses_what_train_refuses() {
         );
     }
     assert!(!run.join("metrics.jsonl").exists());
+    // mpirun's ranks too; a group of one is one process.
+    let check = |env: &[(&str, &str)]| {
+        let out = assert_cmd::Command::cargo_bin("k3mini")
+            .unwrap()
+            .args(["recipe", "check"])
+            .arg(&path)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = check(&[("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2")]);
+    assert!(
+        !ok && err.contains("mpirun started this process as rank 2 of 4"),
+        "{err}"
+    );
+    let (ok, err) = check(&[("RANK", "0"), ("WORLD_SIZE", "1")]);
+    assert!(ok, "{err}");
 }
