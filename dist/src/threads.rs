@@ -157,16 +157,19 @@ impl ThreadRank {
         data: &mut [T],
     ) -> Result<()> {
         let table = self.same_length(op, data)?;
-        sum_into(data, &table);
+        sum_into(data, table.iter().map(|t| &t[..]));
         Ok(())
     }
 }
 
-/// `data` ← Σ over the table's buffers, in rank order.
-fn sum_into<T: Copy + std::ops::AddAssign>(data: &mut [T], table: &[Arc<Vec<T>>]) {
-    data.copy_from_slice(&table[0]);
-    for piece in &table[1..] {
-        for (d, &x) in data.iter_mut().zip(piece.iter()) {
+/// `data` ← Σ over `pieces`, in rank order.
+fn sum_into<'a, T: Copy + std::ops::AddAssign + 'a>(
+    data: &mut [T],
+    mut pieces: impl Iterator<Item = &'a [T]>,
+) {
+    data.copy_from_slice(pieces.next().expect("a group has a rank"));
+    for piece in pieces {
+        for (d, &x) in data.iter_mut().zip(piece) {
             *d += x;
         }
     }
@@ -195,11 +198,7 @@ impl Collective for ThreadRank {
         let table = self.same_length(OP, input)?;
         let n = output.len();
         let mine = n * self.rank..n * (self.rank + 1);
-        let parts: Vec<Arc<Vec<f32>>> = table
-            .iter()
-            .map(|t| Arc::new(t[mine.clone()].to_vec()))
-            .collect();
-        sum_into(output, &parts);
+        sum_into(output, table.iter().map(|t| &t[mine.clone()]));
         Ok(())
     }
 

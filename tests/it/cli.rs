@@ -213,44 +213,30 @@ fn a_closed_stdout_ends_a_command_quietly() {
 /// more ranks share it.
 #[test]
 fn model_info_per_rank_memory_shards_the_optimizer_across_every_rank() {
-    let total = |args: &[&str]| {
-        let out = k3mini()
-            .args([
-                "model",
-                "info",
-                "--recipe",
-                "recipes/k3-mini-3b.toml",
-                "--json",
-            ])
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    let recipe = crate::fixture::root().join("recipes/k3-mini-3b.toml");
+    let info = |args: &[&str]| {
+        let out = crate::fixture::k3mini_ok(
+            [
+                "model".as_ref(),
+                "info".as_ref(),
+                "--recipe".as_ref(),
+                recipe.as_os_str(),
+            ]
+            .into_iter()
+            .chain(args.iter().map(std::ffi::OsStr::new)),
         );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let total = |args: &[&str]| {
+        let json = info(&[args, &["--json"]].concat());
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         v["training_memory_total"].as_u64().unwrap()
     };
     let one_node = total(&["--ranks", "8"]);
     assert_eq!(one_node, total(&["--device", "cuda:0,1,2,3,4,5,6,7"]));
     assert!(total(&["--ranks", "16"]) < one_node);
     assert!(one_node < total(&["--ranks", "1"]));
-    let out = k3mini()
-        .args([
-            "model",
-            "info",
-            "--recipe",
-            "recipes/k3-mini-3b.toml",
-            "--ranks",
-            "8",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = info(&["--ranks", "8"]);
     assert!(
         text.contains("training memory of each rank")
             && text.contains("8 ranks, optimizer state sharded"),
