@@ -64,12 +64,13 @@ fn exchange(url: &str, request: &[u8]) -> (Option<u16>, String) {
     (status, text)
 }
 
-fn health_within_a_second(url: &str) {
+fn health_answers_promptly(url: &str) {
     let t0 = Instant::now();
     let (status, text) = exchange(url, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
     assert_eq!(status, Some(200), "{text}");
     assert!(
-        t0.elapsed() < Duration::from_secs(1),
+        // A wedged server never answers; 5 s leaves a loaded 2-core CI machine room.
+        t0.elapsed() < Duration::from_secs(5),
         "/health took {:?}",
         t0.elapsed()
     );
@@ -146,7 +147,7 @@ fn malformed_http_gets_its_status_and_never_locks_the_server_out() {
         assert_eq!(exchange(url, request).0, Some(*want), "{what} (#{i})");
     }
     eprintln!("1000 malformed requests in {:?}", t0.elapsed());
-    health_within_a_second(url);
+    health_answers_promptly(url);
 }
 
 #[test]
@@ -154,7 +155,7 @@ fn the_api_key_guards_the_model_and_k3minis_clients_send_it() {
     // The key from the environment (what `ps` does not show).
     let server = serve_env("smollm2", &[], &[("K3MINI_API_KEY", "s3cret")]);
     let url = server.url.clone();
-    health_within_a_second(&url);
+    health_answers_promptly(&url);
     for request in [
         &b"GET /v1/models HTTP/1.1\r\n\r\n"[..],
         b"POST /generate HTTP/1.1\r\nContent-Type: application/json\r\nAuthorization: Bearer wrong\r\nContent-Length: 2\r\n\r\n{}",

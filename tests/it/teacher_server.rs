@@ -626,7 +626,8 @@ fn a_disconnected_clients_request_is_stopped() {
     std::thread::sleep(Duration::from_millis(500));
     let t0 = std::time::Instant::now();
     assert_eq!(raw(&server.url, "GET", "/health", "").0, 200);
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // The generation takes minutes: 5 s tells "answered alongside" from "waited behind it".
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     drop(s);
     let t0 = std::time::Instant::now();
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
