@@ -49,6 +49,34 @@ impl DeviceList {
         Self(self.0[..1].to_vec())
     }
 
+    /// The device of the rank that is `local` on its machine, when a launcher starts one process
+    /// per device: entry `local` of a list (`cuda:0,1,2,3`), or, of one entry, `cpu`, or
+    /// `cuda:(N + local)` (`cuda` on every rank spreads them over the machine's GPUs) taken modulo
+    /// the `visible` GPUs when fewer are (`srun --gpus-per-task 1` shows each task its own GPU
+    /// alone, as `cuda:0`).
+    pub fn for_local_rank(&self, local: usize, visible: Option<usize>) -> Result<Self> {
+        let kind = match self.0.as_slice() {
+            [DeviceKind::Cuda(n)] => {
+                let at = n.checked_add(local).ok_or_else(|| {
+                    Error::Refused(format!("local rank {local} is not a device index"))
+                })?;
+                DeviceKind::Cuda(match visible {
+                    Some(v) if v > 0 && at >= v => at % v,
+                    _ => at,
+                })
+            }
+            [DeviceKind::Cpu] => DeviceKind::Cpu,
+            list => *list.get(local).ok_or_else(|| {
+                Error::Refused(format!(
+                    "this process is local rank {local} but run.device ({self}) lists {} \
+                     devices: list one per process the launcher starts on a machine",
+                    list.len()
+                ))
+            })?,
+        };
+        Ok(Self(vec![kind]))
+    }
+
     /// Opens every device, or says why this build or machine cannot.
     pub fn open(&self) -> Result<Vec<Device>> {
         self.0.iter().map(|&k| open(k)).collect()

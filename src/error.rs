@@ -36,6 +36,9 @@ pub enum Error {
     /// A device failed mid-step (a worker's panic: libtorch's errors, CUDA out of memory).
     #[error("{0}")]
     Device(String),
+    /// Another rank of a run across processes failed, left, or cannot be reached.
+    #[error("{0}")]
+    Ranks(String),
     /// Something k3mini will not do with these inputs, and why (usually with what to do instead).
     #[error("{0}")]
     Refused(String),

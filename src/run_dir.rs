@@ -76,6 +76,11 @@ pub struct StepMetrics {
     /// the step's wall time (`batch_tokens / tokens_per_s`) means the replicas overlapped.
     #[serde(default)]
     pub replica_busy_s: Vec<f64>,
+    /// Across processes: seconds this step's first rank spent exchanging with the others (the
+    /// gradients' and figures' sums, the global norm, the parameters' broadcasts, with their
+    /// copies to and from the host), waiting for slower ranks included.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub collective_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub peak_rss_bytes: Option<usize>,
     /// The most heap bytes live during this step (its held-out evaluation included, the
@@ -259,7 +264,7 @@ impl Checkpoint {
         let state: TrainState =
             serde_json::from_slice(&read(STATE)?).with_context(|| format!("{dir}: {STATE}"))?;
         let moments = SavedMoments {
-            path: self.path(OPTIMIZER)?.to_path_buf(),
+            paths: self.optimizer_shards()?,
             step: state.step,
         };
         let model = restore_param_ids(self.model(device)?, &ids)
@@ -268,49 +273,128 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// The optimizer state's files: one process's `optimizer.bpk`, or every rank's shard of a run
+    /// across `W` processes (`optimizer-rank-R-of-W.bpk`, each the moments of the parameters that
+    /// rank owned), all of them.
+    fn optimizer_shards(&self) -> Result<Vec<PathBuf>> {
+        if let Some(one) = self.files.get(OPTIMIZER) {
+            return Ok(vec![one.clone()]);
+        }
+        let shards: Vec<(usize, usize, &PathBuf)> = self
+            .files
+            .iter()
+            .filter_map(|(name, path)| {
+                let (rank, world) = parse_optimizer_shard(name)?;
+                Some((rank, world, path))
+            })
+            .collect();
+        let Some(&(_, world, _)) = shards.first() else {
+            bail!(
+                "checkpoint {}: no {OPTIMIZER} and no optimizer-rank-*.bpk",
+                self.dir.display()
+            );
+        };
+        let mut have: Vec<usize> = shards
+            .iter()
+            .filter(|s| s.1 == world)
+            .map(|s| s.0)
+            .collect();
+        have.sort();
+        crate::ensure!(
+            have == (0..world).collect::<Vec<_>>() && shards.len() == world,
+            "checkpoint {}: the optimizer state is in shards of {world} ranks but the manifest \
+             lists {:?}",
+            self.dir.display(),
+            shards
+                .iter()
+                .map(|s| optimizer_shard(s.0, s.1))
+                .collect::<Vec<_>>()
+        );
+        Ok(shards.into_iter().map(|s| s.2.clone()).collect())
+    }
+}
+
+/// The file of rank `rank`'s optimizer shard in a run across `world` processes.
+pub fn optimizer_shard(rank: usize, world: usize) -> String {
+    format!("optimizer-rank-{rank:05}-of-{world:05}.bpk")
+}
+
+fn parse_optimizer_shard(name: &str) -> Option<(usize, usize)> {
+    let rest = name.strip_prefix("optimizer-rank-")?.strip_suffix(".bpk")?;
+    let (rank, world) = rest.split_once("-of-")?;
+    let (rank, world) = (rank.parse().ok()?, world.parse().ok()?);
+    (rank < world && name == optimizer_shard(rank, world)).then_some((rank, world))
+}
+
 /// A verified checkpoint's AdamW moments, not yet read, and the step they were saved after.
 pub struct SavedMoments {
-    path: PathBuf,
+    /// One file, or one per rank of the run that wrote it.
+    paths: Vec<PathBuf>,
     step: usize,
 }
 
 impl SavedMoments {
     /// Reads them for `model` (which carries the checkpoint's parameter ids), each moment straight
-    /// onto `owner(id)`, a tensor at a time.
+    /// onto `owner(id)`, a tensor at a time; a parameter whose owner is None (another rank's) is
+    /// not read. Whatever the ranks that wrote them, and however many read them.
     pub fn read(
         &self,
         model: &K3Mini,
-        owner: impl Fn(burn::module::ParamId) -> Device,
+        owner: impl Fn(burn::module::ParamId) -> Option<Device>,
     ) -> Result<HashMap<u64, Moments>> {
-        Ok(moments::read(
-            &self.path,
-            &param_entries(model),
-            self.step,
-            |id| owner(burn::module::ParamId::from(id)).inner(),
-        )?)
+        let params = param_entries(model);
+        let mut all = HashMap::new();
+        for path in &self.paths {
+            let read = moments::read(path, &params, self.step, |id| {
+                owner(burn::module::ParamId::from(id)).map(Device::inner)
+            })?;
+            for (id, m) in read {
+                crate::ensure!(
+                    all.insert(id, m).is_none(),
+                    "{}: parameter id {id} has optimizer state in two ranks' shards",
+                    path.display()
+                );
+            }
+        }
+        Ok(all)
     }
 }
 
 /// Writes a checkpoint of step `state.step` into `plan.out_dir`, keeping the newest
 /// `train.keep_checkpoints`. Weights and optimizer state stream to disk a tensor at a time.
+/// (Across processes the ranks write one together: `train::ranks`.)
 pub fn write_checkpoint(
     plan: &RunPlan,
     model: &K3Mini,
     moments: &HashMap<u64, Moments>,
     state: &TrainState,
 ) -> Result<PathBuf> {
-    k3mini_checkpoints::write_with(
-        &plan.out_dir,
-        state.step,
-        plan.train.keep_checkpoints,
-        |dir| -> Result<()> {
-            save_hf_files(model, dir, plan.train.weights_shard_bytes)?;
-            put(dir, IDS, &serde_json::to_vec(&param_ids(model))?)?;
-            moments::write(&dir.join(OPTIMIZER), &param_entries(model), moments)?;
-            put(dir, STATE, &serde_json::to_vec_pretty(state)?)?;
-            put(dir, PLAN, plan.to_toml().as_bytes())
-        },
-    )
+    let (dir, step, keep) = (&plan.out_dir, state.step, plan.train.keep_checkpoints);
+    k3mini_checkpoints::write_with(dir, step, keep, |tmp| -> Result<()> {
+        fill_checkpoint(plan, model, state, tmp)?;
+        write_moments(&tmp.join(OPTIMIZER), model, moments)
+    })
+}
+
+/// A checkpoint's files besides the optimizer state, into the directory being filled: the
+/// weights, their parameter ids, the state and the plan.
+pub fn fill_checkpoint(
+    plan: &RunPlan,
+    model: &K3Mini,
+    state: &TrainState,
+    tmp: &Path,
+) -> Result<()> {
+    save_hf_files(model, tmp, plan.train.weights_shard_bytes)?;
+    put(tmp, IDS, &serde_json::to_vec(&param_ids(model))?)?;
+    put(tmp, STATE, &serde_json::to_vec_pretty(state)?)?;
+    put(tmp, PLAN, plan.to_toml().as_bytes())
+}
+
+/// `moments` (of `model`'s parameters, keyed by their ids) to `path`: `optimizer.bpk`, or a
+/// rank's shard ([`optimizer_shard`]).
+pub fn write_moments(path: &Path, model: &K3Mini, moments: &HashMap<u64, Moments>) -> Result<()> {
+    Ok(moments::write(path, &param_entries(model), moments)?)
 }
 
 /// Writes a checkpoint of a model that has not trained (tests, benchmarks): weights and plan.

@@ -156,6 +156,7 @@ pub fn scalars(m: &StepMetrics) -> Vec<(String, f32)> {
         ("eval/kl", m.eval_kl),
         ("train/on_policy_kl", m.on_policy_kl),
         ("train/balance_loss", m.balance_loss),
+        ("train/collective_s", m.collective_s),
     ];
     out.extend(
         optional

@@ -122,21 +122,55 @@ fn write_stages<E: From<CheckpointError>>(
     fill: impl FnOnce(&Path) -> Result<(), E>,
     last: Stage,
 ) -> Result<PathBuf, E> {
-    let final_dir = step_dir(run_dir, step);
-    let tmp = run_dir.join(format!(".tmp-{PREFIX}{step:08}-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    }
-    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    let tmp = fresh_temp(run_dir, step, &std::process::id().to_string())?;
     fill(&tmp)?;
     if last == Stage::Filled {
         return Ok(tmp);
     }
+    Ok(publish_stages(run_dir, step, keep, &tmp, last)?)
+}
+
+/// The temporary directory a checkpoint of `step` is filled in by `writer` (a process id, or a
+/// name the ranks of a group share), without creating it: [`remove_stale_temps`] knows its name.
+pub fn temp_dir(run_dir: &Path, step: usize, writer: &str) -> PathBuf {
+    run_dir.join(format!(".tmp-{PREFIX}{step:08}-{writer}"))
+}
+
+/// [`temp_dir`], emptied and created: the first half of [`write_with`] for writers that fill it
+/// together (the ranks of a training run, each its own files) before one of them [`publish`]es it.
+pub fn fresh_temp(run_dir: &Path, step: usize, writer: &str) -> Result<PathBuf, CheckpointError> {
+    let tmp = temp_dir(run_dir, step, writer);
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    Ok(tmp)
+}
+
+/// The second half of [`write_with`]: checksums and syncs the filled `tmp`, renames it into place
+/// as the checkpoint of `step`, and prunes all but the newest `keep`.
+pub fn publish(
+    run_dir: &Path,
+    step: usize,
+    keep: usize,
+    tmp: &Path,
+) -> Result<PathBuf, CheckpointError> {
+    publish_stages(run_dir, step, keep, tmp, Stage::Pruned)
+}
+
+fn publish_stages(
+    run_dir: &Path,
+    step: usize,
+    keep: usize,
+    tmp: &Path,
+    last: Stage,
+) -> Result<PathBuf, CheckpointError> {
+    let final_dir = step_dir(run_dir, step);
     let mut manifest = Manifest {
         step,
         files: BTreeMap::new(),
     };
-    for entry in std::fs::read_dir(&tmp).map_err(|e| io(&tmp, e))? {
+    for entry in std::fs::read_dir(tmp).map_err(|e| io(tmp, e))? {
         let path = entry.map_err(|e| io(&tmp, e))?.path();
         let name = path
             .file_name()
@@ -150,9 +184,9 @@ fn write_stages<E: From<CheckpointError>>(
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
     let manifest_path = tmp.join(MANIFEST);
     k3mini_durable::write(&manifest_path, &json).map_err(|e| io(&manifest_path, e))?;
-    k3mini_durable::sync_dir(&tmp).map_err(|e| io(&tmp, e))?;
+    k3mini_durable::sync_dir(tmp).map_err(|e| io(tmp, e))?;
     if last == Stage::Synced {
-        return Ok(tmp);
+        return Ok(tmp.to_path_buf());
     }
     // A step being rewritten is renamed aside, never deleted first: at every moment one version
     // of it is on disk under a name `list` reads.
@@ -166,7 +200,7 @@ fn write_stages<E: From<CheckpointError>>(
     if last == Stage::SetAside {
         return Ok(aside);
     }
-    k3mini_durable::rename(&tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
+    k3mini_durable::rename(tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
     if last == Stage::Published {
         return Ok(final_dir);
     }

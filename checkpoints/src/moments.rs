@@ -103,14 +103,15 @@ pub fn write(
 }
 
 /// Reads the moments of `params` from `path`, each one straight onto `device(id)` (its owner), a
-/// tensor at a time. Every tensor must be f32 of its parameter's shape, finite (and `v ≥ 0`), and
+/// tensor at a time. A parameter whose `device` is None (another rank's) is skipped once its
+/// entries are found whole; its owner reads and checks its values. Every tensor must be f32 of its parameter's shape, finite (and `v ≥ 0`), and
 /// belong to one of `params`; a parameter has both moments and a step count, or none of them, and
 /// its step count is from 1 to `max_steps` (the checkpoint's own step).
 pub fn read(
     path: &Path,
     params: &[ParamEntry],
     max_steps: usize,
-    device: impl Fn(u64) -> Device,
+    device: impl Fn(u64) -> Option<Device>,
 ) -> Result<HashMap<u64, Moments>, CheckpointError> {
     let reader = Reader::from_file_exact(path).map_err(|e| invalid(path, e))?;
     let scalars = reader.scalars().clone();
@@ -149,7 +150,9 @@ pub fn read(
                 "holds AMSGrad's max_moment_2, which k3mini's AdamW never writes".into(),
             ));
         }
-        let device = device(p.id);
+        let Some(device) = device(p.id) else {
+            continue;
+        };
         let load =
             |t: burn_pack::Tensor, non_negative: bool| -> Result<Tensor<1>, CheckpointError> {
                 if t.dtype != DType::F32 || t.shape.as_slice() != p.shape.as_slice() {

@@ -76,7 +76,7 @@ fn moments_stream_to_disk_and_back_a_tensor_at_a_time() {
 
     let before = heap_live_bytes().unwrap();
     reset_heap_peak();
-    let back = read(&path, &params, 3, |_| Device::flex()).unwrap();
+    let back = read(&path, &params, 3, |_| Some(Device::flex())).unwrap();
     let peak = heap_peak_bytes().unwrap();
     let kept = heap_live_bytes().unwrap() - before;
     eprintln!("read: heap peak {} bytes, {kept} kept", peak - before);
@@ -92,6 +92,15 @@ fn moments_stream_to_disk_and_back_a_tensor_at_a_time() {
         assert_eq!(values(&a.m), values(&b.m), "{}", p.path);
         assert_eq!(values(&a.v), values(&b.v), "{}", p.path);
     }
+    // A rank reads the parameters it owns, and only those (the others' stay on disk).
+    let mine = |id: u64| id % 2 == 0;
+    let before = heap_live_bytes().unwrap();
+    let part = read(&path, &params, 3, |id| mine(id).then(Device::flex)).unwrap();
+    let kept = heap_live_bytes().unwrap() - before;
+    let ids: Vec<u64> = params.iter().map(|p| p.id).filter(|&id| mine(id)).collect();
+    assert_eq!(part.len(), ids.len());
+    assert!(ids.iter().all(|id| part.contains_key(id)));
+    assert!(kept < 17 * MIB, "{kept} bytes kept for half of 32 MiB");
 }
 
 #[test]
@@ -101,7 +110,7 @@ fn a_file_that_does_not_fit_the_model_is_refused_by_name() {
     let (params, mut moments) = state(3, 4);
     write(&path, &params, &moments).unwrap();
     let refused = |params: &[ParamEntry]| {
-        read(&path, params, 3, |_| Device::flex())
+        read(&path, params, 3, |_| Some(Device::flex()))
             .map(|_| ())
             .unwrap_err()
             .to_string()
@@ -137,7 +146,7 @@ fn a_file_that_does_not_fit_the_model_is_refused_by_name() {
     assert!(e.contains("layers.2.weight") && e.contains("-1"), "{e}");
 
     // A step count past the checkpoint's own step.
-    let e = read(&path, &params, 2, |_| Device::flex())
+    let e = read(&path, &params, 2, |_| Some(Device::flex()))
         .map(|_| ())
         .unwrap_err()
         .to_string();

@@ -3,7 +3,8 @@
 //! `TORCHELASTIC_USE_AGENT_STORE` says so), else SLURM's for an `srun` job step of one task per
 //! device (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, the master the first host of the
 //! step's node list unless `MASTER_ADDR` names it, the port from the job id unless `MASTER_PORT`
-//! does, so jobs sharing a node do not collide). Neither: one process, no group.
+//! does, so jobs sharing a node do not collide). Neither: one process, no group. Either way,
+//! [`STORE_FILE`] makes the ranks meet in a file instead of a TCP store.
 //!
 //! Under torchrun the keys go under its run id and restart count, which every node's agent
 //! counts alike only while the membership is fixed (`--nnodes N`, not a range): an elastic
@@ -193,6 +194,39 @@ pub fn from_env(
             )));
         }
     };
+    let file = var(STORE_FILE).filter(|f| !f.trim().is_empty());
+    let store = match file {
+        Some(f) => Store::File(f.into()),
+        None => tcp_store(var, launcher, rank)?,
+    };
+    let device = match var("GLOO_SOCKET_IFNAME") {
+        Some(i) if !i.is_empty() => Device::Interface(i),
+        _ => Device::Default,
+    };
+    let as_usize = |n: u64| usize::try_from(n).map_err(|_| DistError::Launch(format!("{n} ranks")));
+    Ok(Some(Launched {
+        rendezvous: Rendezvous {
+            store,
+            prefix: format!("k3mini/{run}/{restart}"),
+            device,
+            rank: as_usize(rank)?,
+            world: as_usize(world)?,
+            timeout,
+        },
+        local_rank: as_usize(local_rank)?,
+        launcher,
+        restart,
+    }))
+}
+
+/// The variable naming a file every rank sees (a shared mount, or one machine's disk) where the
+/// ranks meet instead of `MASTER_ADDR:MASTER_PORT`: no port to choose, so tests and clusters
+/// whose nodes share a file system need none.
+pub const STORE_FILE: &str = "K3MINI_STORE_FILE";
+
+/// The TCP store `MASTER_ADDR:MASTER_PORT` (or SLURM's first node and a port from the job id).
+fn tcp_store(var: &dyn Fn(&str) -> Option<String>, launcher: Launcher, rank: u64) -> Result<Store> {
+    let number = |name: &str| number(var, name);
     let host = match (var("MASTER_ADDR"), launcher) {
         (Some(h), _) if !h.trim().is_empty() => h.trim().to_string(),
         (_, Launcher::Slurm) => var("SLURM_STEP_NODELIST")
@@ -205,9 +239,10 @@ pub fn from_env(
                 )
             })?,
         (_, _) => {
-            return Err(DistError::Launch(
-                "RANK is set but MASTER_ADDR is not: start every rank with torchrun".into(),
-            ));
+            return Err(DistError::Launch(format!(
+                "RANK is set but neither MASTER_ADDR nor {STORE_FILE} is: start every rank \
+                     with torchrun"
+            )));
         }
     };
     let port = match number("MASTER_PORT")? {
@@ -221,28 +256,11 @@ pub fn from_env(
             .map_err(|_| DistError::Launch(format!("MASTER_PORT={p} is not a port")))?,
     };
     let agent_store = var("TORCHELASTIC_USE_AGENT_STORE").is_some_and(|v| v == "True");
-    let device = match var("GLOO_SOCKET_IFNAME") {
-        Some(i) if !i.is_empty() => Device::Interface(i),
-        _ => Device::Default,
-    };
-    let as_usize = |n: u64| usize::try_from(n).map_err(|_| DistError::Launch(format!("{n} ranks")));
-    Ok(Some(Launched {
-        rendezvous: Rendezvous {
-            store: Store::Tcp {
-                host,
-                port,
-                server: !agent_store && rank == 0,
-            },
-            prefix: format!("k3mini/{run}/{restart}"),
-            device,
-            rank: as_usize(rank)?,
-            world: as_usize(world)?,
-            timeout,
-        },
-        local_rank: as_usize(local_rank)?,
-        launcher,
-        restart,
-    }))
+    Ok(Store::Tcp {
+        host,
+        port,
+        server: !agent_store && rank == 0,
+    })
 }
 
 /// The first host of a SLURM node list: `node07`, `node[03-06,09]` → `node03`,
@@ -404,6 +422,15 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(l.local_rank, 0);
+        // A store file stands in for MASTER_ADDR:MASTER_PORT, under any launcher.
+        let l = launch(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            (STORE_FILE, "/shared/s"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.rendezvous.store, Store::File("/shared/s".into()));
         for (vars, says) in [
             (&[("RANK", "x"), ("WORLD_SIZE", "2")][..], "RANK=\"x\""),
             (&[("WORLD_SIZE", "2")][..], "RANK is not set"),
@@ -413,7 +440,7 @@ mod tests {
             ),
             (
                 &[("RANK", "1"), ("WORLD_SIZE", "2")][..],
-                "MASTER_ADDR is not",
+                "neither MASTER_ADDR nor K3MINI_STORE_FILE is",
             ),
             (
                 &[

@@ -51,7 +51,13 @@ pub fn install(observer: Box<dyn Progress>) -> bool {
     OBSERVER.set(observer).is_ok()
 }
 
+/// An observer that reports nothing: for work whose progress another process reports (a rank
+/// of a training run other than the first).
+pub fn silent() -> &'static dyn Progress {
+    &Silent
+}
+
 /// The installed observer, or one that reports nothing.
 pub fn observer() -> &'static dyn Progress {
-    OBSERVER.get().map_or(&Silent, |o| o.as_ref())
+    OBSERVER.get().map_or(silent(), |o| o.as_ref())
 }

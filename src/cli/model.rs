@@ -36,8 +36,7 @@ pub struct InfoArgs {
     device: Option<k3mini::device::DeviceList>,
     /// The ranks a launcher would start across every node (torchrun's nodes × processes per
     /// node), one device each: an estimate of each rank's memory with the optimizer state shared
-    /// out by whole parameters across all of them, as one process shares it over its devices
-    /// (training across processes is refused today).
+    /// out by whole parameters across all of them, as training across processes shares it.
     #[arg(long, conflicts_with = "device", value_parser = clap::value_parser!(u32).range(1..=65536))]
     ranks: Option<u32>,
     /// Machine-readable output.

@@ -21,7 +21,7 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
     match cmd {
         RecipeCommand::Check { file } => {
             let plan = recipe::load(&file)?;
-            k3mini::train::trainer::check_run(&plan)?;
+            let launched = k3mini::train::trainer::check_run(&plan)?;
             let memory = plan.training_memory().total();
             eprintln!(
                 "{}: ok — model {} ({} params, ~{} to train), {} steps x {} tokens ({} micro-batches of {} x {}), output {}",
@@ -36,6 +36,30 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                 plan.data.seq_len,
                 plan.out_dir.display()
             );
+            if let Some(l) = launched {
+                let r = &l.rendezvous;
+                eprintln!(
+                    "{} started this process as rank {} of {} (local rank {}, device {}): each \
+                     rank trains {} of a step's {} micro-batches, gradients summed {}, meeting \
+                     through {}",
+                    l.launcher,
+                    r.rank,
+                    r.world,
+                    l.local_rank,
+                    k3mini::train::ranks::device_of(&plan, &l)?,
+                    (plan.accumulation - r.rank).div_ceil(r.world),
+                    plan.accumulation,
+                    match plan.train.reduction {
+                        recipe::Reduction::Ring => "by reduce-scatter (ring)",
+                        recipe::Reduction::Ordered => "in micro-batch order (ordered)",
+                    },
+                    match &r.store {
+                        k3mini_dist::launch::Store::File(f) => format!("the file {}", f.display()),
+                        k3mini_dist::launch::Store::Tcp { host, port, .. } =>
+                            format!("the store at {host}:{port}"),
+                    }
+                );
+            }
             print!("{}", plan.to_toml());
             Ok(())
         }

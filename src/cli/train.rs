@@ -53,6 +53,24 @@ pub fn run(args: TrainArgs) -> Result<()> {
     };
     crate::cli::progress::set_quiet(args.quiet);
     let s = train(&loaded, &opts)?;
+    // Across ranks the first reports the run.
+    if s.leads {
+        print_summary(&s);
+    }
+    if s.interrupted {
+        if s.leads {
+            println!(
+                "interrupted: continue with `k3mini train {} --resume`",
+                args.recipe.display()
+            );
+        }
+        // The shell's convention for a run ended by SIGINT.
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
+fn print_summary(s: &k3mini::train::trainer::TrainSummary) {
     let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.4}"));
     println!(
         "\n| run | steps | tokens | first loss | last loss | held-out loss | wall | tokens/s |"
@@ -70,13 +88,4 @@ pub fn run(args: TrainArgs) -> Result<()> {
         s.wall_s,
         s.tokens as f64 / s.wall_s.max(1e-9)
     );
-    if s.interrupted {
-        println!(
-            "interrupted: continue with `k3mini train {} --resume`",
-            args.recipe.display()
-        );
-        // The shell's convention for a run ended by SIGINT.
-        std::process::exit(130);
-    }
-    Ok(())
 }

@@ -1242,6 +1242,10 @@ fn check_loop(r: &Recipe, model: &ModelConfig) -> Result<(), Refusal> {
         ("train.checkpoint_every", r.train.checkpoint_every),
         ("train.keep_checkpoints", r.train.keep_checkpoints),
         ("train.max_bad_steps", r.train.max_bad_steps),
+        (
+            "train.collective_timeout_s",
+            r.train.collective_timeout_s.min(usize::MAX as u64) as usize,
+        ),
     ];
     for (key, v) in positive {
         if v == 0 {

@@ -9,7 +9,7 @@
 //! [optim]     AdamW: lr, betas, eps, weight_decay (not on norms, biases, gates), grad_clip
 //! [schedule]  kind = "constant" | "cosine" | "wsd", warmup_steps, min_lr_ratio, decay_fraction
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
-//!             weights_shard_bytes
+//!             weights_shard_bytes, reduction = "ring" | "ordered", collective_timeout_s
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
 //! [teacher]   model + engine | endpoints + api + api_key_env, concurrency, k, temperature, segments_per_shard,
 //!             logprob_step, shards_dir, routing, routing_shape = {layers, k, experts, moe_layers}
@@ -441,6 +441,43 @@ pub struct TrainConfig {
     /// under the step's graph, the unchunked reference (for A/B benchmarks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_chunk: Option<usize>,
+    /// How ranks a launcher started (torchrun, srun) sum their gradients: `ring`, each rank its
+    /// micro-batches then an all-reduce across ranks (one process's numbers up to rounding);
+    /// `ordered`, every micro-batch's gradient gathered and summed in micro-batch order (one
+    /// process's bits, for W times the gradients' host memory and traffic). See docs/gpus.md.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub reduction: Reduction,
+    /// How long a rank waits for the others (to join, for each transfer of a collective) before
+    /// the run stops with an error that says so; at most a day. A rank that dies is noticed at
+    /// once (its connections close), this is for one that hangs.
+    #[serde(
+        default = "default_collective_timeout_s",
+        skip_serializing_if = "is_default_collective_timeout_s"
+    )]
+    pub collective_timeout_s: u64,
+}
+
+/// `train.reduction`: the order in which a run across processes sums its ranks' gradients.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reduction {
+    /// Each rank sums its own micro-batches, then a reduce-scatter sums the ranks' in the
+    /// backend's order (a ring's): equal to one process up to the last bits of each sum.
+    #[default]
+    Ring,
+    /// Every micro-batch's gradient is gathered and summed in micro-batch order: the bits one
+    /// process gets, for `world` times the gradients' memory and traffic.
+    Ordered,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+fn default_collective_timeout_s() -> u64 {
+    1800
+}
+fn is_default_collective_timeout_s(s: &u64) -> bool {
+    *s == default_collective_timeout_s()
 }
 
 /// `[train.qat]`: from `start_step` on, the forward pass sees every linear weight quantised to

@@ -74,18 +74,52 @@ impl HeldOut {
 
     /// The measurements of `model`, `None` when nothing is held out.
     pub fn evaluate(&self, model: &K3Mini) -> Option<HeldOutEval> {
+        let one = |_: &mut [f64]| Ok(());
+        self.evaluate_shared(model, 0, 1, one)
+            .expect("one process sums nothing")
+    }
+
+    /// [`HeldOut::evaluate`] with the batches shared among the `world` ranks of a run across
+    /// processes: this one scores the batches `≡ rank (mod world)`, `sum` adds every rank's
+    /// per-batch sums (each batch's are one rank's, the rest zero: exact), and the means fold in
+    /// batch order, as one process folds them.
+    pub fn evaluate_shared(
+        &self,
+        model: &K3Mini,
+        rank: usize,
+        world: usize,
+        sum: impl FnOnce(&mut [f64]) -> Result<()>,
+    ) -> Result<Option<HeldOutEval>> {
         if self.is_empty() {
-            return None;
+            return Ok(None);
         }
         let device = model.lm_head.weight.device().without_autodiff();
         let inference = burn::module::Module::valid(model);
-        Some(match self {
-            Self::Documents { batches, .. } => documents_eval(&inference, batches, &device),
+        let mine = |i: usize| i % world == rank;
+        let mut sums: Vec<f64> = match self {
+            Self::Documents { batches, .. } => batches
+                .iter()
+                .enumerate()
+                .flat_map(|(i, b)| match mine(i) {
+                    true => documents_sums(&inference, b, &device),
+                    false => [0.0; SUMS],
+                })
+                .collect(),
             Self::Signals {
                 batches,
                 temperature,
-            } => signals_eval(&inference, batches, *temperature, &device),
-        })
+            } => batches
+                .iter()
+                .enumerate()
+                .flat_map(|(i, b)| match mine(i) {
+                    true => signals_sums(&inference, b, *temperature, &device),
+                    false => [0.0; SUMS],
+                })
+                .collect(),
+        };
+        sum(&mut sums)?;
+        let teacher = matches!(self, Self::Signals { .. });
+        Ok(Some(fold(&sums, teacher)))
     }
 
     /// The UTF-8 bytes of the text the scored positions predict (for bits per byte): each run of
@@ -133,64 +167,63 @@ fn scored_targets(tokens: &[i64], mask: &[f32]) -> Vec<Vec<u32>> {
     runs
 }
 
-/// Token-weighted cross-entropy over the scored positions of packed rows.
-fn documents_eval(model: &K3Mini, batches: &[PackedBatch], device: &Device) -> HeldOutEval {
-    let (mut nll, mut count) = (0.0, 0.0);
-    for b in batches {
-        let (tokens, starts, mask) = packed_tensors(b, device);
-        let logits = model.forward_packed(tokens.clone(), starts).logits;
-        let t = b.seq_len;
-        let weight = mask.clone().narrow(1, 0, t - 1).sum().into_scalar::<f32>() as f64;
-        let mean = next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64;
-        nll += mean * weight;
-        count += weight;
-    }
-    HeldOutEval {
-        loss: nll / f64::max(count, 1.0),
-        positions: count as usize,
-        top1: f64::NAN,
-        kl: f64::NAN,
-    }
+/// What one held-out batch adds: `[Σ CE, Σ KL, positions where the student's top-1 is the
+/// teacher's, scored positions]`, each mean weighted by the batch's scored positions.
+const SUMS: usize = 4;
+
+/// Token-weighted cross-entropy over the scored positions of a batch of packed rows.
+fn documents_sums(model: &K3Mini, b: &PackedBatch, device: &Device) -> [f64; SUMS] {
+    let (tokens, starts, mask) = packed_tensors(b, device);
+    let logits = model.forward_packed(tokens.clone(), starts).logits;
+    let t = b.seq_len;
+    let weight = mask.clone().narrow(1, 0, t - 1).sum().into_scalar::<f32>() as f64;
+    let mean = next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64;
+    [mean * weight, 0.0, 0.0, weight]
 }
 
-fn signals_eval(
-    model: &K3Mini,
-    batches: &[SignalBatch],
-    temperature: f64,
-    device: &Device,
-) -> HeldOutEval {
-    let (mut ce, mut kl, mut agree, mut count) = (0.0, 0.0, 0.0, 0.0);
-    for b in batches {
-        let flat = flatten(b, device);
-        let logits = model.head(position_hidden(model, flat.tokens.clone(), None).0);
-        let weight = flat.mask.clone().sum().into_scalar::<f32>() as f64;
-        let per = |o| {
-            let v = objective_per_position(
-                o,
-                logits.clone(),
-                flat.targets.clone(),
-                &flat.teacher,
-                temperature,
-                1.0,
-            );
-            masked_mean(v, flat.mask.clone()).into_scalar::<f32>() as f64 * weight
-        };
-        ce += per(Objective::CrossEntropy);
-        kl += per(Objective::ForwardKl);
-        let n = flat.mask.dims()[0];
-        let student_top = logits.argmax(1).reshape([n]);
-        let teacher_top = flat.teacher.ids.clone().narrow(1, 0, 1).reshape([n]);
-        agree += (student_top.equal(teacher_top).float() * flat.mask.clone())
-            .sum()
-            .into_scalar::<f32>() as f64;
-        count += weight;
+fn signals_sums(model: &K3Mini, b: &SignalBatch, temperature: f64, device: &Device) -> [f64; SUMS] {
+    let flat = flatten(b, device);
+    let logits = model.head(position_hidden(model, flat.tokens.clone(), None).0);
+    let weight = flat.mask.clone().sum().into_scalar::<f32>() as f64;
+    let per = |o| {
+        let v = objective_per_position(
+            o,
+            logits.clone(),
+            flat.targets.clone(),
+            &flat.teacher,
+            temperature,
+            1.0,
+        );
+        masked_mean(v, flat.mask.clone()).into_scalar::<f32>() as f64 * weight
+    };
+    let (ce, kl) = (per(Objective::CrossEntropy), per(Objective::ForwardKl));
+    let n = flat.mask.dims()[0];
+    let student_top = logits.argmax(1).reshape([n]);
+    let teacher_top = flat.teacher.ids.clone().narrow(1, 0, 1).reshape([n]);
+    let agree = (student_top.equal(teacher_top).float() * flat.mask.clone())
+        .sum()
+        .into_scalar::<f32>() as f64;
+    [ce, kl, agree, weight]
+}
+
+/// The means over every scored position, the batches' sums added in batch order; `top1` and `kl`
+/// are NaN without a `teacher`.
+fn fold(sums: &[f64], teacher: bool) -> HeldOutEval {
+    let mut total = [0.0; SUMS];
+    for batch in sums.chunks_exact(SUMS) {
+        for (t, x) in total.iter_mut().zip(batch) {
+            *t += x;
+        }
     }
-    let positions = count as usize;
-    let count = f64::max(count, 1.0);
+    let [ce, kl, agree, count] = total;
+    let per_position = |x: f64| match teacher {
+        true => x / f64::max(count, 1.0),
+        false => f64::NAN,
+    };
     HeldOutEval {
-        loss: ce / count,
-        positions,
-        top1: agree / count,
-        kl: kl / count,
+        loss: ce / f64::max(count, 1.0),
+        positions: count as usize,
+        top1: per_position(agree),
+        kl: per_position(kl),
     }
 }

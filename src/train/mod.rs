@@ -12,5 +12,6 @@ pub mod online;
 pub mod optim;
 pub mod parallel;
 pub mod qat;
+pub mod ranks;
 pub mod schedule;
 pub mod trainer;

@@ -133,10 +133,7 @@ impl ModuleMapper for Update<'_> {
             return Param::from_mapped_value(id, tensor, mapper);
         };
         let device = grad.device();
-        // What autodiff knows of the parameter, put back on the updated value (as burn does).
-        let require_grad = tensor.is_require_grad();
-        let checkpointing = tensor.gradient_checkpointing_strategy();
-        let distributed = tensor.is_distributed();
+        let marks = AutodiffMarks::of(&tensor);
         let tensor = match tensor.device() == device {
             true => tensor,
             false => tensor.to_device(&device),
@@ -168,17 +165,40 @@ impl ModuleMapper for Update<'_> {
             false => tensor.mul_scalar(1.0 - decay),
         };
         let updated = decayed - delta.reshape(shape).mul_scalar(self.lr);
-        let mut updated = Tensor::from_inner(updated);
-        if let Some(strategy) = checkpointing {
-            updated = updated.with_gradient_checkpointing_strategy(strategy);
+        Param::from_mapped_value(id, marks.put(id, updated), mapper)
+    }
+}
+
+/// What autodiff knows of a parameter's tensor, to put back on a new value of it (as burn's
+/// optimizers do).
+pub(crate) struct AutodiffMarks {
+    require_grad: bool,
+    checkpointing: Option<burn::tensor::GradientCheckpointingStrategy>,
+    distributed: bool,
+}
+
+impl AutodiffMarks {
+    pub(crate) fn of<const D: usize>(tensor: &Tensor<D>) -> Self {
+        Self {
+            require_grad: tensor.is_require_grad(),
+            checkpointing: tensor.gradient_checkpointing_strategy(),
+            distributed: tensor.is_distributed(),
         }
-        if require_grad {
-            updated = updated.require_grad();
+    }
+
+    /// `inner` (a value without autodiff) as parameter `id`'s tensor.
+    pub(crate) fn put<const D: usize>(self, id: ParamId, inner: Tensor<D>) -> Tensor<D> {
+        let mut t = Tensor::from_inner(inner);
+        if let Some(strategy) = self.checkpointing {
+            t = t.with_gradient_checkpointing_strategy(strategy);
         }
-        if distributed {
-            updated = updated.set_distributed(id);
+        if self.require_grad {
+            t = t.require_grad();
         }
-        Param::from_mapped_value(id, updated, mapper)
+        if self.distributed {
+            t = t.set_distributed(id);
+        }
+        t
     }
 }
 
@@ -229,10 +249,16 @@ pub fn scale_grads<M: Module>(module: &M, grads: &mut GradientsParams, factor: f
 /// Clips to a global norm of `max_norm` when it is exceeded. Returns the norm before clipping.
 pub fn clip_global_norm<M: Module>(module: &M, grads: &mut GradientsParams, max_norm: f64) -> f64 {
     let norm = global_grad_norm(module, grads);
+    clip_to(module, grads, norm, max_norm);
+    norm
+}
+
+/// Scales `grads`, whose global norm (theirs, or with other ranks' shares) is `norm`, down to
+/// `max_norm` when it is exceeded.
+pub fn clip_to<M: Module>(module: &M, grads: &mut GradientsParams, norm: f64, max_norm: f64) {
     if norm > max_norm && norm.is_finite() {
         scale_grads(module, grads, max_norm / norm);
     }
-    norm
 }
 
 #[cfg(test)]
@@ -385,7 +411,7 @@ mod tests {
         let asked = std::cell::RefCell::new(Vec::new());
         let read = moments::read(&their_file, &params, 3, |id| {
             asked.borrow_mut().push(id);
-            device.clone().inner()
+            Some(device.clone().inner())
         })
         .unwrap();
         let mut ours_from_burn = AdamW::new(&cfg(), &a).with_moments(read);

@@ -16,13 +16,15 @@ use crate::run_dir::{self, SavedMoments, Start, StepMetrics, TrainState};
 use crate::tensorboard::{self, EventLog};
 use crate::train::modes;
 use crate::train::objective::TrainingObjective;
-use crate::train::optim::{AdamW, clip_global_norm, global_grad_norm};
+use crate::train::optim::{AdamW, clip_to};
 use crate::train::parallel::Parallel;
+use crate::train::ranks::Ranks;
 use crate::train::schedule::lr_at;
 use crate::units::bytes;
 use burn::tensor::Device;
 use k3mini_data::stream::{Split, StreamCursor};
 use k3mini_data::{DocFeed, Tokenizer};
+use k3mini_dist::launch::Launched;
 use k3mini_student::K3Mini;
 use k3mini_student::moe::ExpertLoad;
 use serde::Serialize;
@@ -55,9 +57,12 @@ pub struct TrainSummary {
     pub tokens: usize,
     pub wall_s: f64,
     pub interrupted: bool,
+    /// Whether this process reported the run (one process, or the first of its ranks): the others
+    /// print nothing.
+    pub leads: bool,
 }
 
-/// Set by Ctrl-C: the loop finishes its step, checkpoints and returns.
+/// Set by Ctrl-C or SIGTERM: the loop finishes its step, checkpoints and returns.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C handler (once per process).
@@ -94,22 +99,62 @@ fn keep_traffic_pin(plan: &RunPlan, resume: bool) -> Result<RunPlan> {
     Ok(plan)
 }
 
+/// Runs (or resumes) a plan: in one process, or, when a launcher started this process as one
+/// rank of several, across all of them.
 pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
-    let plan = &match &opts.out_dir {
+    let plan = &with_out_dir(plan, opts);
+    let ranks = match crate::train::ranks::launched(plan)? {
+        Some(l) => Some(crate::train::ranks::join(plan, l)?),
+        None => None,
+    };
+    train_in(plan, opts, ranks)
+}
+
+fn with_out_dir(plan: &RunPlan, opts: &TrainOptions) -> RunPlan {
+    match &opts.out_dir {
         Some(dir) => plan.clone().with_out_dir(dir),
         None => plan.clone(),
-    };
-    let plan = &keep_traffic_pin(plan, opts.resume)?;
-    let (tokenizer, mut model, saved, mut state, devices) = begin(plan, opts)?;
-    let mut parallel = Parallel::new(&model, devices);
+    }
+}
+
+/// [`train`] as one of `ranks` (None: one process); their group's first rank decides what the
+/// others follow.
+pub fn train_in(
+    plan: &RunPlan,
+    opts: &TrainOptions,
+    mut ranks: Option<Ranks>,
+) -> Result<TrainSummary> {
+    let plan = &with_out_dir(plan, opts);
+    // A group the launcher restarted (torchrun --max-restarts) resumes by itself from the newest
+    // checkpoint, if the failed attempt wrote one.
+    let restarted = ranks.as_ref().is_some_and(|r| r.restart > 0);
+    let mut resume =
+        opts.resume || (restarted && k3mini_checkpoints::latest(&plan.out_dir)?.is_some());
+    if let Some(r) = ranks.as_mut() {
+        resume = r.from_first(f64::from(u8::from(resume)))? > 0.0;
+    }
+    let plan = &keep_traffic_pin(plan, resume)?;
+    let Begun {
+        tokenizer,
+        mut model,
+        saved,
+        mut state,
+        devices,
+        ranks,
+    } = begin(plan, opts, resume, ranks)?;
+    let mut parallel = Parallel::new(&model, devices, ranks);
     let mut optim = AdamW::new(&plan.optim, &model);
     if let Some(saved) = saved {
-        optim = optim.with_moments(saved.read(&model, |id| parallel.owner(id))?);
+        let read = saved.read(&model, |id| parallel.owner(id));
+        optim = optim.with_moments(parallel.agree("read its optimizer state", read)?);
     }
-    let mut objective = modes::open(plan, &tokenizer, &state)?;
-    let mut log = RunLog::open(plan, &state)?;
+    let objective = modes::open(plan, &tokenizer, &state);
+    let mut objective = parallel.agree("open its data", objective)?;
+    let log = RunLog::open(plan, &state, parallel.leads());
+    let mut log = parallel.agree("open the run's log", log)?;
     let (total, first) = (plan.train.steps, state.step);
     let last = opts.stop_after.map_or(total, |n| (first + n).min(total));
+    let mut interrupted = false;
     while state.step < last {
         let started = Instant::now();
         k3mini_student::bench::reset_heap_peak();
@@ -128,7 +173,13 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             // The step's data would not load (a corrupt file mid-stream, a teacher gone): nothing
             // of it was applied, so the steps before it are checkpointed and kept.
             Err((model, e)) => {
-                if state.step > first && state.step % plan.train.checkpoint_every != 0 {
+                // Across ranks the others may be waiting in a collective this rank would now
+                // mismatch: it leaves instead, and they stop on its absence.
+                let alone = parallel.ranks().is_none();
+                if let Some(model) = model.filter(|_| alone)
+                    && state.step > first
+                    && state.step % plan.train.checkpoint_every != 0
+                {
                     run_dir::write_checkpoint(plan, &model, optim.moments(), &state)?;
                     return Err(e).with_context(|| {
                         format!(
@@ -150,9 +201,10 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         (state.cursor, state.prompts) = objective.cursor();
         // Throughput of the step itself, before any held-out evaluation.
         let tokens_per_s = plan.train.batch_tokens as f64 / started.elapsed().as_secs_f64();
-        let eval = (state.step % plan.train.eval_every == 0 || state.step == total)
-            .then(|| objective.held_out().evaluate(&model))
-            .flatten();
+        let eval = match state.step % plan.train.eval_every == 0 || state.step == total {
+            true => parallel.evaluate(objective.held_out(), &model)?,
+            false => None,
+        };
         log.step(
             plan,
             &state,
@@ -161,9 +213,14 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
         if state.consecutive_bad_steps >= plan.train.max_bad_steps {
             return Err(log.abandon_bad_steps(plan, &state));
         }
-        let interrupted = INTERRUPTED.load(Ordering::SeqCst);
+        // Every rank stops at the same step (a signal reaches each at its own moment, or one
+        // rank alone).
+        interrupted = parallel.any(INTERRUPTED.load(Ordering::SeqCst))?;
         if state.step % plan.train.checkpoint_every == 0 || state.step == last || interrupted {
-            run_dir::write_checkpoint(plan, &model, optim.moments(), &state)?;
+            match parallel.ranks() {
+                Some(ranks) => ranks.write_checkpoint(plan, &model, optim.moments(), &state)?,
+                None => run_dir::write_checkpoint(plan, &model, optim.moments(), &state)?,
+            };
         }
         if interrupted {
             log.progress.message(format!(
@@ -174,28 +231,39 @@ pub fn train(plan: &RunPlan, opts: &TrainOptions) -> Result<TrainSummary> {
             break;
         }
     }
-    Ok(log.finish(plan, first, state.step))
+    Ok(log.finish(plan, first, state.step, parallel.leads(), interrupted))
+}
+
+/// What a run starts from.
+struct Begun {
+    tokenizer: Tokenizer,
+    /// On the first device.
+    model: K3Mini,
+    /// The checkpoint's optimizer state, to read once the parameters have owners.
+    saved: Option<SavedMoments>,
+    state: TrainState,
+    devices: Vec<Device>,
+    /// The other processes of a run a launcher started.
+    ranks: Option<Ranks>,
 }
 
 /// The checks that can refuse a run, then its tokenizer, its model and state (fresh, or from the
-/// newest checkpoint, with that checkpoint's optimizer state to read once the parameters have
-/// owners), and its devices (the model is on the first).
+/// newest checkpoint when `resume`), and its devices (the model is on the first). Across `ranks`
+/// the first decides and the others follow.
 fn begin(
     plan: &RunPlan,
     opts: &TrainOptions,
-) -> Result<(
-    Tokenizer,
-    K3Mini,
-    Option<SavedMoments>,
-    TrainState,
-    Vec<Device>,
-)> {
-    one_process()?;
+    resume: bool,
+    mut ranks: Option<Ranks>,
+) -> Result<Begun> {
     // Opened first: a device this build or machine lacks is refused before anything else.
     // Checkpointing is the model's recompute regions where the backend runs them; elsewhere
     // (burn's CubeCL backends) burn's balanced gradient checkpointing stands in.
-    let devices: Vec<Device> = plan
-        .devices
+    let devices = match &ranks {
+        Some(r) => r.device.clone(),
+        None => plan.devices.clone(),
+    };
+    let devices: Vec<Device> = devices
         .open()?
         .into_iter()
         .map(|d| {
@@ -210,7 +278,10 @@ fn begin(
         .collect();
     let device = devices[0].clone();
     let tokenizer = preflight(plan)?;
-    let start = run_dir::start(plan, opts.resume, opts.accept_changes)?;
+    let start = match ranks.as_mut() {
+        None => run_dir::start(plan, resume, opts.accept_changes)?,
+        Some(r) => r.start(plan, resume, opts.accept_changes)?,
+    };
     device.seed(plan.seed);
     let (model, saved, state) = match start {
         Start::Fresh => {
@@ -232,9 +303,11 @@ fn begin(
             checkpoint,
             changes,
         } => {
-            for change in changes {
-                crate::progress::observer()
-                    .note(&format!("resuming under a changed plan: {change}"));
+            if ranks.as_ref().is_none_or(|r| r.rank == 0) {
+                for change in changes {
+                    crate::progress::observer()
+                        .note(&format!("resuming under a changed plan: {change}"));
+                }
             }
             let (model, saved, state) = checkpoint.resume(&device)?;
             (model, Some(saved), state)
@@ -248,15 +321,26 @@ fn begin(
             plan.train.steps
         );
     }
-    let model = model.with_checkpointing(plan.train.activation_checkpointing);
-    Ok((tokenizer, model, saved, state, devices))
+    let mut model = model.with_checkpointing(plan.train.activation_checkpointing);
+    if let Some(r) = ranks.as_mut() {
+        // Every rank starts from the first's weights, with the same parameter ids (which key the
+        // optimizer shards every rank writes).
+        model = r.start_from_first(model, saved.is_none())?;
+    }
+    Ok(Begun {
+        tokenizer,
+        model,
+        saved,
+        state,
+        devices,
+        ranks,
+    })
 }
 
 /// What a run reports as it goes: `metrics.jsonl`, TensorBoard's event file, the progress bar,
 /// the summary.
 struct RunLog {
-    metrics: std::fs::File,
-    events: EventLog,
+    written: Option<Written>,
     progress: Box<dyn Bar>,
     started: Instant,
     first_loss: Option<f64>,
@@ -264,22 +348,38 @@ struct RunLog {
     last_eval: Option<f64>,
 }
 
+/// A run's files and bar, on the process that writes them (one process, or the first rank).
+struct Written {
+    metrics: std::fs::File,
+    events: EventLog,
+}
+
 impl RunLog {
-    fn open(plan: &RunPlan, state: &TrainState) -> Result<Self> {
+    /// The run's log; a rank that does not `lead` writes nothing and draws no bar.
+    fn open(plan: &RunPlan, state: &TrainState, lead: bool) -> Result<Self> {
+        let (steps, step) = (plan.train.steps as u64, state.step as u64);
+        if !lead {
+            return Ok(Self {
+                written: None,
+                progress: crate::progress::silent().bar("steps", steps, step),
+                started: Instant::now(),
+                first_loss: None,
+                last_loss: None,
+                last_eval: None,
+            });
+        }
         std::fs::create_dir_all(&plan.out_dir)?;
         k3mini_checkpoints::remove_stale_temps(&plan.out_dir)?;
         let metrics = run_dir::open_metrics(&plan.out_dir, state.step)?;
         let events = EventLog::open(&plan.out_dir, state.step, SystemTime::now(), || {
             run_dir::read_metrics(&plan.out_dir)
         })?;
-        let progress =
-            crate::progress::observer().bar("steps", plan.train.steps as u64, state.step as u64);
+        let progress = crate::progress::observer().bar("steps", steps, step);
         if let Some(repaired) = &events.repaired {
             progress.note(repaired.clone());
         }
         Ok(Self {
-            metrics,
-            events,
+            written: Some(Written { metrics, events }),
             progress,
             started: Instant::now(),
             first_loss: None,
@@ -295,9 +395,11 @@ impl RunLog {
                 m.step - 1
             ));
         }
-        if state.step % plan.train.log_every == 0 || m.eval_loss.is_some() || m.skipped {
-            run_dir::log_metrics(&mut self.metrics, m)?;
-            self.events
+        if let Some(w) = &mut self.written
+            && (state.step % plan.train.log_every == 0 || m.eval_loss.is_some() || m.skipped)
+        {
+            run_dir::log_metrics(&mut w.metrics, m)?;
+            w.events
                 .write(m.step, SystemTime::now(), tensorboard::scalars(m))?;
         }
         self.first_loss.get_or_insert(m.loss);
@@ -326,7 +428,14 @@ impl RunLog {
         )
     }
 
-    fn finish(self, plan: &RunPlan, first_step: usize, last_step: usize) -> TrainSummary {
+    fn finish(
+        self,
+        plan: &RunPlan,
+        first_step: usize,
+        last_step: usize,
+        leads: bool,
+        interrupted: bool,
+    ) -> TrainSummary {
         self.progress.finish(false);
         TrainSummary {
             out_dir: plan.out_dir.clone(),
@@ -337,7 +446,8 @@ impl RunLog {
             eval_loss: self.last_eval,
             tokens: (last_step - first_step) * plan.train.batch_tokens,
             wall_s: self.started.elapsed().as_secs_f64(),
-            interrupted: INTERRUPTED.load(Ordering::SeqCst),
+            interrupted,
+            leads,
         }
     }
 }
@@ -357,6 +467,8 @@ struct Step {
     on_policy: (f64, usize),
     /// Seconds of forward and backward per device.
     replica_busy_s: Vec<f64>,
+    /// Across processes, seconds in collectives.
+    collective_s: Option<f64>,
 }
 
 /// One optimizer step: the accumulated micro-batches on every device at once
@@ -365,7 +477,7 @@ struct Step {
 /// expert loads, and the updated weights copied to every device.
 ///
 /// A micro-batch that fails to load fails the step before any weight changes: the model comes
-/// back with the error.
+/// back with the error (none when the ranks failed to share the updated parameters).
 fn train_step(
     plan: &RunPlan,
     mut model: K3Mini,
@@ -374,24 +486,26 @@ fn train_step(
     objective: &mut dyn TrainingObjective,
     state: &TrainState,
     lr: f64,
-) -> std::result::Result<(K3Mini, Step), (K3Mini, Error)> {
+) -> std::result::Result<(K3Mini, Step), (Option<K3Mini>, Error)> {
     let qat = match &plan.train.qat {
         Some(q) if state.step >= q.start_step => Some(q.format),
         _ => None,
     };
     let mut reduced = match parallel.run(&model, objective, plan, state, qat) {
         Ok(r) => r,
-        Err(e) => return Err((model, e)),
+        Err(e) => return Err((Some(model), e)),
     };
-    let grad_norm = match plan.optim.grad_clip {
-        Some(c) => clip_global_norm(&model, &mut reduced.grads, c),
-        None => global_grad_norm(&model, &reduced.grads),
-    };
+    let grad_norm = reduced.grad_norm;
+    if let Some(c) = plan.optim.grad_clip {
+        clip_to(&model, &mut reduced.grads, grad_norm, c);
+    }
     let skipped = !(reduced.loss.is_finite() && grad_norm.is_finite());
     if !skipped {
         let mut stepped = optim.step(lr, model, reduced.grads);
         stepped.update_router_biases(&reduced.expert_load);
-        model = parallel.broadcast(stepped);
+        // Across ranks the others' parameters arrive; a rank that left fails the step, and the
+        // half-shared model is no one's to checkpoint.
+        model = parallel.broadcast(stepped).map_err(|e| (None, e))?;
     }
     let has_balance_loss = model
         .config
@@ -406,6 +520,7 @@ fn train_step(
         expert_load: reduced.expert_load,
         on_policy: reduced.on_policy,
         replica_busy_s: reduced.busy_s,
+        collective_s: parallel.take_collective_s(),
     };
     Ok((model, step))
 }
@@ -436,6 +551,7 @@ impl Step {
                 .then(|| self.on_policy.0 / self.on_policy.1 as f64),
             balance_loss: self.balance_loss,
             replica_busy_s: self.replica_busy_s.clone(),
+            collective_s: self.collective_s,
             expert_load_max: per_layer(|l| l.iter().copied().max().unwrap_or(0)),
             expert_load_min: per_layer(|l| l.iter().copied().min().unwrap_or(0)),
             peak_rss_bytes: k3mini_student::bench::peak_rss_bytes(),
@@ -461,33 +577,22 @@ fn preflight(plan: &RunPlan) -> Result<Tokenizer> {
     Ok(tokenizer)
 }
 
-/// Refuses a process a launcher (torchrun, srun) started as one rank of several: training does
-/// not yet reach across processes, and ranks training alone would each write the run directory.
-fn one_process() -> Result<()> {
-    let env = |name: &str| std::env::var(name).ok();
-    if let Some(r) = k3mini_dist::launch::ranks(&env)? {
-        bail!(
-            "{} started this process as rank {} of {}: k3mini does not train across processes \
-             yet; start one process per machine (run.device or --device spreads it over the \
-             machine's devices)",
-            r.launcher,
-            r.rank,
-            r.world
-        );
-    }
-    Ok(())
-}
-
 /// What `k3mini recipe check` runs beyond the plan: what `train` would refuse before its first
 /// step — the devices, [`preflight`], and a document in each split of the corpus that training
 /// reads (plain and online runs; shards are `teacher score`'s to write, and it reads the same
 /// corpus's training split).
-pub fn check_run(plan: &RunPlan) -> Result<()> {
-    one_process()?;
-    plan.devices.open()?;
+///
+/// Under a launcher, what it sees of the group (without joining it) and this rank's device.
+pub fn check_run(plan: &RunPlan) -> Result<Option<Launched>> {
+    let launched = crate::train::ranks::launched(plan)?;
+    let devices = match &launched {
+        Some(l) => crate::train::ranks::device_of(plan, l)?,
+        None => plan.devices.clone(),
+    };
+    devices.open()?;
     let tokenizer = preflight(plan)?;
     if plan.data.sources.is_empty() {
-        return Ok(());
+        return Ok(launched);
     }
     let reads_held_out = plan.data.holds_out()
         && plan
@@ -508,7 +613,7 @@ pub fn check_run(plan: &RunPlan) -> Result<()> {
         )?;
         stream.next_doc()?;
     }
-    Ok(())
+    Ok(launched)
 }
 
 /// Refuses a CPU run whose estimated training memory (weights, gradients, AdamW moments and the

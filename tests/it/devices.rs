@@ -6,13 +6,15 @@ use crate::train::{loss_bits, metrics, moe_table, opts, resume_run, setup, train
 use k3mini::device::DeviceList;
 use k3mini::recipe;
 use k3mini::run_dir::open_checkpoint;
-use k3mini::train::trainer::train;
+use k3mini::train::ranks::Ranks;
+use k3mini::train::trainer::{TrainOptions, train, train_in};
+use k3mini_student::K3Mini;
 use k3mini_student::config::KdaKernel;
 use k3mini_student::precision::Precision;
 use std::path::Path;
 
 /// Every tensor of the newest checkpoint's weights, by name.
-fn weights(out: &Path) -> Vec<(String, Vec<f32>)> {
+pub(crate) fn weights(out: &Path) -> Vec<(String, Vec<f32>)> {
     let ck = open_checkpoint(out).unwrap();
     let bytes = std::fs::read(ck.dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -32,7 +34,7 @@ fn weights(out: &Path) -> Vec<(String, Vec<f32>)> {
     out
 }
 
-fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
+pub(crate) fn max_abs_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter()
         .zip(b)
@@ -259,4 +261,81 @@ fn bf16_matmuls_track_the_f32_run_and_resume_exactly() {
         open_checkpoint(&split).unwrap().plan.model.precision,
         Precision::Bf16
     );
+}
+
+/// Trains `plan` into `out` as the `world` ranks of a group of threads of this process (the
+/// thread ranks check that every rank makes the same collectives, with the same lengths).
+fn thread_ranks(plan: &recipe::RunPlan, out: &Path, world: usize, args: TrainOptions) {
+    let group = k3mini_dist::threads::group(world, std::time::Duration::from_secs(60));
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .map(|rank| {
+                let args = TrainOptions {
+                    out_dir: Some(out.to_path_buf()),
+                    ..args.clone()
+                };
+                scope.spawn(move || {
+                    let cpu: DeviceList = "cpu".parse().unwrap();
+                    let ranks =
+                        Ranks::new(&plan.clone().with_out_dir(out), Box::new(rank), cpu, 0)?;
+                    train_in(plan, &args, Some(ranks))
+                })
+            })
+            .collect();
+        for (r, t) in ranks.into_iter().enumerate() {
+            let summary = t
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            assert_eq!(summary.leads, r == 0);
+        }
+    });
+}
+
+#[test]
+fn ranks_as_threads_train_as_one_process_does_and_a_run_moves_between_rank_counts() {
+    // The ordered reduction over three ranks, and a run moving from 2 ranks to 3 to one process:
+    // one process's bits. The default build's check of training across ranks (the `c10d` build
+    // runs the same over processes: tests/it/ranks.rs). The model starts from a checkpoint, so
+    // no rank's initialisation draws from the random state the threads share.
+    let (s, path) = setup("thread-ranks", 6, "");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replace(
+        "batch_tokens = 256",
+        "batch_tokens = 768\nreduction = \"ordered\"",
+    );
+    std::fs::write(&path, text).unwrap();
+    let fresh = recipe::load(&path).unwrap();
+    let init = s.0.join("init");
+    let model = K3Mini::new(&fresh.model, &burn::tensor::Device::flex()).unwrap();
+    k3mini::run_dir::write_weights(&fresh.clone().with_out_dir(&init), &model, 0).unwrap();
+    let plan = recipe::load_from(&path, &init).unwrap();
+    assert_eq!(plan.accumulation, 6);
+    let one = s.0.join("one");
+    train(&plan, &opts(&one)).unwrap();
+    let three = s.0.join("three");
+    thread_ranks(&plan, &three, 3, TrainOptions::default());
+    assert_eq!(loss_bits(&one), loss_bits(&three));
+    assert_eq!(max_abs_diff(&weights(&one), &weights(&three)), 0.0);
+    assert!(metrics(&three).iter().all(|m| m.replica_busy_s.len() == 3));
+    assert!(metrics(&three).iter().all(|m| m.collective_s.is_some()));
+    let moved = s.0.join("moved");
+    let stop = |n| TrainOptions {
+        stop_after: Some(n),
+        ..TrainOptions::default()
+    };
+    thread_ranks(&plan, &moved, 2, stop(2));
+    thread_ranks(
+        &plan,
+        &moved,
+        3,
+        TrainOptions {
+            resume: true,
+            ..stop(2)
+        },
+    );
+    resume_run(&plan, &moved);
+    assert_eq!(loss_bits(&one), loss_bits(&moved));
+    assert_eq!(max_abs_diff(&weights(&one), &weights(&moved)), 0.0);
 }

@@ -17,6 +17,8 @@ mod mixture;
 #[cfg(feature = "llama-cpp")]
 mod prune;
 mod quickstart;
+#[cfg(feature = "c10d")]
+mod ranks;
 mod recipe;
 #[cfg(feature = "llama-cpp")]
 mod routing;

@@ -523,29 +523,58 @@ fn recipe_check_refuses_what_train_refuses() {
         }
         assert!(!run.join("metrics.jsonl").exists());
     }
-    // A rank torchrun started: refused until training reaches across processes, rather than
-    // every rank training alone into one directory.
+    // A rank torchrun started. More ranks than a step has micro-batches are refused by both
+    // commands, in any build.
     let path = s.write("recipe.toml", &good);
-    let torchrun = [
-        ("RANK", "1"),
-        ("WORLD_SIZE", "2"),
-        ("LOCAL_RANK", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29500"),
-    ];
-    for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
+    let torchrun = |rank: &'static str, world: &'static str| {
+        [
+            ("RANK", rank),
+            ("WORLD_SIZE", world),
+            ("LOCAL_RANK", rank),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ]
+    };
+    let run_with = |args: &[&std::ffi::OsStr], env: [(&str, &str); 5]| {
         let out = assert_cmd::Command::cargo_bin("k3mini")
             .unwrap()
             .args(args)
             .arg(&path)
-            .envs(torchrun)
+            .envs(env)
             .output()
             .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
+        let (ok, err) = run_with(args, torchrun("1", "3"));
         assert!(
-            !out.status.success() && err.contains("torchrun started this process as rank 1 of 2"),
+            !ok && err.contains("a step has 2 micro-batches")
+                && err.contains("torchrun started 3 ranks"),
             "{args:?}: {err}"
         );
+    }
+    // Two: a build without c10d refuses them by name (rather than each rank training alone into
+    // one directory); one with it says in `recipe check` what it sees.
+    if cfg!(feature = "c10d") {
+        let (ok, err) = run_with(&["recipe".as_ref(), "check".as_ref()], torchrun("1", "2"));
+        assert!(
+            ok && err.contains(
+                "torchrun started this process as rank 1 of 2 (local rank 1, device cpu)"
+            ) && err.contains("each rank trains 1 of a step's 2 micro-batches")
+                && err.contains("the store at 127.0.0.1:29500"),
+            "{err}"
+        );
+    } else {
+        for args in [&["recipe".as_ref(), "check".as_ref()][..], &train[..]] {
+            let (ok, err) = run_with(args, torchrun("1", "2"));
+            assert!(
+                !ok && err.contains("torchrun started this process as rank 1 of 2, but this k3mini was built without PyTorch's c10d"),
+                "{args:?}: {err}"
+            );
+        }
     }
     assert!(!run.join("metrics.jsonl").exists());
     // mpirun's ranks too; a group of one is one process.
