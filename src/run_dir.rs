@@ -302,7 +302,7 @@ impl Checkpoint {
             .collect();
         have.sort();
         crate::ensure!(
-            have == (0..world).collect::<Vec<_>>() && shards.len() == world,
+            shards.len() == world && have.iter().enumerate().all(|(i, &r)| i == r),
             "checkpoint {}: the optimizer state is in shards of {world} ranks but the manifest \
              lists {:?}",
             self.dir.display(),

@@ -50,7 +50,7 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                     (plan.accumulation - r.rank).div_ceil(r.world),
                     plan.accumulation,
                     match plan.train.reduction {
-                        recipe::Reduction::Ring => "by reduce-scatter (ring)",
+                        recipe::Reduction::Ring => "by all-reduce (ring)",
                         recipe::Reduction::Ordered => "in micro-batch order (ordered)",
                     },
                     match &r.store {

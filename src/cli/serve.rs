@@ -85,7 +85,7 @@ impl ServeArgs {
     }
 }
 
-/// The stop flag Ctrl-C sets.
+/// The stop flag Ctrl-C (or SIGTERM: a service manager's stop) sets.
 pub fn stop_on_ctrl_c() -> Result<Arc<AtomicBool>> {
     let stop = Arc::new(AtomicBool::new(false));
     let on_ctrl_c = stop.clone();

@@ -444,12 +444,13 @@ pub struct TrainConfig {
     /// How ranks a launcher started (torchrun, srun) sum their gradients: `ring`, each rank its
     /// micro-batches then an all-reduce across ranks (one process's numbers up to rounding);
     /// `ordered`, every micro-batch's gradient gathered and summed in micro-batch order (one
-    /// process's bits, for W times the gradients' host memory and traffic). See docs/gpus.md.
+    /// process's bits; each rank holds its own micro-batches' gradients and a round's W more on
+    /// the host). See docs/gpus.md.
     #[serde(default, skip_serializing_if = "is_default")]
     pub reduction: Reduction,
     /// How long a rank waits for the others (to join, for each transfer of a collective) before
-    /// the run stops with an error that says so; at most a day. A rank that dies is noticed at
-    /// once (its connections close), this is for one that hangs.
+    /// the run stops with an error that says so; longer than a day is held to a day. A rank that
+    /// dies is noticed at once (its connections close), this is for one that hangs.
     #[serde(
         default = "default_collective_timeout_s",
         skip_serializing_if = "is_default_collective_timeout_s"

@@ -325,6 +325,9 @@ impl Ranks {
         let every = unflatten_grads(model, layout, &total, &seen, None, device);
         let norm = crate::train::optim::global_grad_norm(model, &every);
         drop(every);
+        // The first rank's, on all: ranks on unlike devices could round it apart, and every rank
+        // must skip (a non-finite norm) or step alike.
+        let norm = self.from_first(norm)?;
         let grads = unflatten_grads(model, layout, &total, &seen, Some(self.rank), device);
         Ok(Summed { grads, norm })
     }
@@ -426,7 +429,27 @@ impl Ranks {
 
     /// How the run starts, the first rank's decision ([`run_dir::start`]) followed by the
     /// others: a fresh run, or the checkpoint of the step it resumes from, on every rank.
-    pub fn start(&mut self, plan: &RunPlan, resume: bool, accept_changes: bool) -> Result<Start> {
+    pub fn start(
+        &mut self,
+        plan: &RunPlan,
+        resume: bool,
+        accept_changes: bool,
+        stop_after: Option<usize>,
+    ) -> Result<Start> {
+        // Every rank resolved its own recipe (and a traffic run pinned its shards as it did): a
+        // rank training another plan, or stopping elsewhere, would draw other micro-batches and
+        // could hang the group.
+        let mine = plan_digest(plan, stop_after);
+        let first_digest = self.from_first(mine)?;
+        let same = match mine == first_digest {
+            true => Ok(()),
+            false => Err(crate::refused!(
+                "{}: this rank's plan differs from the first rank's: start every rank with the \
+                 same recipe, options and data",
+                plan.recipe_name()
+            )),
+        };
+        self.agree("resolve the first rank's plan", same)?;
         let first = match self.rank {
             0 => run_dir::start(plan, resume, accept_changes).map(Some),
             _ => Ok(None),
@@ -445,7 +468,19 @@ impl Ranks {
         let step = at as usize - 1;
         let opened = match first {
             Some(start) => Ok(start),
-            None => run_dir::open_checkpoint(&k3mini_checkpoints::step_dir(&plan.out_dir, step))
+            // Where `list` finds it: a rewrite cut short leaves it set aside under another name.
+            None => k3mini_checkpoints::list(&plan.out_dir)
+                .map_err(Error::from)
+                .and_then(|all| {
+                    let (_, dir) = all.into_iter().find(|(s, _)| *s == step).ok_or_else(|| {
+                        crate::refused!(
+                            "{}: the first rank resumes from step {step}, which this rank does \
+                             not see",
+                            plan.out_dir.display()
+                        )
+                    })?;
+                    run_dir::open_checkpoint(&dir)
+                })
                 .map(|checkpoint| Start::Resume {
                     checkpoint,
                     changes: Vec::new(),
@@ -485,14 +520,11 @@ impl Ranks {
         self.agree("write its part of the checkpoint", filled)?;
         // Published only whole: every rank's shard where the first can see it.
         let published = match lead {
-            true => match (0..self.world)
-                .map(|r| tmp.join(run_dir::optimizer_shard(r, self.world)))
-                .find(|shard| !shard.is_file())
-            {
+            true => match missing_shard(&tmp, self.world) {
                 Some(missing) => Err(crate::refused!(
-                    "{} is missing though its rank wrote it: the run directory is not one file \
-                     system every rank sees alike",
-                    missing.display()
+                    "{}: {missing} is not listed though its rank wrote it: the run directory is \
+                     not one file system every rank sees alike",
+                    tmp.display()
                 )),
                 None => k3mini_checkpoints::publish(dir, step, keep, &tmp)
                     .map(drop)
@@ -526,9 +558,11 @@ impl Ranks {
     pub fn agree<T>(&mut self, what: &str, outcome: Result<T>) -> Result<T> {
         let mut failed = vec![0f64; self.world];
         failed[self.rank] = f64::from(u8::from(outcome.is_err()));
-        self.group
-            .all_reduce_f64(&mut failed)
-            .map_err(|e| self.lost(e))?;
+        if let Err(e) = self.group.all_reduce_f64(&mut failed) {
+            // This rank's own failure says more than the group's.
+            outcome?;
+            return Err(self.lost(e));
+        }
         let value = outcome?;
         match failed.iter().position(|&f| f > 0.0) {
             Some(r) => Err(Error::Ranks(format!(
@@ -538,6 +572,33 @@ impl Ranks {
             None => Ok(value),
         }
     }
+}
+
+/// A digest of `plan` but its devices (each rank has its own) and of where the run stops, as a
+/// whole number below 2^52 that an f64 carries exactly.
+fn plan_digest(plan: &RunPlan, stop_after: Option<usize>) -> f64 {
+    let mut plan = plan.clone();
+    plan.devices = DeviceList::default();
+    let text = format!("{}\nstop_after = {stop_after:?}", plan.to_toml());
+    let hex = k3mini_data::digest::sha256_hex(text.as_bytes());
+    // 13 hex digits: 52 bits.
+    u64::from_str_radix(&hex[..13], 16).map_or(0.0, |bits| bits as f64)
+}
+
+/// The first of the `world` optimizer shards the listing of `tmp` lacks (the listing the
+/// checkpoint's manifest is made from), if any.
+fn missing_shard(tmp: &Path, world: usize) -> Option<String> {
+    let listed: std::collections::HashSet<String> = std::fs::read_dir(tmp)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    (0..world)
+        .map(|r| run_dir::optimizer_shard(r, world))
+        .find(|name| !listed.contains(name))
 }
 
 /// Every float parameter's id and element count, in the module's order.

@@ -280,7 +280,7 @@ fn begin(
     let tokenizer = preflight(plan)?;
     let start = match ranks.as_mut() {
         None => run_dir::start(plan, resume, opts.accept_changes)?,
-        Some(r) => r.start(plan, resume, opts.accept_changes)?,
+        Some(r) => r.start(plan, resume, opts.accept_changes, opts.stop_after)?,
     };
     device.seed(plan.seed);
     let (model, saved, state) = match start {

@@ -338,4 +338,40 @@ fn ranks_as_threads_train_as_one_process_does_and_a_run_moves_between_rank_count
     resume_run(&plan, &moved);
     assert_eq!(loss_bits(&one), loss_bits(&moved));
     assert_eq!(max_abs_diff(&weights(&one), &weights(&moved)), 0.0);
+    // A rank started otherwise (here: to stop elsewhere) is refused, and so is every other rank,
+    // before anything is written.
+    let other = s.0.join("other");
+    let group = k3mini_dist::threads::group(2, std::time::Duration::from_secs(60));
+    let errors: Vec<String> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(r, rank)| {
+                let (plan, other) = (&plan, &other);
+                scope.spawn(move || {
+                    let cpu: DeviceList = "cpu".parse().unwrap();
+                    let ranks =
+                        Ranks::new(&plan.clone().with_out_dir(other), Box::new(rank), cpu, 0)?;
+                    let args = TrainOptions {
+                        out_dir: Some(other.clone()),
+                        ..stop(r + 1)
+                    };
+                    train_in(plan, &args, Some(ranks))
+                })
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|t| t.join().unwrap().unwrap_err().to_string())
+            .collect()
+    });
+    assert!(
+        errors[0].contains("rank 1 of 2 failed to resolve the first rank's plan"),
+        "{errors:?}"
+    );
+    assert!(
+        errors[1].contains("this rank's plan differs from the first rank's"),
+        "{errors:?}"
+    );
+    assert!(!other.join("metrics.jsonl").exists());
 }
