@@ -10,6 +10,7 @@
 //!                   state.json          step, data cursors, bad-step count
 //!                   plan.toml           the resolved plan the run was trained with
 //!                   manifest.json       SHA-256 of each file (k3mini_checkpoints)
+//! RUN/launch                        the launch whose ranks last started here (train::ranks)
 //! ```
 //!
 //! Checkpoints are written to a temporary directory and renamed, every tensor streamed to disk in
@@ -37,6 +38,9 @@ pub const METRICS: &str = "metrics.jsonl";
 const IDS: &str = "param_ids.json";
 const OPTIMIZER: &str = "optimizer.bpk";
 const STATE: &str = "state.json";
+/// The launch (torchrun's run id, a SLURM job's step) whose ranks last started training here: a
+/// group its launcher restarts resumes by itself only from its own launch's directory.
+const LAUNCH: &str = "launch";
 
 /// One line of `metrics.jsonl`. A non-finite loss or norm is written as `null` (JSON has no NaN).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -463,6 +467,22 @@ pub enum Start {
         checkpoint: Checkpoint,
         changes: Vec<String>,
     },
+}
+
+/// Records that the ranks of launch `run` started training in `dir`.
+pub fn mark_launch(dir: &Path, run: &str) -> Result<()> {
+    let path = dir.join(LAUNCH);
+    k3mini_durable::write(&path, run.as_bytes()).with_context(|| path.display().to_string())
+}
+
+/// Whether the ranks of launch `run` were the last to start training in `dir`.
+pub fn launched_by(dir: &Path, run: &str) -> Result<bool> {
+    let path = dir.join(LAUNCH);
+    match k3mini_durable::read_small(&path, 4096) {
+        Ok(text) => Ok(text == run),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| path.display().to_string()),
+    }
 }
 
 /// Refuses what a run directory would make a run do wrong, before anything is written: a fresh

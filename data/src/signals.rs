@@ -534,19 +534,7 @@ impl SignalStream {
     /// The next `rows` rows as a batch.
     pub fn next_batch(&mut self, rows: usize) -> Result<SignalBatch, DataError> {
         let mut picked = Vec::with_capacity(rows);
-        while picked.len() < rows {
-            if self.cursor.row < self.current.len() {
-                picked.push(self.current[self.cursor.row].clone());
-                self.cursor.row += 1;
-                continue;
-            }
-            self.step_shard();
-            self.current = match self.next.take() {
-                Some(handle) => handle.join().expect("the shard reader does not panic")?,
-                None => self.load(self.cursor)?,
-            };
-            self.prefetch();
-        }
+        self.advance(rows, |row| picked.push(row.clone()))?;
         let refs: Vec<&SignalRow> = picked.iter().collect();
         Ok(assemble(
             &refs,
@@ -554,6 +542,29 @@ impl SignalStream {
             self.spec.k,
             self.spec.vocab,
         ))
+    }
+
+    /// Moves past the next `rows` rows without copying or assembling them: another rank's
+    /// micro-batch. (Shards are read whole either way: their rows are shuffled.)
+    pub fn skip_batch(&mut self, rows: usize) -> Result<(), DataError> {
+        self.advance(rows, |_| ())
+    }
+
+    /// Hands the next `rows` rows to `visit` in order, reading on into the next shards.
+    fn advance(&mut self, rows: usize, mut visit: impl FnMut(&SignalRow)) -> Result<(), DataError> {
+        for _ in 0..rows {
+            while self.cursor.row >= self.current.len() {
+                self.step_shard();
+                self.current = match self.next.take() {
+                    Some(handle) => handle.join().expect("the shard reader does not panic")?,
+                    None => self.load(self.cursor)?,
+                };
+                self.prefetch();
+            }
+            visit(&self.current[self.cursor.row]);
+            self.cursor.row += 1;
+        }
+        Ok(())
     }
 }
 

@@ -1,9 +1,13 @@
-//! PyTorch's c10d across processes and machines: a Gloo process group (host buffers; what CPU
-//! runs use) meeting in a file store or a TCP store, through `shim/c10d.cpp`. The shim catches
-//! every C++ exception and hands back its message, named here by the operation; after one, the
-//! group refuses every further operation (what its peers did is unknown). An operation returns
-//! only once Gloo is done with its buffers: the group's timeout bounds each transfer, not the
-//! whole operation, so a large one may take longer than it and still succeed.
+//! PyTorch's c10d across processes and machines: a process group meeting in a file store or a
+//! TCP store, through `shim/c10d.cpp`: Gloo's (host buffers; what CPU runs use), or with the
+//! `nccl` feature NCCL's on one CUDA device, the host buffers copied through the device and back
+//! in pieces of at most 256 MiB (NCCL's transports, NVLink and InfiniBand, at the cost of a copy
+//! each way). The shim catches every C++ exception and hands back its message, named here by the
+//! operation; after one, the group refuses every further operation (what its peers did is
+//! unknown). An operation returns only once the backend is done with its buffers. Gloo's timeout
+//! bounds each transfer, not the whole operation, so a large one may take longer than it and
+//! still succeed; NCCL's (in blocking-wait mode, which the shim sets unless told otherwise) bounds
+//! each staged piece.
 //!
 //! Gloo has no reduce-scatter of its own: c10d's all-reduces the whole input and keeps this
 //! rank's piece (`world` times the traffic of a ring reduce-scatter). All-gather and broadcast
@@ -23,9 +27,11 @@ unsafe extern "C" {
         prefix: *const c_char,
         device_kind: c_int,
         device: *const c_char,
+        cuda: c_int,
         rank: c_int,
         world: c_int,
         timeout_ms: c_longlong,
+        piece_bytes: c_longlong,
         err: *mut c_char,
         err_len: usize,
     ) -> *mut c_void;
@@ -64,8 +70,21 @@ unsafe extern "C" {
 const F32: c_int = 0;
 const F64: c_int = 1;
 
-/// A rank of a Gloo group.
-pub struct Gloo {
+/// Which of c10d's backends a group runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Backend {
+    /// Gloo, on the CPU (TCP between processes).
+    Gloo,
+    /// NCCL on CUDA device `cuda` (the `nccl` feature).
+    Nccl { cuda: usize },
+}
+
+/// The most NCCL stages on its device at once: the host buffers pass through it in pieces, so
+/// the staging costs a bounded slice of GPU memory, not a model's gradients.
+pub const NCCL_PIECE_BYTES: usize = 256 << 20;
+
+/// A rank of a c10d process group.
+pub struct Group {
     group: *mut c_void,
     rank: usize,
     world: usize,
@@ -73,7 +92,7 @@ pub struct Gloo {
 
 // SAFETY: the group is used from one thread at a time (`&mut self`); c10d's process group is
 // not tied to the thread that made it.
-unsafe impl Send for Gloo {}
+unsafe impl Send for Group {}
 
 /// Room for the shim's error messages.
 const ERR_LEN: usize = 4096;
@@ -90,10 +109,22 @@ fn c_string(op: &'static str, what: &str, s: &str) -> Result<CString> {
     })
 }
 
-impl Gloo {
-    /// Joins the group `r` describes: returns once every rank has, or fails naming why (a rank
-    /// that does not come within the timeout, a store that cannot be reached).
-    pub fn join(r: &Rendezvous) -> Result<Self> {
+impl Group {
+    /// Joins the group `r` describes on `backend`: returns once every rank has, or fails naming
+    /// why (a rank that does not come within the timeout, a store that cannot be reached, no
+    /// CUDA device for NCCL). Gloo works on whole buffers in place; NCCL stages at most
+    /// [`NCCL_PIECE_BYTES`] on its device at once.
+    pub fn join(r: &Rendezvous, backend: Backend) -> Result<Self> {
+        let piece_bytes = match backend {
+            Backend::Gloo => 0,
+            Backend::Nccl { .. } => NCCL_PIECE_BYTES,
+        };
+        Self::join_in_pieces(r, backend, piece_bytes)
+    }
+
+    /// [`Group::join`], every operation moving at most `piece_bytes` of each rank's buffer at
+    /// once (0: whole buffers, one operation each).
+    pub fn join_in_pieces(r: &Rendezvous, backend: Backend, piece_bytes: usize) -> Result<Self> {
         const OP: &str = "join";
         let bad = |message: String| DistError::Shape { op: OP, message };
         if r.world == 0 || r.rank >= r.world || r.world > c_int::MAX as usize {
@@ -122,7 +153,15 @@ impl Gloo {
             Device::Host(h) => (1, Some(c_string(OP, "device host", h)?)),
             Device::Interface(i) => (2, Some(c_string(OP, "device interface", i)?)),
         };
+        let cuda = match backend {
+            Backend::Gloo => -1,
+            Backend::Nccl { cuda } => {
+                c_int::try_from(cuda).map_err(|_| bad(format!("CUDA device {cuda}")))?
+            }
+        };
         let timeout_ms = crate::bounded(r.timeout).as_millis() as c_longlong;
+        let piece_bytes = c_longlong::try_from(piece_bytes)
+            .map_err(|_| bad(format!("pieces of {piece_bytes} bytes")))?;
         let mut err = vec![0u8; ERR_LEN];
         // SAFETY: every pointer is valid for the call (CStrings and a buffer of ERR_LEN bytes).
         let group = unsafe {
@@ -134,9 +173,11 @@ impl Gloo {
                 prefix.as_ptr(),
                 device_kind,
                 device.as_ref().map_or(std::ptr::null(), |d| d.as_ptr()),
+                cuda,
                 r.rank as c_int,
                 r.world as c_int,
                 timeout_ms,
+                piece_bytes,
                 err.as_mut_ptr().cast(),
                 ERR_LEN,
             )
@@ -171,7 +212,7 @@ impl Gloo {
     }
 }
 
-impl Gloo {
+impl Group {
     /// A reduce-scatter, or an all-gather (`gather`), from `input` into `output`: `n` a rank's
     /// piece, the whole `world` pieces (the caller has checked the lengths).
     fn between(
@@ -190,14 +231,14 @@ impl Gloo {
     }
 }
 
-impl Drop for Gloo {
+impl Drop for Group {
     fn drop(&mut self) {
         // SAFETY: made by k3_group_new, freed once.
         unsafe { k3_group_free(self.group) }
     }
 }
 
-impl Collective for Gloo {
+impl Collective for Group {
     fn rank(&self) -> usize {
         self.rank
     }

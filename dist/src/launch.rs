@@ -77,7 +77,16 @@ pub struct Launched {
     /// Its place among the ranks on its machine: the device it takes.
     pub local_rank: usize,
     pub launcher: Launcher,
-    /// How many times the launcher has restarted the group (torchrun's `--max-restarts`).
+    pub attempt: Attempt,
+}
+
+/// Which start of a group a process belongs to: its launch, and how many times the launcher has
+/// restarted the group within it (torchrun's `--max-restarts`, a SLURM job's requeues).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attempt {
+    /// The launch's name: torchrun's run id (`--rdzv-id`, a fresh one under `--standalone`,
+    /// `none` when neither is given), or the SLURM job and step.
+    pub run: String,
     pub restart: u64,
 }
 
@@ -215,7 +224,7 @@ pub fn from_env(
         },
         local_rank: as_usize(local_rank)?,
         launcher,
-        restart,
+        attempt: Attempt { run, restart },
     }))
 }
 
@@ -338,6 +347,11 @@ mod tests {
         assert_eq!(l.rendezvous.store, store);
         // A restarted group's keys are its own.
         assert_eq!(l.rendezvous.prefix, "k3mini/abc/2");
+        let attempt = Attempt {
+            run: "abc".into(),
+            restart: 2,
+        };
+        assert_eq!(l.attempt, attempt);
         // Without the agent's store, rank 0 serves one.
         let l = launch(&[
             ("RANK", "0"),

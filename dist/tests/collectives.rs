@@ -162,7 +162,7 @@ fn both<T: Send>(pair: &mut [ThreadRank], f: impl Fn(&mut ThreadRank) -> T + Syn
 #[cfg(feature = "c10d")]
 mod gloo {
     use super::*;
-    use k3mini_dist::c10d::Gloo;
+    use k3mini_dist::c10d::{Backend, Group};
     use k3mini_dist::launch::{Device, Rendezvous, Store};
     use std::path::{Path, PathBuf};
 
@@ -184,15 +184,43 @@ mod gloo {
         Scratch(dir)
     }
 
-    fn join(rank: usize, world: usize, store: &Path, timeout: Duration) -> Gloo {
-        Gloo::join(&Rendezvous {
+    /// Rank `rank` of `world` meeting in the file store `store`.
+    fn at(
+        store: &Path,
+        device: Device,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Rendezvous {
+        Rendezvous {
             store: Store::File(store.to_path_buf()),
             prefix: "test".into(),
-            device: Device::Host("127.0.0.1".into()),
+            device,
             rank,
             world,
             timeout,
-        })
+        }
+    }
+
+    /// Joins as rank `rank`, moving whole buffers (`piece_bytes` 0) or pieces of that many bytes.
+    fn join(
+        rank: usize,
+        world: usize,
+        store: &Path,
+        timeout: Duration,
+        piece_bytes: usize,
+    ) -> Group {
+        Group::join_in_pieces(
+            &at(
+                &store,
+                Device::Host("127.0.0.1".into()),
+                rank,
+                world,
+                timeout,
+            ),
+            Backend::Gloo,
+            piece_bytes,
+        )
         .unwrap()
     }
 
@@ -252,7 +280,7 @@ mod gloo {
     }
 
     /// A rank's [`script`] results, written to `out` as little-endian f64s.
-    fn write_results(g: &mut Gloo, n: usize, out: &Path) {
+    fn write_results(g: &mut Group, n: usize, out: &Path) {
         let bytes: Vec<u8> = script(g, n)
             .iter()
             .flat_map(|v| v.iter().flat_map(|x| x.to_le_bytes()))
@@ -306,19 +334,29 @@ mod gloo {
     fn gloo_ranks_in_processes_give_what_thread_ranks_give() {
         const TEST: &str = "gloo_ranks_in_processes_give_what_thread_ranks_give";
         if let Some(a) = as_worker(TEST) {
-            let (rank, world, n) = (
+            let (rank, world, n, pieces): (usize, usize, usize, usize) = (
                 a[1].parse().unwrap(),
                 a[2].parse().unwrap(),
                 a[5].parse().unwrap(),
+                a[6].parse().unwrap(),
             );
-            let mut g = join(rank, world, Path::new(&a[3]), Duration::from_secs(60));
+            let mut g = join(
+                rank,
+                world,
+                Path::new(&a[3]),
+                Duration::from_secs(60),
+                pieces,
+            );
             write_results(&mut g, n, Path::new(&a[4]));
             return;
         }
-        for world in [2, 3] {
+        // Whole buffers, and pieces of 244 bytes (NCCL's staging, here on the host): 61 f32s of
+        // an all-reduce, 15 of each rank's piece of a gather or scatter, lengths that divide none
+        // of the buffers, so every operation has a short last piece.
+        for (world, pieces) in [(2, 0), (3, 0), (3, 244)] {
             let n = 1000;
-            let dir = scratch(&format!("gloo-{world}"));
-            let ok = launch(TEST, world, &dir.0, &n.to_string()).wait();
+            let dir = scratch(&format!("gloo-{world}-{pieces}"));
+            let ok = launch(TEST, world, &dir.0, &format!("{n}\t{pieces}")).wait();
             assert!(ok.iter().all(|&ok| ok), "ranks' success: {ok:?}");
             check_against_threads(&dir.0, world, n);
         }
@@ -339,7 +377,7 @@ mod gloo {
                 launched.rendezvous.store,
                 Store::Tcp { server: false, .. }
             ));
-            let mut g = Gloo::join(&launched.rendezvous).unwrap();
+            let mut g = Group::join(&launched.rendezvous, Backend::Gloo).unwrap();
             let out = Path::new(&a[4]).join(format!("rank-{}", launched.rendezvous.rank));
             write_results(&mut g, n, &out);
             return;
@@ -360,28 +398,32 @@ mod gloo {
     fn a_rank_that_never_comes_fails_the_join_at_the_timeout() {
         let dir = scratch("never");
         let t0 = Instant::now();
-        let err = Gloo::join(&Rendezvous {
-            store: Store::File(dir.0.join("store")),
-            prefix: "test".into(),
-            device: Device::Host("127.0.0.1".into()),
-            rank: 0,
-            world: 2,
-            timeout: Duration::from_secs(1),
-        })
+        let err = Group::join(
+            &at(
+                &dir.0.join("store"),
+                Device::Host("127.0.0.1".into()),
+                0,
+                2,
+                Duration::from_secs(1),
+            ),
+            Backend::Gloo,
+        )
         .err()
         .unwrap()
         .to_string();
         assert!(err.starts_with("join: "), "{err}");
         assert!(t0.elapsed() < Duration::from_secs(20), "{err}");
         // A rank outside its group is refused before anything is tried.
-        let err = Gloo::join(&Rendezvous {
-            store: Store::File(dir.0.join("store")),
-            prefix: "test".into(),
-            device: Device::Default,
-            rank: 2,
-            world: 2,
-            timeout: Duration::from_secs(1),
-        })
+        let err = Group::join(
+            &at(
+                &dir.0.join("store"),
+                Device::Default,
+                2,
+                2,
+                Duration::from_secs(1),
+            ),
+            Backend::Gloo,
+        )
         .err()
         .unwrap()
         .to_string();
@@ -393,7 +435,7 @@ mod gloo {
         const TEST: &str = "a_rank_that_dies_ends_the_others_wait_with_a_named_error";
         if let Some(a) = as_worker(TEST) {
             let rank: usize = a[1].parse().unwrap();
-            let mut g = join(rank, 2, Path::new(&a[3]), Duration::from_secs(20));
+            let mut g = join(rank, 2, Path::new(&a[3]), Duration::from_secs(20), 0);
             // Both are in the group before one goes.
             g.barrier().unwrap();
             if rank == 1 {
@@ -423,5 +465,37 @@ mod gloo {
         );
         // The peer's death is seen, not waited out: well inside the 20 s timeout.
         assert!(seconds(0) < 5.0 && seconds(1) < 5.0, "{report}");
+    }
+
+    /// NCCL: a group of one on CUDA device 0 gives what a thread rank gives (every result of a
+    /// group of one is exact), its buffers copied through the device; where this process sees no
+    /// CUDA device, joining fails saying so, never a crash. (Two and more ranks on GPUs:
+    /// scripts/device/gpu-check.sh.)
+    #[cfg(feature = "nccl")]
+    #[test]
+    fn nccl_runs_on_a_cuda_device_or_says_there_is_none() {
+        let dir = scratch("nccl");
+        let joined = Group::join(
+            &at(
+                &dir.0.join("store"),
+                Device::Default,
+                0,
+                1,
+                Duration::from_secs(60),
+            ),
+            Backend::Nccl { cuda: 0 },
+        );
+        let gpu = Path::new("/dev/nvidia0").exists();
+        match joined {
+            Ok(mut g) => {
+                assert!(gpu, "NCCL joined without a GPU");
+                assert_eq!(script(&mut g, 257), on_threads(1, 257).remove(0));
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!gpu, "a GPU is here and NCCL failed: {e}");
+                assert!(e.starts_with("join: ") && e.contains("CUDA device"), "{e}");
+            }
+        }
     }
 }

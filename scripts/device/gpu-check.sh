@@ -11,7 +11,8 @@
 #    counts them, × tokens/s over the device's dense peak);
 # 3. the 3B recipe (recipes/k3-mini-3b.toml: checkpointing, 1 x 4096 micro-batches) in bf16 for
 #    two optimizer steps of 4 micro-batches each: tokens/s, peak memory against `model info`.
-# 4. scaling over 1, 2, 4 and all GPUs on the 300M and 3B steps (section 4 below).
+# 4. scaling over 1, 2, 4 and all GPUs on the 300M and 3B steps (section 4 below);
+# 5. ranks as processes under torchrun (NCCL on GPUs, Gloo on CPUs; section 5 below).
 # (2b: host memory of smoke-300m checkpointing after every step against never, GPU only.)
 #
 # DEVICE defaults to cuda:0 when nvidia-smi sees a GPU, else cpu (the CPU half: step 1 compares
@@ -219,6 +220,75 @@ print(table)
 open(os.path.join(out, "scaling.md"), "w").write(table + "\n")
 EOF
 
+# 5. Ranks as processes, one device each, started by torchrun (needs a `--features c10d` binary,
+# `tch,nccl` on GPUs, and torchrun on PATH): a copy of ci-tiny stepping two micro-batches per
+# device at the most devices, 6 steps across 2 up to all GPUs meeting through NCCL (CPU half: 2
+# processes over Gloo): tokens/s, seconds in collectives a step, and the first step's loss against
+# one process's on the same batch. DIST_TEST, the dist crate's test binary of a `--features nccl`
+# build (target/debug/deps/collectives-*), checks NCCL's collectives of a group of one on GPU 0
+# against the thread ranks'.
+rank_counts="$(for n in 2 4 "$most"; do [ "$n" -le "$most" ] && echo "$n"; done | sort -nu | tr '\n' ' ')"
+sed -e "s/^batch_tokens = .*/batch_tokens = $((2 * most * 512))/" \
+  -e "s|\"corpus/|\"$PWD/recipes/corpus/|" recipes/ci-tiny.toml > "$OUT/ranks-ci-tiny.toml"
+rank_device="$([ "$DEVICE" = cpu ] && echo cpu || echo cuda)"
+: > "$OUT/ranks.md"
+if [ -n "${DIST_TEST:-}" ]; then
+  # A binary built without nccl has no such test and passes nothing: the count must say 1.
+  if "$DIST_TEST" --exact gloo::nccl_runs_on_a_cuda_device_or_says_there_is_none > "$OUT/nccl-test.log" 2>&1 &&
+    grep -q "1 passed" "$OUT/nccl-test.log"; then
+    echo "- NCCL, a group of one on GPU 0: its collectives equal the thread ranks' (passed)" >> "$OUT/ranks.md"
+  else
+    echo "- NCCL, a group of one on GPU 0: FAILED, see nccl-test.log" >> "$OUT/ranks.md"
+  fi
+fi
+rm -rf "$OUT/ranks-1"
+"$BIN" train "$OUT/ranks-ci-tiny.toml" --device "$DEVICE" --out "$OUT/ranks-1" --stop-after 1 \
+  --quiet > "$OUT/ranks-1.log" 2>&1 || echo "ranks: one process failed, see $OUT/ranks-1.log"
+if command -v torchrun >/dev/null 2>&1; then
+  for n in $rank_counts; do
+    run="$OUT/ranks-$n"
+    rm -rf "$run"
+    # Each rank takes cuda:LOCAL_RANK (`--device cuda`), or the CPU.
+    K3MINI_STORE_FILE="$OUT/ranks-$n.store" torchrun --standalone \
+      --nproc-per-node "$n" --no-python "$BIN" train "$OUT/ranks-ci-tiny.toml" \
+      --device "$rank_device" --out "$run" --stop-after 6 --quiet > "$run.log" 2>&1 ||
+      echo "ranks: $n processes failed, see $run.log"
+    rm -f "$OUT/ranks-$n.store"
+  done
+else
+  echo "- ranks: no torchrun on PATH, not run" >> "$OUT/ranks.md"
+fi
+python3 - "$OUT" "$rank_counts" "$DEVICE" <<'EOF'
+import json, os, statistics, sys
+out, counts, device = sys.argv[1], [int(n) for n in sys.argv[2].split()], sys.argv[3]
+def steps(name):
+    try:
+        return [json.loads(l) for l in open(os.path.join(out, name, "metrics.jsonl"))]
+    except (OSError, ValueError):
+        return []
+one = steps("ranks-1")
+rows = [f"| ci-tiny, processes on {device} | tokens/s | collectives a step (s) | step 1's loss against one process's |",
+        "|---|---|---|---|"]
+def diff(a, b):  # a non-finite loss is logged as null
+    if a is None or b is None:
+        return "n/a"
+    return f"{abs(a - b) / abs(b):.1e}"
+for n in counts:
+    ms = steps(f"ranks-{n}")
+    if len(ms) < 2:
+        rows.append(f"| {n} | failed | | |")
+        continue
+    rate = statistics.median(m["tokens_per_s"] for m in ms[1:])
+    coll = statistics.median(m.get("collective_s") or 0.0 for m in ms[1:])
+    rows.append(f"| {n} | {rate:.0f} | {coll:.3f} | {diff(ms[0]['loss'], one[0]['loss']) if one else 'n/a'} |")
+if not counts:
+    rows.append("| (one GPU: no second rank to run) | | | |")
+table = "\n".join(rows)
+print(table)
+with open(os.path.join(out, "ranks.md"), "a") as f:
+    f.write(table + "\n")
+EOF
+
 python3 - "$OUT" "$DEVICE" "$PEAK_TFLOPS" "$PEAK_BF16_TFLOPS" <<'EOF'
 import json, sys, os
 out, device = sys.argv[1], sys.argv[2]
@@ -250,7 +320,8 @@ if len(rss) == 2:
                 f"none {b:.2f} GiB ({a - b:+.2f} GiB)")
 table = "\n".join(rows)
 print(table)
-parts = [open(os.path.join(out, "correctness.md")).read(), table, open(os.path.join(out, "scaling.md")).read()]
+parts = [open(os.path.join(out, "correctness.md")).read(), table] + \
+    [open(os.path.join(out, n)).read() for n in ("scaling.md", "ranks.md")]
 open(os.path.join(out, "gpu-check.md"), "w").write("\n".join(parts) + "\n")
 EOF
 echo "written: $OUT/gpu-check.md"

@@ -514,6 +514,10 @@ impl TrainingObjective for Shards {
         ))
     }
 
+    fn skip(&mut self, _student: &StepModel, _seed: u64) -> Result<()> {
+        Ok(self.stream.skip_batch(self.rows)?)
+    }
+
     fn held_out(&self) -> &HeldOut {
         &self.held
     }

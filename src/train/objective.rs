@@ -49,6 +49,12 @@ pub trait TrainingObjective {
     /// samples `student` and has the teacher score the samples. `seed` (a function of the step and
     /// micro-batch) seeds what it samples. The loss is the returned job's, run on a replica.
     fn next(&mut self, student: &StepModel, seed: u64) -> Result<Job>;
+    /// Moves past the next micro-batch, another rank's: its stream advances as [`Self::next`]'s
+    /// would. Loads it and drops it unless the mode can skip it for less (text must be tokenized
+    /// to know where a row ends; teacher shards' rows are skipped unassembled).
+    fn skip(&mut self, student: &StepModel, seed: u64) -> Result<()> {
+        self.next(student, seed).map(drop)
+    }
     /// The held-out batches this mode is measured on.
     fn held_out(&self) -> &HeldOut;
     /// Where the streams are, for the checkpoint: the data, and on-policy runs' prompts.

@@ -196,10 +196,10 @@ impl Parallel {
             for micro in 0..accumulation {
                 // Seeds what a micro-batch samples: a function of the step.
                 let seed = plan.seed ^ ((state.step * accumulation + micro) as u64 + 1);
-                // Another rank's micro-batch is loaded and dropped: the stream's order is one
-                // function of its cursor, which every rank advances alike.
+                // Another rank's micro-batch is skipped: the stream's order is one function of
+                // its cursor, which every rank advances alike.
                 if mine.get(local) != Some(&micro) {
-                    drop(objective.next(&student, seed)?);
+                    objective.skip(&student, seed)?;
                     continue;
                 }
                 // The device's previous micro-batch is reduced first: then loading (which may

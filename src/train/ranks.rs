@@ -1,10 +1,11 @@
 //! Training across processes: ranks a launcher started (torchrun, srun; see `k3mini_dist::launch`),
-//! one device each, meeting through PyTorch's c10d (Gloo, on host buffers: any backend's tensors
-//! cross as f32 on the host).
+//! one device each, meeting through PyTorch's c10d on host buffers (any backend's tensors cross as
+//! f32 on the host): Gloo's, or NCCL's through the rank's CUDA device in a `nccl` build.
 //!
 //! ```text
-//! step:   every rank loads every micro-batch (the stream's order is one function of the cursor);
-//!         micro-batch i is trained by rank i mod W
+//! step:   micro-batch i is trained by rank i mod W; every rank reads the whole stream in order
+//!         (its order is one function of the cursor), skipping the others' micro-batches (teacher
+//!         shards' rows unassembled; text must still be tokenized to know where rows end)
 //! ring:     g_r = Σ_{i ≡ r} g_i (in order, on the rank)  →  all-reduce (Gloo's ring): every rank
 //!           gets Σ_r g_r and keeps the parameters it owns
 //! ordered:  each round of W micro-batches is all-gathered; every rank sums G = Σ_i g_i in
@@ -31,6 +32,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use k3mini_checkpoints::moments::Moments;
 use k3mini_checkpoints::param_ids::{param_entries, restore_param_ids};
 use k3mini_dist::Collective;
+pub use k3mini_dist::launch::Attempt;
 use k3mini_dist::launch::{self, Launched};
 use k3mini_student::K3Mini;
 use k3mini_student::info::shard_by_bytes;
@@ -45,8 +47,8 @@ pub struct Ranks {
     pub world: usize,
     /// This rank's device.
     pub device: DeviceList,
-    /// How many times the launcher has restarted the group (torchrun's `--max-restarts`).
-    pub restart: u64,
+    /// Which launch this is, and how many times the launcher has restarted the group.
+    pub attempt: Attempt,
     pub reduction: Reduction,
     /// Micro-batches a step: rank r trains those ≡ r mod `world`.
     accumulation: usize,
@@ -93,14 +95,14 @@ fn fits(plan: &RunPlan, world: usize, who: &str) -> Result<()> {
         plan.recipe_name(),
         plan.accumulation,
     );
-    // Every rank loads every micro-batch: free for data read from disk, but a teacher in the
-    // loop would score each one once per rank.
+    // A rank skips the others' micro-batches, but a teacher in the loop scores (or samples) a
+    // micro-batch as it loads, and skipping one still loads it.
     let mode = plan.distill.as_ref().map(|d| &d.mode);
     crate::ensure!(
         !matches!(mode, Some(ModePlan::Online | ModePlan::OnPolicy(_))),
         "{}: distill.mode = {} queries the teacher for each micro-batch while it loads, and \
-         across processes every rank loads every micro-batch: train it in one process (score \
-         the corpus with `teacher score` and train offline across ranks instead)",
+         across processes every rank loads every micro-batch to skip it: train it in one process \
+         (score the corpus with `teacher score` and train offline across ranks instead)",
         plan.recipe_name(),
         match mode {
             Some(ModePlan::Online) => "online",
@@ -114,16 +116,26 @@ fn fits(plan: &RunPlan, world: usize, who: &str) -> Result<()> {
 /// ([`device_of`]).
 pub fn join(plan: &RunPlan, l: Launched) -> Result<Ranks> {
     let device = device_of(plan, &l)?;
-    Ranks::new(plan, open_group(&l.rendezvous)?, device, l.restart)
+    let group = open_group(&l.rendezvous, &device)?;
+    Ranks::new(plan, group, device, l.attempt)
 }
 
+/// The group on c10d: NCCL's when this rank trains on a CUDA device and the build has NCCL, else
+/// Gloo's (host buffers, whatever the device).
 #[cfg(feature = "c10d")]
-fn open_group(r: &launch::Rendezvous) -> Result<Box<dyn Collective>> {
-    Ok(Box::new(k3mini_dist::c10d::Gloo::join(r)?))
+fn open_group(r: &launch::Rendezvous, device: &DeviceList) -> Result<Box<dyn Collective>> {
+    use k3mini_dist::c10d::{Backend, Group};
+    let backend = match device.kinds() {
+        [crate::device::DeviceKind::Cuda(cuda)] if cfg!(feature = "nccl") => {
+            Backend::Nccl { cuda: *cuda }
+        }
+        _ => Backend::Gloo,
+    };
+    Ok(Box::new(Group::join(r, backend)?))
 }
 
 #[cfg(not(feature = "c10d"))]
-fn open_group(_: &launch::Rendezvous) -> Result<Box<dyn Collective>> {
+fn open_group(_: &launch::Rendezvous, _: &DeviceList) -> Result<Box<dyn Collective>> {
     unreachable!("`launched` refuses a rank in a build without c10d")
 }
 
@@ -206,13 +218,13 @@ impl Layout {
 
 impl Ranks {
     /// A rank of `group` (a launcher's processes, or threads of one process) training `plan` on
-    /// `device`; `restart` counts the launcher's restarts of the group. Checks first that the run
+    /// `device`, in the launch `attempt` names. Checks first that the run
     /// directory is one every rank sees: a checkpoint is written by all of them into it.
     pub fn new(
         plan: &RunPlan,
         group: Box<dyn Collective>,
         device: DeviceList,
-        restart: u64,
+        attempt: Attempt,
     ) -> Result<Self> {
         fits(plan, group.world(), "the group has")?;
         let mut ranks = Ranks {
@@ -220,7 +232,7 @@ impl Ranks {
             world: group.world(),
             group,
             device,
-            restart,
+            attempt,
             reduction: plan.train.reduction,
             accumulation: plan.accumulation,
         };
@@ -418,6 +430,40 @@ impl Ranks {
         agreed
     }
 
+    /// Whether the group resumes: when `asked`, or, a group its launcher restarted (torchrun's
+    /// `--max-restarts`), by itself from the newest checkpoint if an attempt of its own launch
+    /// started in the run directory ([`run_dir::launched_by`]) and wrote one: an earlier launch's
+    /// checkpoints are refused as they were at the first attempt. The first rank decides.
+    pub fn resumes(&mut self, plan: &RunPlan, asked: bool) -> Result<bool> {
+        let decided = match (self.rank, asked || self.attempt.restart == 0) {
+            (0, false) => run_dir::launched_by(&plan.out_dir, &self.launch_name())
+                .and_then(|own| Ok(own && k3mini_checkpoints::latest(&plan.out_dir)?.is_some())),
+            _ => Ok(asked),
+        };
+        let decided = self.agree("decide whether to resume", decided)?;
+        Ok(self.from_first(f64::from(u8::from(decided)))? > 0.0)
+    }
+
+    /// The name the first rank marks the run directory with: the launch's, or where the launcher
+    /// names none (torchrun without `--rdzv-id` or `--standalone` calls every launch `none`) its
+    /// agent's, this process's parent (pid and start time), which lives across the restarts of
+    /// its group.
+    fn launch_name(&self) -> String {
+        if self.attempt.run != "none" {
+            return self.attempt.run.clone();
+        }
+        let agent = std::os::unix::process::parent_id();
+        // /proc/PID/stat: field 22, the start time, is the 20th after the `(comm)` field.
+        let started = std::fs::read_to_string(format!("/proc/{agent}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, fields) = stat.rsplit_once(')')?;
+                fields.split_whitespace().nth(19).map(String::from)
+            })
+            .unwrap_or_default();
+        format!("none/agent-{agent}-{started}")
+    }
+
     /// The first rank's `value`, on every rank.
     pub fn from_first(&mut self, value: f64) -> Result<f64> {
         let mut v = [if self.rank == 0 { value } else { 0.0 }];
@@ -455,6 +501,11 @@ impl Ranks {
             _ => Ok(None),
         };
         let first = self.agree("start the run", first)?;
+        let marked = match self.rank {
+            0 => run_dir::mark_launch(&plan.out_dir, &self.launch_name()),
+            _ => Ok(()),
+        };
+        self.agree("mark the run directory with its launch", marked)?;
         // 0 for a fresh run, else the step resumed from, plus one.
         let at = match &first {
             Some(Start::Resume { checkpoint, .. }) => checkpoint.step as f64 + 1.0,

@@ -125,14 +125,10 @@ pub fn train_in(
     mut ranks: Option<Ranks>,
 ) -> Result<TrainSummary> {
     let plan = &with_out_dir(plan, opts);
-    // A group the launcher restarted (torchrun --max-restarts) resumes by itself from the newest
-    // checkpoint, if the failed attempt wrote one.
-    let restarted = ranks.as_ref().is_some_and(|r| r.restart > 0);
-    let mut resume =
-        opts.resume || (restarted && k3mini_checkpoints::latest(&plan.out_dir)?.is_some());
-    if let Some(r) = ranks.as_mut() {
-        resume = r.from_first(f64::from(u8::from(resume)))? > 0.0;
-    }
+    let resume = match ranks.as_mut() {
+        Some(r) => r.resumes(plan, opts.resume)?,
+        None => opts.resume,
+    };
     let plan = &keep_traffic_pin(plan, resume)?;
     let Begun {
         tokenizer,

@@ -2,12 +2,14 @@
 //! micro-batch, activation checkpointing changes no number, bf16 matmuls track f32, and a device
 //! this build cannot drive is refused up front.
 use crate::fixture::{Recipe, Scratch};
-use crate::train::{loss_bits, metrics, moe_table, opts, resume_run, setup, train_steps};
+use crate::train::{
+    loss_bits, metrics, moe_table, opts, rank_threads, resume_run, setup, thread_ranks, train_steps,
+};
 use k3mini::device::DeviceList;
 use k3mini::recipe;
 use k3mini::run_dir::open_checkpoint;
-use k3mini::train::ranks::Ranks;
-use k3mini::train::trainer::{TrainOptions, train, train_in};
+use k3mini::train::ranks::Attempt;
+use k3mini::train::trainer::{TrainOptions, TrainSummary, train};
 use k3mini_student::K3Mini;
 use k3mini_student::config::KdaKernel;
 use k3mini_student::precision::Precision;
@@ -263,36 +265,6 @@ fn bf16_matmuls_track_the_f32_run_and_resume_exactly() {
     );
 }
 
-/// Trains `plan` into `out` as the `world` ranks of a group of threads of this process (the
-/// thread ranks check that every rank makes the same collectives, with the same lengths).
-fn thread_ranks(plan: &recipe::RunPlan, out: &Path, world: usize, args: TrainOptions) {
-    let group = k3mini_dist::threads::group(world, std::time::Duration::from_secs(60));
-    std::thread::scope(|scope| {
-        let ranks: Vec<_> = group
-            .into_iter()
-            .map(|rank| {
-                let args = TrainOptions {
-                    out_dir: Some(out.to_path_buf()),
-                    ..args.clone()
-                };
-                scope.spawn(move || {
-                    let cpu: DeviceList = "cpu".parse().unwrap();
-                    let ranks =
-                        Ranks::new(&plan.clone().with_out_dir(out), Box::new(rank), cpu, 0)?;
-                    train_in(plan, &args, Some(ranks))
-                })
-            })
-            .collect();
-        for (r, t) in ranks.into_iter().enumerate() {
-            let summary = t
-                .join()
-                .unwrap()
-                .unwrap_or_else(|e| panic!("rank {r}: {e}"));
-            assert_eq!(summary.leads, r == 0);
-        }
-    });
-}
-
 #[test]
 fn ranks_as_threads_train_as_one_process_does_and_a_run_moves_between_rank_counts() {
     // The ordered reduction over three ranks, and a run moving from 2 ranks to 3 to one process:
@@ -341,30 +313,16 @@ fn ranks_as_threads_train_as_one_process_does_and_a_run_moves_between_rank_count
     // A rank started otherwise (here: to stop elsewhere) is refused, and so is every other rank,
     // before anything is written.
     let other = s.0.join("other");
-    let group = k3mini_dist::threads::group(2, std::time::Duration::from_secs(60));
-    let errors: Vec<String> = std::thread::scope(|scope| {
-        let ranks: Vec<_> = group
-            .into_iter()
-            .enumerate()
-            .map(|(r, rank)| {
-                let (plan, other) = (&plan, &other);
-                scope.spawn(move || {
-                    let cpu: DeviceList = "cpu".parse().unwrap();
-                    let ranks =
-                        Ranks::new(&plan.clone().with_out_dir(other), Box::new(rank), cpu, 0)?;
-                    let args = TrainOptions {
-                        out_dir: Some(other.clone()),
-                        ..stop(r + 1)
-                    };
-                    train_in(plan, &args, Some(ranks))
-                })
-            })
-            .collect();
-        ranks
-            .into_iter()
-            .map(|t| t.join().unwrap().unwrap_err().to_string())
-            .collect()
-    });
+    let errors: Vec<String> = rank_threads(&plan, 2, |r| {
+        let args = TrainOptions {
+            out_dir: Some(other.clone()),
+            ..stop(r + 1)
+        };
+        (args, Attempt::default())
+    })
+    .into_iter()
+    .map(refusal)
+    .collect();
     assert!(
         errors[0].contains("rank 1 of 2 failed to resolve the first rank's plan"),
         "{errors:?}"
@@ -374,4 +332,33 @@ fn ranks_as_threads_train_as_one_process_does_and_a_run_moves_between_rank_count
         "{errors:?}"
     );
     assert!(!other.join("metrics.jsonl").exists());
+    // A group its launcher restarts resumes by itself only in a directory its own launch started
+    // in: `three`'s checkpoints are launch ""'s, so a restart of launch "b" is refused as its
+    // first attempt would be (an earlier run's checkpoints take `--resume`), and a restart of ""
+    // resumes (from the last step: nothing left to train).
+    let restart = |run: &str| {
+        let attempt = Attempt {
+            run: run.into(),
+            restart: 1,
+        };
+        rank_threads(&plan, 2, |_| (opts(&three), attempt.clone()))
+    };
+    let refused: Vec<String> = restart("b").into_iter().map(refusal).collect();
+    assert!(
+        refused[0].contains("already holds checkpoints"),
+        "{refused:?}"
+    );
+    assert!(
+        refused[1].contains("rank 0 of 2 failed to start the run"),
+        "{refused:?}"
+    );
+    for outcome in restart("") {
+        let s = outcome.unwrap();
+        assert_eq!(s.first_step, s.last_step);
+    }
+}
+
+/// What a rank that had to fail said.
+fn refusal(outcome: k3mini::error::Result<TrainSummary>) -> String {
+    outcome.unwrap_err().to_string()
 }

@@ -173,6 +173,27 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     assert!(last.loss.is_finite() && last.eval_loss.is_some());
     let (top1, kl) = (last.eval_top1.unwrap(), last.eval_kl.unwrap());
     assert!((0.0..=1.0).contains(&top1) && kl > 0.0, "{top1} {kl}");
+    // As two ranks (threads of this process) in the ordered reduction, each skipping the other's
+    // rows unassembled: one process's losses, held-out figures and weights, to the bit. Both start
+    // from one checkpoint: thread ranks share the random state a fresh model draws from.
+    let init = dir.join("runs/kd-init");
+    let model = k3mini_student::K3Mini::new(&main.model, &burn::tensor::Device::flex()).unwrap();
+    k3mini::run_dir::write_weights(&main.clone().with_out_dir(&init), &model, 0).unwrap();
+    let mut ordered = recipe::load_from(&dir.join("kd.toml"), &init).unwrap();
+    ordered.train.reduction = recipe::Reduction::Ordered;
+    let (one, two) = (dir.join("runs/kd-one"), dir.join("runs/kd-ranks"));
+    let into = |out: &Path| TrainOptions {
+        out_dir: Some(out.to_path_buf()),
+        ..quiet()
+    };
+    train(&ordered, &into(&one)).unwrap();
+    crate::train::thread_ranks(&ordered, &two, 2, quiet());
+    assert_eq!(strip(metrics(&one)), strip(metrics(&two)));
+    let held = |m: &StepMetrics| (m.eval_top1.map(f64::to_bits), m.eval_kl.map(f64::to_bits));
+    let (a, b) = (metrics(&one), metrics(&two));
+    assert!(a.iter().map(held).eq(b.iter().map(held)));
+    assert!(a.last().unwrap().eval_top1.is_some());
+    assert_eq!(weights(&one), weights(&two));
 
     // Every objective trains (finite loss, a step taken) from the same shards.
     for objective in [

@@ -3,7 +3,8 @@
 use crate::fixture::{Recipe, Scratch};
 use k3mini::recipe;
 use k3mini::run_dir::{StepMetrics, read_metrics};
-use k3mini::train::trainer::{TrainOptions, train};
+use k3mini::train::ranks::{Attempt, Ranks};
+use k3mini::train::trainer::{TrainOptions, TrainSummary, train, train_in};
 use k3mini_data::tokenizer::train_byte_level_bpe;
 use std::path::{Path, PathBuf};
 
@@ -209,6 +210,47 @@ fn a_corrupt_checkpoint_is_named_not_loaded() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("model.safetensors is corrupt"), "{err}");
+}
+
+/// Trains `plan` as the `world` ranks of a group of threads of this process (the thread ranks
+/// check that every rank makes the same collectives, with the same lengths), rank r with the
+/// options (an `out_dir` among them) and the launch attempt `each(r)` gives: each rank's outcome.
+pub(crate) fn rank_threads(
+    plan: &recipe::RunPlan,
+    world: usize,
+    each: impl Fn(usize) -> (TrainOptions, Attempt) + Sync,
+) -> Vec<k3mini::error::Result<TrainSummary>> {
+    let group = k3mini_dist::threads::group(world, std::time::Duration::from_secs(60));
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(r, rank)| {
+                let (args, attempt) = each(r);
+                scope.spawn(move || {
+                    let out = args.out_dir.as_ref().expect("a run directory");
+                    let cpu = "cpu".parse().unwrap();
+                    let on = plan.clone().with_out_dir(out);
+                    let ranks = Ranks::new(&on, Box::new(rank), cpu, attempt)?;
+                    train_in(plan, &args, Some(ranks))
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|t| t.join().unwrap()).collect()
+    })
+}
+
+/// [`rank_threads`] into `out`, every rank with `args`; each must succeed.
+pub(crate) fn thread_ranks(plan: &recipe::RunPlan, out: &Path, world: usize, args: TrainOptions) {
+    let args = TrainOptions {
+        out_dir: Some(out.to_path_buf()),
+        ..args
+    };
+    let outcomes = rank_threads(plan, world, |_| (args.clone(), Attempt::default()));
+    for (r, outcome) in outcomes.into_iter().enumerate() {
+        let summary = outcome.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(summary.leads, r == 0);
+    }
 }
 
 /// Per-step (step, loss bits, held-out loss bits) of a run directory.
