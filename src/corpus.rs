@@ -26,11 +26,13 @@ fn parted_doc(
     place: &DocPlace,
 ) -> std::result::Result<Option<CorpusDoc>, DataError> {
     let (ids, parts) = match (raw, template) {
-        (RawDoc::Chat(messages), Some(template)) => {
-            let rendered = render(&messages, template, false).map_err(|e| DataError::Record {
-                path: place.path.clone(),
-                line: place.item as usize + 1,
-                message: e.to_string(),
+        (RawDoc::Chat(chat), Some(template)) => {
+            let rendered = render(&chat.messages, &chat.tools, template, false).map_err(|e| {
+                DataError::Record {
+                    path: place.path.clone(),
+                    line: place.item as usize + 1,
+                    message: e.to_string(),
+                }
             })?;
             let (ids, parts) = rendered.encode(tokenizer)?;
             (ids, Some(parts))

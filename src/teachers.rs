@@ -216,16 +216,9 @@ pub fn plan_prompts(
             if let Some(system) = &p.system
                 && messages[0].role != Role::System
             {
-                messages.insert(
-                    0,
-                    Message {
-                        role: Role::System,
-                        content: system.clone(),
-                        thinking: None,
-                    },
-                );
+                messages.insert(0, Message::new(Role::System, system.clone()));
             }
-            let rendered = render(&messages, p.template, true)
+            let rendered = render(&messages, &[], p.template, true)
                 .map_err(|e| crate::refused!("prompt {}: {e}", prompt.id))?;
             Ok(PromptIds {
                 id: prompt.id,

@@ -92,11 +92,9 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
         let line: Line = serde_json::from_str(raw).map_err(at(line_at()))?;
         let input = match (line.text, line.prompt, line.messages) {
             (Some(t), None, None) if !t.is_empty() => Input::Text(t),
-            (None, Some(p), None) if !p.trim().is_empty() => Input::Chat(vec![Message {
-                role: k3mini_data::chat::Role::User,
-                content: p,
-                thinking: None,
-            }]),
+            (None, Some(p), None) if !p.trim().is_empty() => {
+                Input::Chat(vec![Message::new(k3mini_data::chat::Role::User, p)])
+            }
             (None, None, Some(m)) if !m.is_empty() => Input::Chat(m),
             _ => {
                 return Err(refuse!(
@@ -259,7 +257,7 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
     let (prompt, parts) = match &task.input {
         Input::Text(t) => (tokenizer.encode(t)?, None),
         Input::Chat(m) => {
-            let (ids, parts) = render(m, ChatFormat::Chatml, true)?.encode(tokenizer)?;
+            let (ids, parts) = render(m, &[], ChatFormat::Chatml, true)?.encode(tokenizer)?;
             (ids, Some(parts))
         }
     };

@@ -317,7 +317,7 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
     if gate.is_some() {
         gated(gw, "response_format")?;
     }
-    let rendered = render(&req.messages, ChatFormat::Chatml, true)
+    let rendered = render(&req.messages, &[], ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     gw.prompt_cap.check(rendered.text_len(), "messages")?;
     let admitted = admit(&gw.queue)?;

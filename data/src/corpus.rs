@@ -2,7 +2,7 @@
 //! column), and chat conversations from JSONL. Every document is validated as UTF-8 and non-empty
 //! so a bad file fails loudly with its name (and line or row), never silently.
 
-use crate::chat::Message;
+use crate::chat::{Message, Tool};
 use crate::error::DataError;
 use crate::stream::{RawDoc, SourceFormat, file_items, read_text, source_files};
 use std::path::{Path, PathBuf};
@@ -45,26 +45,29 @@ pub fn read_source(
 }
 
 /// A conversation and where it came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChatDocument {
     pub source: PathBuf,
     /// Line index in the JSONL file.
     pub index: usize,
     pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
 }
 
-/// Reads conversations: JSONL whose `field` holds `[{"role", "content", "thinking"?}, …]`.
+/// Reads conversations: JSONL whose `field` holds `[{"role", "content", "thinking"?, …}, …]`
+/// (OpenAI's message shape) and whose `tools` the tools declared to them.
 pub fn read_chats(path: &Path, field: &str) -> Result<Vec<ChatDocument>, DataError> {
     Ok(file_items(path, SourceFormat::Jsonl, field, true)?
         .into_iter()
         .map(|(line, raw)| {
-            let RawDoc::Chat(messages) = raw else {
+            let RawDoc::Chat(chat) = raw else {
                 unreachable!("chat items")
             };
             ChatDocument {
                 source: path.to_path_buf(),
                 index: line as usize,
-                messages,
+                messages: chat.messages,
+                tools: chat.tools,
             }
         })
         .collect())

@@ -22,7 +22,7 @@ pub mod tokenizer;
 pub mod topk_codec;
 pub mod trajectories;
 
-pub use chat::{ChatFormat, LossParts, Message, Part, Role};
+pub use chat::{Chat, ChatFormat, LossParts, Message, Part, Role, Tool};
 pub use corpus::{ChatDocument, Document, read_chats, read_source};
 pub use error::DataError;
 pub use pack::{DocFeed, PackCursor, PackedBatch, Packer, TokenDoc};

@@ -30,11 +30,9 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, DataError> {
     );
     let prompts = jsonl_records(path, |record| {
         let messages = match (record.get("prompt"), record.get("messages")) {
-            (Some(serde_json::Value::String(p)), None) if !p.trim().is_empty() => vec![Message {
-                role: Role::User,
-                content: p.clone(),
-                thinking: None,
-            }],
+            (Some(serde_json::Value::String(p)), None) if !p.trim().is_empty() => {
+                vec![Message::new(Role::User, p.clone())]
+            }
             (Some(_), None) => return Err("`prompt` is not a non-empty string".into()),
             (None, Some(m)) => {
                 let messages: Vec<Message> = serde_json::from_value(m.clone())
@@ -42,6 +40,15 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, DataError> {
                 if messages.last().is_none_or(|m| m.role == Role::Assistant) {
                     return Err(
                         "`messages` must end with a turn for the assistant to answer".into(),
+                    );
+                }
+                // Generation sends no tools yet, so a conversation of calls would lose them.
+                if messages
+                    .iter()
+                    .any(|m| !m.tool_calls.is_empty() || m.role == Role::Tool)
+                {
+                    return Err(
+                        "prompts with tool calls or results are not generated from yet".into(),
                     );
                 }
                 messages
@@ -105,11 +112,7 @@ pub fn read_champ(path: &Path) -> Result<Vec<Prompt>, DataError> {
         .into_iter()
         .map(|(id, p)| Prompt {
             id,
-            messages: vec![Message {
-                role: Role::User,
-                content: p.text,
-                thinking: None,
-            }],
+            messages: vec![Message::new(Role::User, p.text)],
             answer: p.answer,
         })
         .collect())

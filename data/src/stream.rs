@@ -29,7 +29,7 @@
 //!   from those positions and shuffles it the same way (a Parquet file is entered at its row, a
 //!   JSONL file re-read up to its line).
 
-use crate::chat::Message;
+use crate::chat::Chat;
 use crate::error::DataError;
 use crate::pack::{DocFeed, TokenDoc, epoch_order};
 use crate::rng::splitmix64;
@@ -92,7 +92,7 @@ pub struct StreamSource {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawDoc {
     Text(String),
-    Chat(Vec<Message>),
+    Chat(Chat),
 }
 
 /// Where a document is, for errors: its file and line or row.
@@ -587,20 +587,15 @@ fn parse_item(
         message,
     };
     match format {
+        SourceFormat::Jsonl if chat => Chat::from_record(&text, field)
+            .map(RawDoc::Chat)
+            .map_err(record),
         SourceFormat::Jsonl => {
             let value: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| record(format!("invalid JSON: {e}")))?;
             let value = value
                 .get(field)
                 .ok_or_else(|| record(format!("no `{field}` field")))?;
-            if chat {
-                let messages: Vec<Message> = serde_json::from_value(value.clone())
-                    .map_err(|e| record(format!("`{field}` is not a list of messages: {e}")))?;
-                if messages.is_empty() {
-                    return Err(record(format!("`{field}` holds no messages")));
-                }
-                return Ok(RawDoc::Chat(messages));
-            }
             match value {
                 serde_json::Value::String(s) if !s.trim().is_empty() => Ok(RawDoc::Text(s.clone())),
                 serde_json::Value::String(_) => Err(record(format!("`{field}` is empty"))),

@@ -36,13 +36,13 @@ pub enum DataCommand {
     },
     /// Render the conversations of a chat JSONL and show which tokens carry loss.
     Chat {
-        /// JSONL, one conversation (`messages`: [{role, content, thinking?}]) per line.
+        /// JSONL, one conversation per line in OpenAI's shape (`messages`, and `tools`).
         file: PathBuf,
-        /// `kimi` or `chatml`.
-        #[arg(long, default_value = "kimi", value_parser = parse_template)]
+        /// `kimi_k3` (`kimi`), `kimi_k2` or `chatml`.
+        #[arg(long, default_value = "kimi_k3", value_parser = parse_template)]
         template: ChatFormat,
-        /// `kimi_k2` (the Kimi template's markers) or a tokenizer.json.
-        #[arg(long, default_value = "kimi_k2")]
+        /// `kimi` (K3's vocabulary), `kimi_k2`, or a tokenizer.json.
+        #[arg(long, default_value = "kimi")]
         tokenizer: String,
         #[arg(long, default_value = "messages")]
         field: String,
@@ -55,7 +55,7 @@ pub enum DataCommand {
 /// A chat template by its recipe name (the same names `chat = "…"` takes).
 fn parse_template(name: &str) -> Result<ChatFormat, String> {
     serde_json::from_value(serde_json::Value::String(name.into()))
-        .map_err(|_| format!("unknown template {name:?}: kimi or chatml"))
+        .map_err(|_| format!("unknown template {name:?}: chatml, kimi_k2 or kimi_k3 (kimi)"))
 }
 
 #[derive(Subcommand)]
@@ -129,7 +129,7 @@ pub fn run(cmd: DataCommand) -> Result<()> {
             check_markers(format, &t)?;
             let loss = LossParts::default();
             for chat in read_chats(&file, &field)?.iter().take(limit) {
-                let rendered = render(&chat.messages, format, false)
+                let rendered = render(&chat.messages, &chat.tools, format, false)
                     .map_err(|e| anyhow::anyhow!("{}:{}: {e}", file.display(), chat.index + 1))?;
                 let (ids, parts) = rendered.encode(&t)?;
                 println!(

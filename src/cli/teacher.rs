@@ -151,12 +151,8 @@ pub fn run(cmd: TeacherCommand) -> Result<()> {
             engine,
         } => {
             let t = open_local(&resolve(&teacher)?, engine, &device)?;
-            let messages = [Message {
-                role: Role::User,
-                content: question,
-                thinking: None,
-            }];
-            let prompt = render(&messages, ChatFormat::Chatml, true)?;
+            let messages = [Message::new(Role::User, question)];
+            let prompt = render(&messages, &[], ChatFormat::Chatml, true)?;
             let (ids, _) = prompt.encode(&t.tokenizer)?;
             let params = GenerateParams {
                 max_tokens,

@@ -240,7 +240,7 @@ pub struct TeacherConfig {
 #[serde(deny_unknown_fields)]
 pub struct GenerateConfig {
     pub prompts: Vec<PromptSource>,
-    /// The chat template the prompts are rendered with.
+    /// The chat format the prompts are rendered with: `chatml`, `kimi_k2` or `kimi_k3` (`kimi`).
     #[serde(default = "default_template")]
     pub template: ChatFormat,
     /// A system turn put before every prompt that has none.
@@ -307,8 +307,11 @@ pub struct SourceConfig {
     /// JSONL key / Parquet column holding the document: `text` by default, `messages` for chat.
     #[serde(default)]
     pub field: Option<String>,
-    /// The source holds conversations (JSONL, a list of `{role, content, thinking?}` per record),
-    /// rendered with this template; `data.train_on` picks which parts carry loss.
+    /// The source holds conversations (JSONL in OpenAI's request shape: the messages under
+    /// `field`, with `thinking`, `tool_calls` and `tool` results, and the tools declared under
+    /// `tools`), rendered in this format: `chatml`, `kimi_k2` or `kimi_k3` (`kimi`, the format of
+    /// the `kimi` vocabulary; the only one that writes tool calls yet). `data.train_on` picks
+    /// which parts carry loss (the assistant's calls are its answer).
     #[serde(default)]
     pub chat: Option<ChatFormat>,
     /// Its share of the training tokens, relative to the other sources' (plain training streams

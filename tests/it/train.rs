@@ -393,6 +393,77 @@ fn chat_sources_train_on_the_answer_and_thinking_only() {
 }
 
 #[test]
+fn a_k3_vocabulary_student_trains_on_k3_chats_with_tool_calls() {
+    // The K3 conversations the format's golden test holds to the reference template: tools
+    // declared, calls in parallel, results answering them by id.
+    let fixture = crate::fixture::root().join("data/tests/fixtures/chat_templates.json");
+    let golden: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    let lines: String = golden["kimi_k3"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            serde_json::json!({"messages": c["messages"], "tools": c.get("tools")}).to_string()
+                + "\n"
+        })
+        .collect();
+    let s = Scratch::new("train-k3-chats");
+    std::fs::write(s.0.join("chats.jsonl"), lines).unwrap();
+    let text = Recipe::default()
+        .with(
+            "data",
+            "tokenizer = \"kimi\"\nseq_len = 64\nheld_out_fraction = 0\n[[data.sources]]\npath = \"chats.jsonl\"\n\
+             chat = \"kimi_k3\"",
+        )
+        .with(
+            "model",
+            "preset = \"tiny\"\nvocab_size = 163840\nd_model = 64",
+        )
+        .with("schedule", "kind = \"constant\"\nwarmup_steps = 0")
+        .with("train", "steps = 2\nbatch_tokens = 128\nmicro_batch = 2")
+        .text();
+    let path = s.0.join("recipe.toml");
+    std::fs::write(&path, text).unwrap();
+    let r = recipe::load(&path).unwrap();
+    let tok = k3mini_data::Tokenizer::load("kimi").unwrap();
+    let docs = k3mini::corpus::tokenized_documents(&r.data, &tok).unwrap();
+    assert_eq!(docs.len(), 6);
+    // What each conversation trains on, as text.
+    let trained: Vec<String> = docs
+        .iter()
+        .map(|d| {
+            let targets = d.targets.as_ref().unwrap();
+            let ids: Vec<u32> = d
+                .ids
+                .iter()
+                .zip(targets)
+                .filter(|(_, t)| **t)
+                .map(|(i, _)| *i)
+                .collect();
+            tok.decode(&ids).unwrap()
+        })
+        .collect();
+    let calls = trained
+        .iter()
+        .find(|t| t.contains("<|open|>call tool=\"search\" index=\"2\"<|sep|>"))
+        .expect("the assistant's calls are trained");
+    assert!(calls.contains(
+        "<|open|>argument key=\"filters\" type=\"object\"<|sep|>{\"site\": \"meteo.ch\", \"lang\": [\"de\", \"en\"]}"
+    ));
+    assert!(calls.contains("Two calls at once.") && calls.ends_with("<|end_of_msg|>"));
+    // The tools' results, the declarations and the user are read, not trained.
+    assert!(
+        !calls.contains("12°C, clear")
+            && !calls.contains("# Tools")
+            && !calls.contains("Zürich for")
+    );
+    let summary = train(&r, &opts(&s.0.join("run"))).unwrap();
+    assert_eq!(summary.last_step, 2);
+    assert!(summary.last_loss.unwrap().is_finite());
+}
+
+#[test]
 fn qat_engages_at_its_start_step() {
     let (plain, p_path) = setup("qat-off", 3, "");
     let (qat, q_path) = setup(

@@ -1,13 +1,14 @@
-//! Chat templates: the exact strings of ChatML and Kimi, special tokens as single ids, and parts that
-//! put each token in the prompt, the thinking or the answer.
-use k3mini_data::chat::{Part, check_markers, render};
-use k3mini_data::{ChatFormat, LossParts, Message, Role, Tokenizer};
+//! Chat templates: the exact strings of ChatML, Kimi K2 and Kimi K3 (K3's held to its reference
+//! template's renderings, scripts/golden/chat_templates.py), special tokens as single ids, and parts
+//! that put each token in the prompt, the thinking or the answer.
+use k3mini_data::chat::{Json, Part, check_markers, render};
+use k3mini_data::{Chat, ChatFormat, LossParts, Message, Role, Tokenizer};
+use std::path::Path;
 
 fn conversation() -> Vec<Message> {
     let m = |role, content: &str, thinking: Option<&str>| Message {
-        role,
-        content: content.into(),
         thinking: thinking.map(Into::into),
+        ..Message::new(role, content)
     };
     vec![
         m(Role::System, "You are terse.", None),
@@ -18,13 +19,13 @@ fn conversation() -> Vec<Message> {
 
 #[test]
 fn chatml_renders_like_qwen3_and_smollm2() {
-    let r = render(&conversation(), ChatFormat::Chatml, false).unwrap();
+    let r = render(&conversation(), &[], ChatFormat::Chatml, false).unwrap();
     assert_eq!(
         r.text(),
         "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n\
          <|im_start|>assistant\n<think>\n2 plus 3 is 5.\n</think>\n\n5<|im_end|>\n"
     );
-    let prompt = render(&conversation()[..2], ChatFormat::Chatml, true).unwrap();
+    let prompt = render(&conversation()[..2], &[], ChatFormat::Chatml, true).unwrap();
     assert!(
         prompt
             .text()
@@ -33,8 +34,8 @@ fn chatml_renders_like_qwen3_and_smollm2() {
 }
 
 #[test]
-fn kimi_renders_its_turn_markers() {
-    let r = render(&conversation(), ChatFormat::Kimi, false).unwrap();
+fn kimi_k2_renders_its_turn_markers() {
+    let r = render(&conversation(), &[], ChatFormat::KimiK2, false).unwrap();
     assert_eq!(
         r.text(),
         "<|im_system|>system<|im_middle|>You are terse.<|im_end|><|im_user|>user<|im_middle|>What is 2+3?\
@@ -43,15 +44,23 @@ fn kimi_renders_its_turn_markers() {
 }
 
 #[test]
-fn kimi_tokens_carry_their_part() {
-    // The Kimi template's markers are K2's (K3's vocabulary renames them).
+fn kimi_k2_tokens_carry_their_part() {
+    // K2's markers are not K3's (its vocabulary renames their ids), and K3's are not K2's.
     let tok = Tokenizer::load("kimi_k2").unwrap();
-    check_markers(ChatFormat::Kimi, &tok).unwrap();
+    check_markers(ChatFormat::KimiK2, &tok).unwrap();
     let k3 = Tokenizer::load("kimi").unwrap();
-    let e = check_markers(ChatFormat::Kimi, &k3).unwrap_err();
-    let e = e.to_string();
-    assert!(e.contains("<|im_system|>") && e.contains("kimi_k2"), "{e}");
-    let r = render(&conversation(), ChatFormat::Kimi, false).unwrap();
+    let e = check_markers(ChatFormat::KimiK2, &k3)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("<|im_system|>") && e.contains("\"kimi_k3\""),
+        "{e}"
+    );
+    let e = check_markers(ChatFormat::KimiK3, &tok)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("<|open|>") && e.contains("\"kimi_k2\""), "{e}");
+    let r = render(&conversation(), &[], ChatFormat::KimiK2, false).unwrap();
     let (ids, parts) = r.encode(&tok).unwrap();
     assert_eq!(ids.len(), parts.len());
     let im_end = tok.token_id("<|im_end|>").expect("a special token");
@@ -89,7 +98,7 @@ fn kimi_tokens_carry_their_part() {
 #[test]
 fn bad_conversations_are_refused() {
     assert!(
-        render(&[], ChatFormat::Kimi, false)
+        render(&[], &[], ChatFormat::KimiK2, false)
             .unwrap_err()
             .to_string()
             .contains("no messages")
@@ -97,9 +106,146 @@ fn bad_conversations_are_refused() {
     let mut c = conversation();
     c[1].thinking = Some("x".into());
     assert!(
-        render(&c, ChatFormat::Chatml, false)
+        render(&c, &[], ChatFormat::Chatml, false)
             .unwrap_err()
             .to_string()
             .contains("message 1: only assistant turns carry thinking")
     );
+}
+
+/// The Kimi K3 cases of `scripts/golden/chat_templates.py`: (name, conversation, generation
+/// prompt, the text llama.cpp's Kimi-K3.jinja renders through transformers).
+fn k3_golden() -> Vec<(String, Chat, bool, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
+    // Read in order: a declaration's keys that differ only in case sort in written order.
+    let golden = Json::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let Some(Json::Array(cases)) = golden.get("kimi_k3") else {
+        panic!("no kimi_k3 cases")
+    };
+    assert!(cases.len() >= 6);
+    let text = |case: &Json, key: &str| match case.get(key) {
+        Some(Json::String(s)) => s.clone(),
+        other => panic!("{key}: {other:?}"),
+    };
+    cases
+        .iter()
+        .map(|case| {
+            let line = serde_json::to_string(case).unwrap();
+            let chat = Chat::from_record(&line, "messages").unwrap();
+            let prompt = case.get("add_generation_prompt") == Some(&Json::Bool(true));
+            (text(case, "name"), chat, prompt, text(case, "text"))
+        })
+        .collect()
+}
+
+#[test]
+fn kimi_k3_renders_as_its_reference_template() {
+    for (name, chat, prompt, want) in k3_golden() {
+        let got = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, prompt).unwrap();
+        assert_eq!(got.text(), want, "{name}");
+    }
+}
+
+#[test]
+fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
+    let tok = Tokenizer::load("kimi").unwrap();
+    check_markers(ChatFormat::KimiK3, &tok).unwrap();
+    let end = tok.token_id("<|end_of_msg|>").unwrap();
+    let cases = k3_golden();
+    let decoded = |ids: &[u32], parts: &[Part], part: Part| -> String {
+        let picked: Vec<u32> = ids
+            .iter()
+            .zip(parts)
+            .filter(|(_, p)| **p == part)
+            .map(|(i, _)| *i)
+            .collect();
+        tok.decode(&picked).unwrap()
+    };
+    for (name, chat, prompt, text) in &cases {
+        let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, *prompt).unwrap();
+        let (ids, parts) = r.encode(&tok).unwrap();
+        assert_eq!(ids.len(), parts.len());
+        assert_eq!(&tok.decode(&ids).unwrap(), text, "{name}");
+        // One <|end_of_msg|> id per message (the thinking-effort and tool-declare messages
+        // included), however often people's text quotes it.
+        let messages = chat.messages.len() + 1 + usize::from(!chat.tools.is_empty());
+        assert_eq!(
+            ids.iter().filter(|&&i| i == end).count(),
+            messages,
+            "{name}"
+        );
+    }
+    let (_, chat, _, text) = &cases[2];
+    assert_eq!(
+        text.matches("<|end_of_msg|>").count(),
+        5,
+        "a user quotes it"
+    );
+    assert_eq!(chat.messages.len(), 3);
+    // Who says what: the user's words and the tools' results are prompt; the reasoning with the
+    // tag that closes it is thinking; the answer, the calls and the turn's close are the answer.
+    let (_, chat, _, _) = &cases[3];
+    let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, false).unwrap();
+    let (ids, parts) = r.encode(&tok).unwrap();
+    let prompt = decoded(&ids, &parts, Part::Prompt);
+    assert!(prompt.contains("Weather in Zürich for 3 days") && prompt.contains("12°C, clear"));
+    assert!(
+        prompt.starts_with("# Tools\n") && !prompt.contains("<|"),
+        "{prompt}"
+    );
+    let thinking = decoded(&ids, &parts, Part::Thinking);
+    assert_eq!(
+        thinking,
+        "Two calls at once.<|close|>think<|sep|>Both answered.<|close|>think<|sep|>"
+    );
+    let answer = decoded(&ids, &parts, Part::Answer);
+    assert!(answer.starts_with(
+        "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call \
+         tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"\
+         <|sep|>Zürich<|close|>argument<|sep|>"
+    ));
+    assert!(
+        answer.ends_with(
+            "see meteo.ch.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        )
+    );
+}
+
+#[test]
+fn tool_calls_are_refused_where_a_format_cannot_write_them() {
+    let (_, chat, _, _) = k3_golden().remove(3);
+    for format in [ChatFormat::Chatml, ChatFormat::KimiK2] {
+        let e = render(&chat.messages, &chat.tools, format, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("renders no tool declarations or calls yet"),
+            "{e}"
+        );
+    }
+    let mut c = conversation();
+    c[1].tool_calls = chat.messages[1].tool_calls.clone();
+    let e = render(&c, &[], ChatFormat::KimiK3, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("message 1: only assistant turns call tools"),
+        "{e}"
+    );
+    // A tool result with no name and no call to answer.
+    let orphan = [
+        Message::new(Role::User, "hi"),
+        Message::new(Role::Tool, "42"),
+    ];
+    let e = render(&orphan, &[], ChatFormat::KimiK3, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("message 1: a tool result needs its tool's name"),
+        "{e}"
+    );
+    // Arguments that are not a JSON object are refused when read.
+    let line = r#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]}"#;
+    let e = Chat::from_record(line, "messages").unwrap_err();
+    assert!(e.contains("arguments are not a JSON object"), "{e}");
 }

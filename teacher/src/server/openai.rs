@@ -238,7 +238,7 @@ pub(super) fn chat(
         ));
     }
     let stops = stop_strings(req.stop.as_ref()).map_err(|e| bad("stop", e))?;
-    let rendered = render(&req.messages, ChatFormat::Chatml, true)
+    let rendered = render(&req.messages, &[], ChatFormat::Chatml, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     state.prompt_cap.check(rendered.text_len(), "messages")?;
     let want = req.logprobs.unwrap_or(false);

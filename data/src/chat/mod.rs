@@ -1,0 +1,523 @@
+//! Chat templates: a conversation rendered as tagged segments, so the token stream knows which ids
+//! are template markup, prompt, thinking or answer and a loss mask can cover or skip each part. One
+//! format per vocabulary, each held to its reference template by golden tests
+//! (`scripts/golden/chat_templates.py`).
+//!
+//! ChatML (SmolLM2, Qwen):
+//! `<|im_start|>{role}\n{content}<|im_end|>\n`, an assistant turn with reasoning as
+//! `<|im_start|>assistant\n<think>\n{thinking}\n</think>\n\n{answer}<|im_end|>\n`.
+//!
+//! Kimi K2:
+//! `<|im_system|>system<|im_middle|>{content}<|im_end|>`, `<|im_user|>user<|im_middle|>…<|im_end|>`,
+//! `<|im_assistant|>assistant<|im_middle|><think>{thinking}</think>{answer}<|im_end|>`; tool results
+//! use `<|im_system|>tool<|im_middle|>`.
+//!
+//! Kimi K3 ("XTML", [`xtml`]): `<|open|>message role="user"<|sep|>…<|close|>message<|sep|><|end_of_msg|>`,
+//! the assistant's reasoning in `<|open|>think<|sep|>`, its answer in `<|open|>response<|sep|>`, its
+//! tool calls in `<|open|>tools<|sep|>`, one `<|open|>argument key="K" type="T"<|sep|>` per key.
+//!
+//! What an assistant turn trains on: its answer and the marker that closes it (the model must
+//! learn to stop) are [`Part::Answer`], tool calls included; its reasoning with the tags the model
+//! writes is [`Part::Thinking`]; the turn header is [`Part::Markup`]; system, user and tool content
+//! is [`Part::Prompt`]. Segments are tokenized one by one, so every id has exactly one part.
+
+mod json;
+pub mod xtml;
+
+pub use json::Json;
+
+use crate::error::DataError;
+use crate::tokenizer::{END_OF_TURN, KIMI_THINK_TAGS, Tokenizer};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One turn, in OpenAI's message shape. `thinking` is the assistant's reasoning (also accepted as
+/// `reasoning_content`, the field vLLM and SGLang return). An assistant turn may call tools; a
+/// `tool` turn answers the call `tool_call_id` names.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: Role,
+    /// Empty when absent or null (an assistant turn that only calls tools).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub content: String,
+    #[serde(default, alias = "reasoning_content", alias = "reasoning")]
+    pub thinking: Option<String>,
+    /// Who speaks (OpenAI's `name`): K3 writes it as an attribute; a tool turn's tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A plain turn: `content` and nothing else.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            thinking: None,
+            name: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
+}
+
+/// An assistant's call of a tool (OpenAI's `tool_calls` entry).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: Arguments,
+}
+
+/// A call's arguments: a JSON object, its keys in the order written. OpenAI sends it as a string
+/// of JSON (and so is it written back); an object is taken too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Arguments(pub Vec<(String, Json)>);
+
+impl<'de> Deserialize<'de> for Arguments {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = match Json::deserialize(d)? {
+            Json::String(text) => Json::parse(&text)
+                .map_err(|e| D::Error::custom(format!("arguments are not JSON: {e}")))?,
+            other => other,
+        };
+        match value {
+            Json::Object(entries) => Ok(Arguments(entries)),
+            _ => Err(D::Error::custom("arguments are not a JSON object")),
+        }
+    }
+}
+
+impl Serialize for Arguments {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let text = serde_json::to_string(&Json::Object(self.0.clone()))
+            .map_err(serde::ser::Error::custom)?;
+        s.serialize_str(&text)
+    }
+}
+
+/// A tool declared to a conversation (OpenAI's `tools` entry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDecl,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDecl {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The arguments' JSON Schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Json>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+impl Tool {
+    /// The declaration as its JSON, the fields given in OpenAI's order.
+    pub fn to_json(&self) -> Json {
+        let f = &self.function;
+        let mut function = vec![("name".to_string(), Json::String(f.name.clone()))];
+        let optional = [
+            ("description", f.description.clone().map(Json::String)),
+            ("parameters", f.parameters.clone()),
+            ("strict", f.strict.map(Json::Bool)),
+        ];
+        function.extend(
+            optional
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.to_string(), v?))),
+        );
+        Json::Object(vec![
+            ("type".into(), Json::String(self.kind.clone())),
+            ("function".into(), Json::Object(function)),
+        ])
+    }
+}
+
+/// A conversation and the tools declared to it: a JSONL record of chat data (OpenAI's request
+/// shape, `{"messages": [...], "tools": [...]}`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chat {
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+}
+
+impl Chat {
+    /// The conversation in JSON record `line`: its messages under `field`, its tools under
+    /// `tools` (optional). Read in order, so calls' arguments written as objects keep their keys'.
+    pub fn from_record(line: &str, field: &str) -> Result<Self, String> {
+        let record = Json::parse(line)?;
+        if !matches!(record, Json::Object(_)) {
+            return Err("not a JSON object".into());
+        }
+        let typed = |value: &Json| serde_json::to_string(value).map_err(|e| e.to_string());
+        let listed = record
+            .get(field)
+            .ok_or_else(|| format!("no `{field}` field"))?;
+        let mut messages: Vec<Message> = serde_json::from_str(&typed(listed)?)
+            .map_err(|e| format!("`{field}` is not a list of messages: {e}"))?;
+        if messages.is_empty() {
+            return Err(format!("`{field}` holds no messages"));
+        }
+        // The typed read went through serde_json's float parsing: arguments are taken from the
+        // exact read.
+        if let Json::Array(listed) = listed {
+            for (m, json) in messages.iter_mut().zip(listed) {
+                let Some(Json::Array(calls)) = json.get("tool_calls") else {
+                    continue;
+                };
+                for (call, json) in m.tool_calls.iter_mut().zip(calls) {
+                    let exact = match json.get("function").and_then(|f| f.get("arguments")) {
+                        Some(Json::String(text)) => Json::parse(text)?,
+                        Some(object) => object.clone(),
+                        None => continue,
+                    };
+                    if let Json::Object(entries) = exact {
+                        call.function.arguments = Arguments(entries);
+                    }
+                }
+            }
+        }
+        let tools = match record.get("tools") {
+            None | Some(Json::Null) => Vec::new(),
+            Some(t) => serde_json::from_str(&typed(t)?)
+                .map_err(|e| format!("`tools` is not a list of tool declarations: {e}"))?,
+        };
+        Ok(Chat { messages, tools })
+    }
+}
+
+/// A chat format: one per vocabulary, named as recipes name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChatFormat {
+    Chatml,
+    KimiK2,
+    /// `kimi` too: the `kimi` vocabulary is K3's.
+    #[serde(alias = "kimi")]
+    KimiK3,
+}
+
+/// What a span of a rendered conversation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Part {
+    Markup,
+    Prompt,
+    Thinking,
+    Answer,
+}
+
+/// Which parts carry loss (the targets a chat document trains on).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LossParts {
+    #[serde(default)]
+    pub prompt: bool,
+    #[serde(default = "yes")]
+    pub thinking: bool,
+    #[serde(default = "yes")]
+    pub answer: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for LossParts {
+    fn default() -> Self {
+        Self {
+            prompt: false,
+            thinking: true,
+            answer: true,
+        }
+    }
+}
+
+impl LossParts {
+    pub fn trains(&self, part: Part) -> bool {
+        match part {
+            Part::Markup => false,
+            Part::Prompt => self.prompt,
+            Part::Thinking => self.thinking,
+            Part::Answer => self.answer,
+        }
+    }
+}
+
+/// A span of a rendered conversation. `special` spans (template markup, think tags) are encoded with
+/// special tokens recognised; everything people wrote is encoded as plain text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub part: Part,
+    pub special: bool,
+    pub text: String,
+}
+
+/// A conversation as tagged text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rendered {
+    pub segments: Vec<Segment>,
+}
+
+impl Rendered {
+    fn push(&mut self, part: Part, special: bool, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        match self.segments.last_mut() {
+            Some(s) if s.part == part && s.special == special => s.text.push_str(text),
+            _ => self.segments.push(Segment {
+                part,
+                special,
+                text: text.into(),
+            }),
+        }
+    }
+
+    /// The whole conversation as one string.
+    pub fn text(&self) -> String {
+        self.segments.iter().map(|s| s.text.as_str()).collect()
+    }
+
+    /// The bytes of its text, markup included.
+    pub fn text_len(&self) -> usize {
+        self.segments.iter().map(|s| s.text.len()).sum()
+    }
+
+    /// Token ids and the part of each.
+    pub fn encode(&self, tokenizer: &Tokenizer) -> Result<(Vec<u32>, Vec<Part>), DataError> {
+        let (mut ids, mut parts) = (Vec::new(), Vec::new());
+        for s in &self.segments {
+            let piece = if s.special {
+                tokenizer.encode_with_specials(&s.text)?
+            } else {
+                tokenizer.encode(&s.text)?
+            };
+            parts.extend(std::iter::repeat_n(s.part, piece.len()));
+            ids.extend(piece);
+        }
+        Ok((ids, parts))
+    }
+}
+
+/// The reasoning tags (one place: Kimi's vocabulary gives them reserved ids).
+pub const THINK_OPEN: &str = KIMI_THINK_TAGS[0].0;
+pub const THINK_CLOSE: &str = KIMI_THINK_TAGS[1].0;
+
+/// Renders a conversation and the tools declared to it. `generation_prompt` appends the
+/// assistant header (for sampling).
+pub fn render(
+    messages: &[Message],
+    tools: &[Tool],
+    format: ChatFormat,
+    generation_prompt: bool,
+) -> Result<Rendered, DataError> {
+    if messages.is_empty() {
+        return Err(DataError::Conversation(
+            "the conversation has no messages".into(),
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        let only = match (m.role, m.thinking.is_some(), m.tool_calls.is_empty()) {
+            (Role::Assistant, _, _) | (_, false, true) => continue,
+            (_, true, _) => "carry thinking",
+            (_, false, false) => "call tools",
+        };
+        return Err(DataError::Conversation(format!(
+            "message {i}: only assistant turns {only}"
+        )));
+    }
+    let marked = match format {
+        ChatFormat::KimiK3 => return xtml::render(messages, tools, generation_prompt),
+        ChatFormat::Chatml => Marked::Chatml,
+        ChatFormat::KimiK2 => Marked::KimiK2,
+    };
+    let tooled =
+        |m: &Message| !m.tool_calls.is_empty() || m.tool_call_id.is_some() || m.name.is_some();
+    if !tools.is_empty() || messages.iter().any(tooled) {
+        return Err(DataError::Conversation(format!(
+            "the {} format renders no tool declarations or calls yet, nor a message's `name` or \
+             `tool_call_id` (kimi_k3 does)",
+            format.name()
+        )));
+    }
+    let mut out = Rendered::default();
+    for m in messages {
+        let (open, close) = header(marked, m.role);
+        out.push(Part::Markup, true, open);
+        if m.role == Role::Assistant {
+            if let Some(thinking) = &m.thinking {
+                // ChatML models (Qwen3 style) put the tags on their own lines.
+                let nl = if format == ChatFormat::Chatml {
+                    "\n"
+                } else {
+                    ""
+                };
+                out.push(Part::Thinking, true, THINK_OPEN);
+                out.push(Part::Thinking, false, &format!("{nl}{thinking}{nl}"));
+                out.push(Part::Thinking, true, THINK_CLOSE);
+                out.push(Part::Thinking, false, &format!("{nl}{nl}"));
+            }
+            out.push(Part::Answer, false, &m.content);
+            // The end-of-turn marker of an answer is a target: the model learns to stop.
+            let end = close.trim_end_matches('\n');
+            out.push(Part::Answer, true, end);
+            out.push(Part::Markup, true, &close[end.len()..]);
+        } else {
+            out.push(Part::Prompt, false, &m.content);
+            out.push(Part::Markup, true, close);
+        }
+    }
+    if generation_prompt {
+        out.push(Part::Markup, true, header(marked, Role::Assistant).0);
+    }
+    Ok(out)
+}
+
+/// Splits a completion into its reasoning and its answer: the text between `<think>` and `</think>`
+/// (or before a lone `</think>`, for templates whose generation header opens the block) and what
+/// follows, both trimmed. Without the tags it is all answer.
+pub fn split_thinking(text: &str) -> (Option<String>, String) {
+    let Some((before, after)) = text.split_once(THINK_CLOSE) else {
+        return (None, text.trim().to_string());
+    };
+    let thinking = before.split_once(THINK_OPEN).map_or(before, |(_, t)| t);
+    (Some(thinking.trim().to_string()), after.trim().to_string())
+}
+
+impl ChatFormat {
+    /// The marker that ends a turn in this template.
+    pub fn end_of_turn(self) -> &'static str {
+        match self {
+            ChatFormat::Chatml | ChatFormat::KimiK2 => END_OF_TURN,
+            ChatFormat::KimiK3 => xtml::END_OF_MSG,
+        }
+    }
+
+    /// The name recipes give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChatFormat::Chatml => "chatml",
+            ChatFormat::KimiK2 => "kimi_k2",
+            ChatFormat::KimiK3 => "kimi_k3",
+        }
+    }
+}
+
+/// The special tokens a template's markup is made of.
+pub fn markers(format: ChatFormat) -> &'static [&'static str] {
+    match format {
+        ChatFormat::Chatml => &["<|im_start|>", END_OF_TURN],
+        ChatFormat::KimiK2 => &[
+            "<|im_system|>",
+            "<|im_user|>",
+            "<|im_assistant|>",
+            "<|im_middle|>",
+            END_OF_TURN,
+        ],
+        ChatFormat::KimiK3 => &xtml::MARKERS,
+    }
+}
+
+/// Refuses a tokenizer in which a template marker is not one token (the markup would be trained as
+/// ordinary text and the model would never see the ids its runtime sends).
+pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), DataError> {
+    let missing: Vec<&str> = markers(format)
+        .iter()
+        .copied()
+        .filter(|m| tokenizer.token_id(m).is_none())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let hint = match (format, tokenizer.name()) {
+        (ChatFormat::KimiK2, "kimi_k3") => {
+            ": K3's vocabulary renames K2's chat markers; K3's own format is chat = \"kimi_k3\""
+        }
+        (ChatFormat::KimiK3, "kimi_k2") => {
+            ": K2's vocabulary names K3's marker ids otherwise; K2's own format is chat = \"kimi_k2\""
+        }
+        (ChatFormat::Chatml, _) => {
+            ": a trained BPE needs them as specials (`k3mini data tokenizer train --special '<|im_start|>' --special '<|im_end|>'`)"
+        }
+        _ => "",
+    };
+    Err(DataError::Markers {
+        template: format.name().to_string(),
+        missing: missing.join(" "),
+        tokenizer: tokenizer.name().to_string(),
+        hint,
+    })
+}
+
+/// The formats whose turns are a header and a closing marker (K3's are [`xtml`]'s).
+#[derive(Clone, Copy)]
+enum Marked {
+    Chatml,
+    KimiK2,
+}
+
+/// A turn's opening and closing markup.
+fn header(format: Marked, role: Role) -> (&'static str, &'static str) {
+    match format {
+        Marked::Chatml => (
+            match role {
+                Role::System => "<|im_start|>system\n",
+                Role::User => "<|im_start|>user\n",
+                Role::Assistant => "<|im_start|>assistant\n",
+                Role::Tool => "<|im_start|>tool\n",
+            },
+            "<|im_end|>\n",
+        ),
+        Marked::KimiK2 => (
+            match role {
+                Role::System => "<|im_system|>system<|im_middle|>",
+                Role::User => "<|im_user|>user<|im_middle|>",
+                Role::Assistant => "<|im_assistant|>assistant<|im_middle|>",
+                Role::Tool => "<|im_system|>tool<|im_middle|>",
+            },
+            "<|im_end|>",
+        ),
+    }
+}

@@ -1,0 +1,263 @@
+//! Kimi K3's chat format ("XTML"), as llama.cpp's `models/templates/Kimi-K3.jinja` renders it with
+//! its defaults (thinking on at effort `max`; no `tool_choice` or `response_format` message):
+//!
+//! ```text
+//! <|open|>message role="system" type="tool-declare"<|sep|># Tools…```json\n[TOOLS]\n```<|close|>message<|sep|><|end_of_msg|>
+//! <|open|>message role="system" type="thinking-effort"<|sep|>…<|close|>message<|sep|><|end_of_msg|>
+//! <|open|>message role="user" name="N"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
+//! <|open|>message role="assistant"<|sep|><|open|>think<|sep|>REASONING<|close|>think<|sep|>
+//!     <|open|>response<|sep|>ANSWER<|close|>response<|sep|>
+//!     <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
+//!         <|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>…
+//!     <|close|>call<|sep|>…<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>
+//! <|open|>message role="tool" tool="NAME" index="I"<|sep|>RESULT<|close|>message<|sep|><|end_of_msg|>
+//! ```
+//!
+//! The tool declaration is present only with tools, `name` only when given, the tools section only
+//! with calls. TOOLS is the declarations with every object's keys sorted; VALUE a string as it is,
+//! anything else as Python's `json.dumps` prints it; T one of `string`, `number`, `boolean`,
+//! `null`, `object`, `array`. Attribute values escape `&` and `"`. A run of tool results that all
+//! answer the preceding calls by id is written in the calls' order under their names.
+//!
+//! Only the four markers are special ids: tag names, attributes and everything people wrote are
+//! ordinary text, so text that quotes a marker cannot open or close a section. (A server that
+//! tokenizes the rendered string with its specials recognised reads such text as markers.)
+
+use super::json::Json;
+use super::{Message, Part, Rendered, Role, Tool, ToolCall};
+use crate::error::DataError;
+
+pub const OPEN: &str = "<|open|>";
+pub const SEP: &str = "<|sep|>";
+pub const CLOSE: &str = "<|close|>";
+pub const END_OF_MSG: &str = "<|end_of_msg|>";
+pub const MARKERS: [&str; 4] = [OPEN, SEP, CLOSE, END_OF_MSG];
+
+/// The system message the template writes at thinking effort `max`.
+const THINKING_EFFORT: &str = "`thinking_effort` guides on how much to think in your thinking \
+channel (not including the response channel), supported values include `low`, `medium`, `high`, \
+and `max`.\nNow the system is invoked with `thinking_effort=max`.";
+
+const TOOLS_HEADER: &str =
+    "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n";
+
+/// Renders `messages` after the declaration of `tools` (see the module's doc).
+pub fn render(
+    messages: &[Message],
+    tools: &[Tool],
+    generation_prompt: bool,
+) -> Result<Rendered, DataError> {
+    let mut x = Xtml::default();
+    if !tools.is_empty() {
+        let declared = Json::Array(tools.iter().map(Tool::to_json).collect());
+        let body = format!("{TOOLS_HEADER}{}\n```", declared.sorted_compact());
+        x.message(
+            &[("role", "system"), ("type", "tool-declare")],
+            Part::Prompt,
+            &body,
+        );
+    }
+    x.message(
+        &[("role", "system"), ("type", "thinking-effort")],
+        Part::Prompt,
+        THINKING_EFFORT,
+    );
+    // The latest assistant turn's calls, and the tool results written since it.
+    let (mut calls, mut answered): (&[ToolCall], usize) = (&[], 0);
+    let mut i = 0;
+    while i < messages.len() {
+        let m = &messages[i];
+        match m.role {
+            Role::System | Role::User => {
+                let role = if m.role == Role::System {
+                    "system"
+                } else {
+                    "user"
+                };
+                x.message(&attrs(role, m), Part::Prompt, &m.content);
+            }
+            Role::Assistant => {
+                (calls, answered) = (&m.tool_calls, 0);
+                x.assistant(m);
+            }
+            Role::Tool => {
+                let run = messages[i..]
+                    .iter()
+                    .take_while(|t| t.role == Role::Tool)
+                    .count();
+                x.results(&messages[i..i + run], i, calls, &mut answered)?;
+                i += run;
+                continue;
+            }
+        }
+        i += 1;
+    }
+    if generation_prompt {
+        x.open(Part::Markup, "message", &[("role", "assistant")]);
+        x.open(Part::Markup, "think", &[]);
+    }
+    Ok(x.out)
+}
+
+/// `role`, and the message's `name` when it has one.
+fn attrs<'a>(role: &'a str, m: &'a Message) -> Vec<(&'a str, &'a str)> {
+    let mut attrs = vec![("role", role)];
+    // The template writes a name only when it is not empty.
+    attrs.extend(
+        m.name
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .map(|n| ("name", n)),
+    );
+    attrs
+}
+
+#[derive(Default)]
+struct Xtml {
+    out: Rendered,
+}
+
+impl Xtml {
+    /// `<|open|>TAG k="v"…<|sep|>`
+    fn open(&mut self, part: Part, tag: &str, attrs: &[(&str, &str)]) {
+        let mut text = tag.to_string();
+        for (k, v) in attrs {
+            text.push_str(&format!(
+                " {k}=\"{}\"",
+                v.replace('&', "&amp;").replace('"', "&quot;")
+            ));
+        }
+        self.out.push(part, true, OPEN);
+        self.out.push(part, false, &text);
+        self.out.push(part, true, SEP);
+    }
+
+    /// `<|close|>TAG<|sep|>`
+    fn close(&mut self, part: Part, tag: &str) {
+        self.out.push(part, true, CLOSE);
+        self.out.push(part, false, tag);
+        self.out.push(part, true, SEP);
+    }
+
+    /// A whole message whose body is `part`.
+    fn message(&mut self, attrs: &[(&str, &str)], part: Part, body: &str) {
+        self.open(Part::Markup, "message", attrs);
+        self.out.push(part, false, body);
+        self.close(Part::Markup, "message");
+        self.out.push(Part::Markup, true, END_OF_MSG);
+    }
+
+    /// An assistant turn: what follows its generation prompt is what the model writes, trained.
+    fn assistant(&mut self, m: &Message) {
+        self.open(Part::Markup, "message", &attrs("assistant", m));
+        self.open(Part::Markup, "think", &[]);
+        if let Some(reasoning) = m.thinking.as_deref().filter(|r| !python_blank(r)) {
+            self.out.push(Part::Thinking, false, reasoning);
+        }
+        self.close(Part::Thinking, "think");
+        self.open(Part::Answer, "response", &[]);
+        self.out.push(Part::Answer, false, &m.content);
+        self.close(Part::Answer, "response");
+        if !m.tool_calls.is_empty() {
+            self.open(Part::Answer, "tools", &[]);
+            for (k, call) in m.tool_calls.iter().enumerate() {
+                let index = (k + 1).to_string();
+                self.open(
+                    Part::Answer,
+                    "call",
+                    &[("tool", &call.function.name), ("index", &index)],
+                );
+                for (key, value) in &call.function.arguments.0 {
+                    self.open(
+                        Part::Answer,
+                        "argument",
+                        &[("key", key), ("type", type_name(value))],
+                    );
+                    let text = match value {
+                        Json::String(s) => s.clone(),
+                        other => other.python_dumps(),
+                    };
+                    self.out.push(Part::Answer, false, &text);
+                    self.close(Part::Answer, "argument");
+                }
+                self.close(Part::Answer, "call");
+            }
+            self.close(Part::Answer, "tools");
+        }
+        self.close(Part::Answer, "message");
+        self.out.push(Part::Answer, true, END_OF_MSG);
+    }
+
+    /// A run of tool results (`first` the index of its first message): in the order of `calls`
+    /// under their names when every result answers one of them by id, else as written, each named
+    /// by its `name` or by the call in its place. `answered` counts the results since the calls.
+    fn results(
+        &mut self,
+        run: &[Message],
+        first: usize,
+        calls: &[ToolCall],
+        answered: &mut usize,
+    ) -> Result<(), DataError> {
+        let answers = |t: &Message, c: &ToolCall| {
+            c.id.is_some() && t.tool_call_id.is_some() && c.id == t.tool_call_id
+        };
+        if run.iter().all(|t| calls.iter().any(|c| answers(t, c))) {
+            let mut seen: Vec<&str> = Vec::new();
+            for c in calls {
+                let Some(id) = c.id.as_deref().filter(|id| !seen.contains(id)) else {
+                    continue;
+                };
+                seen.push(id);
+                for t in run.iter().filter(|t| answers(t, c)) {
+                    *answered += 1;
+                    self.result(t, &c.function.name, *answered);
+                }
+            }
+            return Ok(());
+        }
+        for (k, t) in run.iter().enumerate() {
+            *answered += 1;
+            let name = t
+                .name
+                .as_deref()
+                .or_else(|| calls.get(*answered - 1).map(|c| c.function.name.as_str()))
+                .ok_or_else(|| {
+                    DataError::Conversation(format!(
+                        "message {}: a tool result needs its tool's name (`name`, or a \
+                         `tool_call_id` of the calls before it)",
+                        first + k
+                    ))
+                })?;
+            self.result(t, name, *answered);
+        }
+        Ok(())
+    }
+
+    fn result(&mut self, t: &Message, tool: &str, index: usize) {
+        let index = index.to_string();
+        self.message(
+            &[("role", "tool"), ("tool", tool), ("index", &index)],
+            Part::Prompt,
+            &t.content,
+        );
+    }
+}
+
+/// An argument's `type` attribute (the template's `xtml_type`).
+fn type_name(value: &Json) -> &'static str {
+    match value {
+        Json::Bool(_) => "boolean",
+        Json::Null => "null",
+        Json::Number(_) => "number",
+        Json::String(_) => "string",
+        Json::Object(_) => "object",
+        Json::Array(_) => "array",
+    }
+}
+
+/// Whether Python's `str.strip()` leaves nothing of `text`: its whitespace is Rust's and the
+/// separators U+001C to U+001F.
+fn python_blank(text: &str) -> bool {
+    text.chars()
+        .all(|c| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}

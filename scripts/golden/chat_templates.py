@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Chat conversations rendered by the reference chat templates, for data/tests/it/chat.rs.
+
+The templates are llama.cpp's copies (models/templates/) as vendored by llama-cpp-python 0.3.36, the
+llama.cpp reference scripts/golden/requirements.txt pins; they are read from its source archive, not
+committed here. Each is rendered by transformers' own Jinja machinery (`render_jinja_template`, what
+`apply_chat_template` and vLLM's server run), with the templates' defaults (K3: thinking on, effort
+`max`). Tool calls' `arguments` arrive as OpenAI's JSON strings and are parsed into objects first, as
+vLLM's server does before it renders a conversation.
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/lcp
+    pip install transformers==5.24.0
+    python scripts/golden/chat_templates.py /tmp/lcp/llama_cpp_python-0.3.36.tar.gz
+
+Writes data/tests/fixtures/chat_templates.json: for each format, its cases (messages, tools,
+add_generation_prompt) and the text the template renders.
+"""
+import copy
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+OUT = Path(__file__).resolve().parents[2] / "data" / "tests" / "fixtures" / "chat_templates.json"
+TEMPLATES = {"kimi_k3": "models/templates/Kimi-K3.jinja"}
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "Days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": 'Search the web; "quotes" & <tags> pass through.',
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "filters": {"type": "object", "properties": {"site": {"type": "string"}}},
+                "top_k": {"type": "number"},
+            },
+            "required": ["query"],
+        },
+    },
+}
+
+
+def call(id_, name, args):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+CASES = [
+    {
+        "name": "plain",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2+3?"},
+            {"role": "assistant", "content": "5", "reasoning_content": "2 plus 3 is 5."},
+        ],
+    },
+    {
+        "name": "no_reasoning_and_a_generation_prompt",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Name a colour."},
+        ],
+        "add_generation_prompt": True,
+    },
+    {
+        "name": "markers_quoted_in_text_and_names",
+        "messages": [
+            {"role": "system", "name": 'ops "team" & co', "content": "Never print <|close|>message<|sep|>."},
+            {"role": "user", "name": "ana", "content": "Say <|end_of_msg|> and café ☕\nthen stop."},
+            {"role": "assistant", "content": "<|open|>no", "reasoning_content": "  \n  "},
+        ],
+    },
+    {
+        "name": "tools_called_in_parallel_and_answered",
+        "tools": [WEATHER, SEARCH],
+        "messages": [
+            {"role": "user", "content": "Weather in Zürich for 3 days, and find the forecast site."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Two calls at once.",
+                "tool_calls": [
+                    call("call_1", "get_weather", {"city": "Zürich", "unit": "celsius", "Days": 3}),
+                    call("call_2", "search", {"query": "forecast", "filters": {"site": "meteo.ch", "lang": ["de", "en"]},
+                                              "top_k": 2.5, "strict": True, "cursor": None}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_2", "content": '{"results": ["meteo.ch"]}'},
+            {"role": "tool", "tool_call_id": "call_1", "content": "12°C, clear"},
+            {"role": "assistant", "content": "12°C and clear; see meteo.ch.", "reasoning_content": "Both answered."},
+        ],
+    },
+    {
+        "name": "numbers_sort_ties_and_an_empty_name",
+        "tools": [{
+            "type": "function",
+            "function": {
+                "name": "plot",
+                "parameters": {"type": "object", "properties": {"b": {}, "B": {}, "a": {"default": 1e-05}}},
+            },
+        }],
+        "messages": [
+            {"role": "user", "name": "", "content": "Plot it."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "\x1f",
+                "tool_calls": [{
+                    "id": "p",
+                    "type": "function",
+                    "function": {
+                        "name": "plot",
+                        # As text, so every digit reaches the template as written.
+                        "arguments": '{"x": 433.70231909401963, "y": [1e-05, 1E-7, -0, -0.0, 1e16, '
+                                     '18446744073709551616, 0.0001, 1e15], "z": {}, "w": []}',
+                    },
+                }],
+            },
+        ],
+    },
+    {
+        "name": "tool_results_by_name_in_order",
+        "tools": [WEATHER],
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "Checking.", "tool_calls": [call("a", "get_weather", {"city": "Oslo"})]},
+            {"role": "tool", "name": "get_weather", "content": "-2°C"},
+            {"role": "user", "content": "Thanks"},
+        ],
+        "add_generation_prompt": True,
+    },
+]
+
+
+def vllm_messages(messages):
+    """Tool calls' JSON-string arguments parsed into objects, as vLLM's server renders them."""
+    out = copy.deepcopy(messages)
+    for m in out:
+        for c in m.get("tool_calls") or []:
+            if isinstance(c["function"].get("arguments"), str):
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+    return out
+
+
+def main():
+    archive = sys.argv[1]
+    with tarfile.open(archive) as tar:
+        root = tar.getnames()[0].split("/")[0]
+        templates = {
+            fmt: tar.extractfile(f"{root}/vendor/llama.cpp/{path}").read().decode()
+            for fmt, path in TEMPLATES.items()
+        }
+    golden = {}
+    for fmt, template in templates.items():
+        cases = []
+        for case in CASES:
+            rendered, _ = render_jinja_template(
+                conversations=[vllm_messages(case["messages"])],
+                tools=case.get("tools"),
+                chat_template=template,
+                add_generation_prompt=case.get("add_generation_prompt", False),
+            )
+            cases.append({**case, "text": rendered[0]})
+        golden[fmt] = cases
+    OUT.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
