@@ -293,6 +293,7 @@ pub fn generate_plan(
         tokenizer_sha256: tokenizer.fingerprint(),
         prompts_per_shard: generate.prompts_per_shard,
         concurrency: distill.teacher.concurrency,
+        format: generate.prompts.template,
     };
     let decode = |ids: &[u32]| Ok(tokenizer.decode(ids)?);
     let manifest = generate_trajectories(teacher.as_ref(), &prompts, &job, &decode, on_progress)?;

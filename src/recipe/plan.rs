@@ -960,14 +960,6 @@ fn generate_plan(
             }
         });
     }
-    // Completions are split into reasoning and answer at `</think>`.
-    if g.template == ChatFormat::KimiK3 {
-        return refuse(
-            "teacher.generate.template",
-            "kimi_k3's completions (XTML) are not split into reasoning and answer yet: generate \
-             with a chatml or kimi_k2 teacher",
-        );
-    }
     if g.max_tokens == 0 || g.prompts_per_shard == 0 {
         return refuse(
             "teacher.generate",

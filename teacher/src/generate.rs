@@ -8,7 +8,7 @@
 
 use crate::manifest::{Manifest, Reporter, Written, ids_sha256, run_shards};
 use crate::{FinishReason, GenerateParams, Generation, Teacher, TeacherError};
-use k3mini_data::chat::split_thinking;
+use k3mini_data::chat::ChatFormat;
 use k3mini_data::pool::run_many;
 use k3mini_data::shards::ShardMeta;
 use k3mini_data::trajectories::{
@@ -37,6 +37,9 @@ pub struct GenerateJob {
     pub prompts_per_shard: usize,
     /// Prompts in flight at once (for HTTP teachers).
     pub concurrency: usize,
+    /// The chat format the prompts were rendered in: how a completion splits into reasoning and
+    /// answer.
+    pub format: ChatFormat,
 }
 
 impl GenerateJob {
@@ -92,6 +95,7 @@ pub struct GenerateProgress {
 pub fn trajectory_row(
     prompt: &PromptIds,
     g: Generation,
+    format: ChatFormat,
     decode: &dyn Fn(&[u32]) -> Result<String, TeacherError>,
 ) -> Result<TrajectoryRow, TeacherError> {
     // The answer is what the teacher wrote, not the end-of-turn id that closed it.
@@ -99,7 +103,7 @@ pub fn trajectory_row(
         FinishReason::Stop => &g.ids[..g.ids.len().saturating_sub(1)],
         FinishReason::Length => &g.ids[..],
     };
-    let (thinking, answer) = split_thinking(&decode(text_ids)?);
+    let (thinking, answer) = format.split_completion(&decode(text_ids)?);
     Ok(TrajectoryRow {
         prompt_id: prompt.id.clone(),
         prompt_ids: prompt.ids.clone(),
@@ -177,7 +181,7 @@ pub fn generate_trajectories(
                         ..job.params.clone()
                     };
                     let g = teacher.generate(&shard[i].ids, &params)?;
-                    trajectory_row(&shard[i], g, decode)
+                    trajectory_row(&shard[i], g, job.format, decode)
                 },
                 &mut |row: &TrajectoryRow| {
                     let stopped = row.finish_reason == "stop";

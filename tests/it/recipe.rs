@@ -317,14 +317,6 @@ fn teacher_and_chat_settings_are_checked() {
             "teacher.generate.top_p",
             "(0, 1]",
         ),
-        // Completions are split into reasoning and answer at `</think>`, which XTML has not.
-        (
-            format!(
-                "{GOOD}{teacher}[teacher.generate]\nprompts = [{{dataset = \"champ\"}}]\ntemplate = \"kimi\"\n"
-            ),
-            "teacher.generate.template",
-            "not split into reasoning and answer yet",
-        ),
         // Routing: from a local teacher's GGUF through llama.cpp, or as a served one's recipe says.
         (
             format!("{GOOD}{distill}{teacher}engine = \"burn\"\nrouting = true\n"),

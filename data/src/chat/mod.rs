@@ -435,6 +435,15 @@ impl ChatFormat {
         }
     }
 
+    /// Splits a completion written after this format's generation prompt into its reasoning and
+    /// its answer, both trimmed ([`split_thinking`]; K3's: [`xtml::split_completion`]).
+    pub fn split_completion(self, text: &str) -> (Option<String>, String) {
+        match self {
+            ChatFormat::Chatml | ChatFormat::KimiK2 => split_thinking(text),
+            ChatFormat::KimiK3 => xtml::split_completion(text),
+        }
+    }
+
     /// The name recipes give it.
     pub fn name(self) -> &'static str {
         match self {

@@ -99,6 +99,26 @@ pub fn render(
     Ok(x.out)
 }
 
+/// Splits a completion written after the generation prompt (which opens the think section): the
+/// reasoning is what comes before `<|close|>think<|sep|>` (all of it when the completion stopped
+/// while thinking), the answer what `<|open|>response<|sep|>` opens, up to its close or the end.
+/// Both trimmed; tool calls after the response are not kept.
+pub fn split_completion(text: &str) -> (Option<String>, String) {
+    let close_think = format!("{CLOSE}think{SEP}");
+    let Some((reasoning, rest)) = text.split_once(&close_think) else {
+        return (Some(text.trim().to_string()), String::new());
+    };
+    let open_response = format!("{OPEN}response{SEP}");
+    let answer = rest.split_once(&open_response).map_or("", |(_, a)| a);
+    let answer = answer
+        .split_once(&format!("{CLOSE}response{SEP}"))
+        .map_or(answer, |(a, _)| a);
+    (
+        Some(reasoning.trim().to_string()),
+        answer.trim().to_string(),
+    )
+}
+
 /// `role`, and the message's `name` when it has one.
 fn attrs<'a>(role: &'a str, m: &'a Message) -> Vec<(&'a str, &'a str)> {
     let mut attrs = vec![("role", role)];
@@ -260,4 +280,29 @@ fn type_name(value: &Json) -> &'static str {
 fn python_blank(text: &str) -> bool {
     text.chars()
         .all(|c| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_splits_into_reasoning_and_answer() {
+        let done = "Add them. <|close|>think<|sep|><|open|>response<|sep|> 5 <|close|>response<|sep|>\
+                    <|close|>message<|sep|>";
+        assert_eq!(
+            split_completion(done),
+            (Some("Add them.".into()), "5".into())
+        );
+        // Cut short while answering, and while thinking.
+        let answering = "x<|close|>think<|sep|><|open|>response<|sep|>The ans";
+        assert_eq!(
+            split_completion(answering),
+            (Some("x".into()), "The ans".into())
+        );
+        assert_eq!(
+            split_completion(" still thinking "),
+            (Some("still thinking".into()), String::new())
+        );
+    }
 }

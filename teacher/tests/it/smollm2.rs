@@ -406,6 +406,7 @@ mod scoring {
             tokenizer_sha256: t.tokenizer.fingerprint(),
             prompts_per_shard: 2,
             concurrency: 1,
+            format: k3mini_data::ChatFormat::Chatml,
         };
         let decode = |ids: &[u32]| Ok(t.tokenizer.decode(ids)?);
         // Dies on the fourth prompt: shard 0 (prompts 0, 1) is finished and recorded.
