@@ -15,7 +15,7 @@
 //! student's vocabulary (a padded teacher vocabulary) are given logprob −10⁴: their mass goes to the
 //! tail bucket, where a token the student cannot produce belongs.
 
-use crate::chat::LossParts;
+use crate::chat::{LossParts, ThinkingEnd};
 use crate::error::DataError;
 use crate::pack::epoch_order;
 use crate::routing::{Routing, RoutingRow, RoutingShape, read_routing_shard};
@@ -105,16 +105,15 @@ impl SignalRow {
     }
 
     /// Prompt `doc`'s trajectory, cut to `seq_len` ids: prompt positions never train; completion
-    /// tokens up to and including `think_close` (when the tokenizer has the tag as one id) are
-    /// thinking, the rest answer, and `train_on` picks which of the two train. `None` when no
-    /// completion token fits.
+    /// tokens are thinking or answer as `thinking_end` tells them apart (all answer without one),
+    /// and `train_on` picks which of the two train. `None` when no completion token fits.
     pub fn from_trajectory(
         row: TrajectoryRow,
         doc: u64,
         from: usize,
         to: usize,
         seq_len: usize,
-        think_close: Option<u32>,
+        thinking_end: Option<&ThinkingEnd>,
         train_on: &LossParts,
     ) -> Option<Self> {
         let p = row.prompt_ids.len();
@@ -123,9 +122,7 @@ impl SignalRow {
             return None;
         }
         let completion = &row.completion_ids[..n - p];
-        let thinking_until = think_close
-            .and_then(|c| completion.iter().position(|&id| id == c))
-            .map_or(0, |i| i + 1);
+        let thinking_until = thinking_end.map_or(0, |t| t.thinking_len(completion));
         let mut targets = vec![false; p - 1];
         targets.extend((0..n - p).map(|j| {
             let part = if j < thinking_until {
@@ -207,7 +204,7 @@ pub enum SignalSource {
     Traffic { train_on: LossParts },
     /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
     Trajectories {
-        think_close: Option<u32>,
+        thinking_end: Option<ThinkingEnd>,
         train_on: LossParts,
     },
 }
@@ -296,7 +293,7 @@ impl SignalSpec {
                     .collect())
             }
             SignalSource::Trajectories {
-                think_close,
+                thinking_end,
                 train_on,
             } => {
                 let (meta, rows) = read_trajectories(path, Some(&file.sha256))?;
@@ -313,7 +310,7 @@ impl SignalSpec {
                             from,
                             to,
                             self.seq_len,
-                            *think_close,
+                            thinking_end.as_ref(),
                             train_on,
                         )
                     })

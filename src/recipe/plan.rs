@@ -444,7 +444,7 @@ pub fn resolve_plan(path: &Path, r: Recipe) -> Result<RunPlan, Refusal> {
             .unwrap_or(&PathBuf::from("runs").join(&r.run.name)),
     );
     let teacher = match &r.teacher {
-        Some(t) => Some(teacher_plan(t, &out_dir, &at)?),
+        Some(t) => Some(teacher_plan(t, &r.data.tokenizer, &out_dir, &at)?),
         None => None,
     };
     // Ids past the student's vocabulary go to the tail bucket: a top-k wider than it is not a
@@ -764,6 +764,7 @@ impl LocalModel {
 
 fn teacher_plan(
     t: &TeacherConfig,
+    tokenizer: &str,
     out_dir: &Path,
     at: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<TeacherPlan, Refusal> {
@@ -841,7 +842,7 @@ fn teacher_plan(
         );
     };
     let generate = match &t.generate {
-        Some(g) => Some(generate_plan(g, out_dir, at)?),
+        Some(g) => Some(generate_plan(g, tokenizer, out_dir, at)?),
         None => None,
     };
     let routing = routing_plan(t, &source)?;
@@ -912,8 +913,10 @@ fn routing_plan(t: &TeacherConfig, source: &TeacherSource) -> Result<Option<Rout
     })
 }
 
+/// `tokenizer` is `data.tokenizer`: its vocabulary's chat format is the default template.
 fn generate_plan(
     g: &GenerateConfig,
+    tokenizer: &str,
     out_dir: &Path,
     at: &dyn Fn(&Path) -> PathBuf,
 ) -> Result<GeneratePlan, Refusal> {
@@ -989,7 +992,9 @@ fn generate_plan(
             .map_or_else(|| out_dir.join("trajectories"), absolute),
         prompts: PromptPlan {
             sets,
-            template: g.template,
+            template: g
+                .template
+                .unwrap_or_else(|| ChatFormat::of_vocabulary(Tokenizer::builtin(tokenizer))),
             system: g.system.clone(),
         },
     })

@@ -88,10 +88,6 @@ fn external_values() -> Result<BTreeMap<String, String>, String> {
             value(k3mini_teacher::client::Api::Vllm)?,
         ),
         (
-            "ChatFormat::Chatml".into(),
-            value(k3mini_data::chat::ChatFormat::Chatml)?,
-        ),
-        (
             "k3mini_student::hf::DEFAULT_SHARD_BYTES".into(),
             value(k3mini_student::hf::DEFAULT_SHARD_BYTES)?,
         ),

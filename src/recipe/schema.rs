@@ -240,9 +240,11 @@ pub struct TeacherConfig {
 #[serde(deny_unknown_fields)]
 pub struct GenerateConfig {
     pub prompts: Vec<PromptSource>,
-    /// The chat format the prompts are rendered with: `chatml`, `kimi_k2` or `kimi_k3` (`kimi`).
-    #[serde(default = "default_template")]
-    pub template: ChatFormat,
+    /// The chat format the prompts are rendered with: `chatml`, `kimi_k2` or `kimi_k3` (`kimi`);
+    /// by default the vocabulary's (`kimi_k3` for `data.tokenizer = "kimi"`, `kimi_k2` for
+    /// `"kimi_k2"`, `chatml` for every other).
+    #[serde(default)]
+    pub template: Option<ChatFormat>,
     /// A system turn put before every prompt that has none.
     #[serde(default)]
     pub system: Option<String>,
@@ -585,9 +587,6 @@ fn default_tau() -> f64 {
 }
 fn default_weight() -> f64 {
     1.0
-}
-fn default_template() -> ChatFormat {
-    ChatFormat::Chatml
 }
 fn default_max_tokens() -> usize {
     256

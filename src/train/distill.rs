@@ -19,7 +19,7 @@ use crate::train::held_out::HeldOut;
 use crate::train::objective::{Job, MicroBatch, StepModel, TrainingObjective};
 use burn::tensor::{Tensor, TensorData};
 use k3mini_data::Tokenizer;
-use k3mini_data::chat::THINK_CLOSE;
+use k3mini_data::chat::ChatFormat;
 use k3mini_data::pack::split_held_out;
 use k3mini_data::rng::uniform;
 use k3mini_data::signals::{
@@ -106,6 +106,15 @@ struct Opened {
 }
 
 /// Sequence-level KD's shards: `teacher generate`'s trajectories, held out by prompt.
+/// The chat format `teacher generate` rendered the plan's prompts in (ChatML without a
+/// `[teacher.generate]` table, as before formats were per vocabulary).
+fn generated_in(plan: &RunPlan) -> ChatFormat {
+    plan.distill
+        .as_ref()
+        .and_then(|d| d.teacher.generate.as_ref())
+        .map_or(ChatFormat::Chatml, |g| g.prompts.template)
+}
+
 fn open_trajectories(plan: &RunPlan, dir: &Path, tokenizer: &Tokenizer) -> Result<Opened> {
     let m: Manifest<GenerateManifestJob> =
         finished_manifest(dir, "generate", plan, |j: &GenerateManifestJob| {
@@ -119,7 +128,7 @@ fn open_trajectories(plan: &RunPlan, dir: &Path, tokenizer: &Tokenizer) -> Resul
         files: shard_files(dir, &m),
         held_out: Arc::new(move |doc| held.contains(&doc)),
         source: SignalSource::Trajectories {
-            think_close: tokenizer.token_id(THINK_CLOSE),
+            thinking_end: generated_in(plan).thinking_end(tokenizer)?,
             train_on: plan.data.train_on.clone(),
         },
         tokenizer_sha256: m.job.tokenizer_sha256,

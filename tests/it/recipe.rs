@@ -1,6 +1,7 @@
 //! Recipes: defaults, resolution, and errors that name file, line and key.
 use crate::fixture::Scratch;
 use k3mini::recipe::{self, RecipeError, ScheduleConfig};
+use k3mini_data::ChatFormat;
 use std::path::Path;
 
 /// A scratch directory with a corpus file.
@@ -215,6 +216,36 @@ fn recipe_check_prints_the_resolved_recipe() {
         err.contains("recipe.toml:") && err.contains("train.micro_batch"),
         "{err}"
     );
+}
+
+#[test]
+fn generated_prompts_speak_the_vocabularys_chat_format_by_default() {
+    let s = scratch("template");
+    let generate = "\n[teacher]\nmodel = \"smollm2\"\n[teacher.generate]\nprompts = [{ dataset = \"champ\" }]\n\
+                    [distill]\nmode = \"sequence\"\nobjectives = [{ kind = \"ce\" }]\n";
+    let template = |text: String| {
+        let plan = recipe::load(&s.write("recipe.toml", &text)).unwrap();
+        plan.distill
+            .unwrap()
+            .teacher
+            .generate
+            .unwrap()
+            .prompts
+            .template
+    };
+    assert_eq!(template(format!("{GOOD}{generate}")), ChatFormat::KimiK3);
+    let k2 = GOOD.replace("tokenizer = \"kimi\"", "tokenizer = \"kimi_k2\"");
+    assert_eq!(template(format!("{k2}{generate}")), ChatFormat::KimiK2);
+    let teachers = GOOD
+        .replace("tokenizer = \"kimi\"", "tokenizer = \"teacher\"")
+        .replace("vocab_size = 163840", "vocab_size = 49152");
+    assert_eq!(
+        template(format!("{teachers}{generate}")),
+        ChatFormat::Chatml
+    );
+    let chosen =
+        format!("{GOOD}{generate}").replace("[distill]", "template = \"kimi_k2\"\n[distill]");
+    assert_eq!(template(chosen), ChatFormat::KimiK2);
 }
 
 #[test]

@@ -227,6 +227,28 @@ impl Chat {
     }
 }
 
+/// How a completion written after a format's generation prompt splits into reasoning and answer,
+/// in ids: the reasoning runs through the first `ids` (ChatML's and K2's `</think>`, K3's
+/// `<|close|>think<|sep|>`), the rest is answer; a completion without them is all `unclosed`
+/// (answer, where the prompt opens nothing; thinking, after K3's prompt opened the section).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThinkingEnd {
+    pub ids: Vec<u32>,
+    pub unclosed: Part,
+}
+
+impl ThinkingEnd {
+    /// How many of `completion`'s ids are reasoning.
+    pub fn thinking_len(&self, completion: &[u32]) -> usize {
+        let n = self.ids.len();
+        match completion.windows(n.max(1)).position(|w| w == self.ids) {
+            Some(at) => at + n,
+            None if self.unclosed == Part::Thinking => completion.len(),
+            None => 0,
+        }
+    }
+}
+
 /// A chat format: one per vocabulary, named as recipes name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -441,6 +463,36 @@ impl ChatFormat {
         match self {
             ChatFormat::Chatml | ChatFormat::KimiK2 => split_thinking(text),
             ChatFormat::KimiK3 => xtml::split_completion(text),
+        }
+    }
+
+    /// Where a completion's reasoning ends in `tokenizer`'s ids ([`ThinkingEnd`]); None when the
+    /// format's closing tag is not one token of it (nothing can be told apart then).
+    pub fn thinking_end(self, tokenizer: &Tokenizer) -> Result<Option<ThinkingEnd>, DataError> {
+        Ok(match self {
+            ChatFormat::Chatml | ChatFormat::KimiK2 => {
+                tokenizer.token_id(THINK_CLOSE).map(|id| ThinkingEnd {
+                    ids: vec![id],
+                    unclosed: Part::Answer,
+                })
+            }
+            ChatFormat::KimiK3 => {
+                let close = format!("{}think{}", xtml::CLOSE, xtml::SEP);
+                Some(ThinkingEnd {
+                    ids: tokenizer.encode_with_specials(&close)?,
+                    unclosed: Part::Thinking,
+                })
+            }
+        })
+    }
+
+    /// The format a vocabulary's models speak: K3's and K2's own for the Kimi vocabularies (as
+    /// `Tokenizer::builtin` names them), ChatML for every other.
+    pub fn of_vocabulary(builtin: Option<&str>) -> ChatFormat {
+        match builtin {
+            Some("kimi_k3") => ChatFormat::KimiK3,
+            Some("kimi_k2") => ChatFormat::KimiK2,
+            _ => ChatFormat::Chatml,
         }
     }
 

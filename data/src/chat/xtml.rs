@@ -101,18 +101,23 @@ pub fn render(
 
 /// Splits a completion written after the generation prompt (which opens the think section): the
 /// reasoning is what comes before `<|close|>think<|sep|>` (all of it when the completion stopped
-/// while thinking), the answer what `<|open|>response<|sep|>` opens, up to its close or the end.
-/// Both trimmed; tool calls after the response are not kept.
+/// while thinking), the answer what `<|open|>response<|sep|>` opens, up to its close or the end
+/// (without the section, what precedes `<|close|>message<|sep|>`). Both trimmed; tool calls after
+/// the response are not kept.
 pub fn split_completion(text: &str) -> (Option<String>, String) {
     let close_think = format!("{CLOSE}think{SEP}");
     let Some((reasoning, rest)) = text.split_once(&close_think) else {
         return (Some(text.trim().to_string()), String::new());
     };
-    let open_response = format!("{OPEN}response{SEP}");
-    let answer = rest.split_once(&open_response).map_or("", |(_, a)| a);
-    let answer = answer
-        .split_once(&format!("{CLOSE}response{SEP}"))
-        .map_or(answer, |(a, _)| a);
+    let until = |text: &str, tag: &str| {
+        let close = format!("{CLOSE}{tag}{SEP}");
+        text.split_once(&close).map_or(text, |(a, _)| a).to_string()
+    };
+    let answer = match rest.split_once(&format!("{OPEN}response{SEP}")) {
+        Some((_, a)) => until(a, "response"),
+        // Answered without the section: what it wrote before closing the message.
+        None => until(rest, "message"),
+    };
     (
         Some(reasoning.trim().to_string()),
         answer.trim().to_string(),
@@ -304,5 +309,7 @@ mod tests {
             split_completion(" still thinking "),
             (Some("still thinking".into()), String::new())
         );
+        let bare = "x<|close|>think<|sep|> 5 <|close|>message<|sep|>";
+        assert_eq!(split_completion(bare), (Some("x".into()), "5".into()));
     }
 }

@@ -1,7 +1,7 @@
 //! Batches from teacher shards: a resumed stream continues exactly, held-out documents never train,
 //! padding and out-of-vocabulary teacher ids are safe, a larger k is cut to the recipe's.
 use k3mini_data::LossParts;
-use k3mini_data::chat::Part;
+use k3mini_data::chat::{Part, ThinkingEnd};
 use k3mini_data::digest::sha256_hex;
 use k3mini_data::shards::{ShardMeta, ShardRow, Storage, write_shard};
 use k3mini_data::signals::{
@@ -260,7 +260,12 @@ fn trajectories_train_on_completion_parts_only() {
         thinking: false,
         answer: true,
     };
-    let r = SignalRow::from_trajectory(traj.clone(), 7, 4, 2, 16, Some(99), &answer_only).unwrap();
+    let think = ThinkingEnd {
+        ids: vec![99],
+        unclosed: Part::Answer,
+    };
+    let r =
+        SignalRow::from_trajectory(traj.clone(), 7, 4, 2, 16, Some(&think), &answer_only).unwrap();
     assert_eq!(r.ids, [1, 2, 3, 10, 11, 99, 12, 13]);
     // Position t predicts id t + 1: positions 0, 1 predict prompt ids; 2..=4 the thinking
     // (10, 11, </think>); 5, 6 the answer.
@@ -268,14 +273,36 @@ fn trajectories_train_on_completion_parts_only() {
     // The completion's top-k, cut from 4 to 2, sit at the positions that predict it.
     assert_eq!(&r.top_ids[2 * 2..3 * 2], &[200, 201]);
     assert_eq!(&r.top_ids[6 * 2..7 * 2], &[216, 217]);
-    let all = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 6, Some(99), &LossParts::default())
-        .unwrap();
+    let all = SignalRow::from_trajectory(
+        traj.clone(),
+        7,
+        4,
+        4,
+        6,
+        Some(&think),
+        &LossParts::default(),
+    )
+    .unwrap();
     assert_eq!(all.ids.len(), 6, "cut to seq_len");
     assert_eq!(all.targets, [false, false, true, true, true]);
     // Without the tag as one id, the whole completion is answer.
     let plain = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 16, None, &answer_only).unwrap();
     assert_eq!(plain.targets.iter().filter(|&&t| t).count(), 5);
-    assert!(SignalRow::from_trajectory(traj, 7, 4, 4, 3, None, &answer_only).is_none());
+    assert!(SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 3, None, &answer_only).is_none());
+    // K3's close is several ids (`<|close|>think<|sep|>`), and its prompt opened the section:
+    // through the ids is thinking; a completion cut short before them is all thinking.
+    let k3 = ThinkingEnd {
+        ids: vec![11, 99],
+        unclosed: Part::Thinking,
+    };
+    let r = SignalRow::from_trajectory(traj.clone(), 7, 4, 4, 16, Some(&k3), &answer_only).unwrap();
+    assert_eq!(r.targets, [false, false, false, false, false, true, true]);
+    let k3_later = ThinkingEnd {
+        ids: vec![12, 11],
+        unclosed: Part::Thinking,
+    };
+    let r = SignalRow::from_trajectory(traj, 7, 4, 4, 16, Some(&k3_later), &answer_only).unwrap();
+    assert!(!r.targets.contains(&true), "all thinking: {:?}", r.targets);
 }
 
 #[test]
