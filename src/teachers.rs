@@ -218,7 +218,7 @@ pub fn plan_prompts(
             {
                 messages.insert(0, Message::new(Role::System, system.clone()));
             }
-            let rendered = render(&messages, &[], p.template, true)
+            let rendered = render(&messages, &prompt.tools, p.template, true)
                 .map_err(|e| crate::refused!("prompt {}: {e}", prompt.id))?;
             Ok(PromptIds {
                 id: prompt.id,

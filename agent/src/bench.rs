@@ -4,8 +4,11 @@
 //! ([`super::calibrate`]) picks thresholds from it.
 //!
 //! An answer's quality: with a reference `answer`, 1 when its last number equals the reference's
-//! (exact match, as `eval`'s problems), else 0; without one, its agreement with the remote's
-//! answer, the share of the remote's tokens it repeats from the start, correct at ≥ `agree_at`.
+//! (exact match, as `eval`'s problems), else 0; for a task with `tools` and BFCL's ground truth,
+//! 1 when the calls the reply makes pass BFCL's AST check ([`super::bfcl`]), else 0, and whether
+//! the reply passes the request's tool gate (its valid-call rate); without either, its agreement
+//! with the remote's answer, the share of the remote's tokens it repeats from the start, correct
+//! at ≥ `agree_at`.
 //!
 //! Cost at the bench's prices ([`super::cost`]): an escalation pays the student's answer, which
 //! the policy judged first, and the remote's. Routing metrics as RouteLLM (Ong et al., 2024)
@@ -16,13 +19,16 @@
 //! - CPT(x) = the least share of requests sent to the remote at which PGR ≥ x;
 //! - AUROC of a signal = P(a wrong local answer is less confident by it than a right one), ties ½.
 
+use super::bfcl::{Category, Truth};
 use super::confidence::{Signal, Signals, quantile};
 use super::cost::{Cost, Prices};
+use super::gate::{Gate, ToolGate};
 use super::policy::{EscalateBy, OnRemoteError, Policy, Route};
 use super::verify::{VerifySettings, common_prefix};
 use super::{Agent, Ask, Report};
 use crate::error::{Error, Result, at, refuse};
-use k3mini_data::chat::{ChatFormat, Message, render};
+use k3mini_data::Tool;
+use k3mini_data::chat::{Message, ToolCall, render};
 use k3mini_data::digest::sha256_hex;
 use k3mini_eval::tasks::last_number;
 use k3mini_teacher::{GenerateParams, Interrupt};
@@ -48,6 +54,10 @@ pub struct Task {
     pub tests: Option<CodeTests>,
     /// Tokens its answers may have, where not the bench's `max_tokens`.
     pub max_tokens: Option<usize>,
+    /// The tools declared to a chat task.
+    pub tools: Vec<Tool>,
+    /// The calls a tools task's answer must make: BFCL's category and ground truth.
+    pub calls: Option<(Category, Vec<Truth>)>,
 }
 
 /// A code task's tests: HumanEval's `test` (defining `check(candidate)`) and `entry_point`.
@@ -59,7 +69,9 @@ pub struct CodeTests {
 
 /// A tasks file's line: `{"text": …}`, `{"prompt": …}` (one user turn) or `{"messages": […]}`,
 /// each with an optional `id` (default `FILE:LINE`), `max_tokens`, and either a reference
-/// `answer` or, for a `text` the answer completes as code, `tests` and `entry_point`.
+/// `answer`, or, for a `text` the answer completes as code, `tests` and `entry_point`, or, for a
+/// chat, `tools` with BFCL's `category` and ground-truth `calls`
+/// (`scripts/agent/bfcl-tasks.py` writes them).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Line {
@@ -71,6 +83,9 @@ struct Line {
     tests: Option<String>,
     entry_point: Option<String>,
     max_tokens: Option<usize>,
+    tools: Option<Vec<Tool>>,
+    category: Option<Category>,
+    calls: Option<Vec<Truth>>,
 }
 
 #[derive(Deserialize)]
@@ -132,12 +147,36 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
         if !(line.max_tokens != Some(0)) {
             return Err(refuse!("{}: max_tokens must be > 0", line_at()));
         }
+        let calls = match (line.tools.as_deref(), line.category, line.calls) {
+            (None, None, None) => None,
+            (Some([_, ..]), Some(category), calls)
+                if matches!(input, Input::Chat(_)) && answer.is_none() && tests.is_none() =>
+            {
+                let calls = calls.unwrap_or_default();
+                if (category == Category::Irrelevance) != calls.is_empty() {
+                    return Err(refuse!(
+                        "{}: an irrelevance task expects no `calls`, every other category some",
+                        line_at()
+                    ));
+                }
+                Some((category, calls))
+            }
+            _ => {
+                return Err(refuse!(
+                    "{}: `tools` (not empty), `category` and `calls` go together, on a chat \
+                     without an `answer` or `tests`",
+                    line_at()
+                ));
+            }
+        };
         tasks.push(Task {
             id: line.id.unwrap_or_else(line_at),
             input,
             answer,
             tests,
             max_tokens: line.max_tokens,
+            tools: line.tools.unwrap_or_default(),
+            calls,
         });
     }
     if !(!tasks.is_empty()) {
@@ -215,6 +254,10 @@ pub struct Run {
     pub ids: Vec<u32>,
     pub text: String,
     pub report: Report,
+    /// The calls the reply makes, read in the student's format (a tools task's; None where the
+    /// reply does not read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<Vec<ToolCall>>,
 }
 
 /// A task answered the three ways. `key` names what was measured (the student's bytes, the
@@ -254,12 +297,21 @@ fn read_cache(path: &Path) -> Result<HashMap<String, Record>> {
 /// The ids `task` asks the student with, and the greedy request.
 fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
     let tokenizer = &agent.student.model.tokenizer;
+    let format = agent.student.format();
     let (prompt, parts) = match &task.input {
-        Input::Text(t) => (tokenizer.encode(t)?, None),
+        // As the gateway reads a completion's text prompt: special-token strings as their ids.
+        Input::Text(t) => (tokenizer.encode_with_specials(t)?, None),
         Input::Chat(m) => {
-            let (ids, parts) = render(m, &[], ChatFormat::Chatml, true)?.encode(tokenizer)?;
+            let (ids, parts) = render(m, &task.tools, format, true)?.encode(tokenizer)?;
             (ids, Some(parts))
         }
+    };
+    let gate = match task.tools.is_empty() {
+        true => None,
+        false => Some(Gate::Tools(
+            ToolGate::of(format, &task.tools, None, None)
+                .map_err(|(at, e)| refuse!("task {}: {at}: {e}", task.id))?,
+        )),
     };
     let context = agent.student.model.context_length();
     if !(!prompt.is_empty() && prompt.len() + max_tokens <= context) {
@@ -277,7 +329,7 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
             ..GenerateParams::default()
         },
         stop_text: Vec::new(),
-        gate: None,
+        gate,
         parts,
     })
 }
@@ -335,10 +387,16 @@ pub fn measure(
                 Some((last, rest)) if ask.params.stop.contains(last) => rest,
                 _ => &a.ids[..],
             };
+            let text = agent.student.model.tokenizer.decode(body)?;
+            let calls = (!task.tools.is_empty())
+                .then(|| agent.student.format().parse_reply(&text).ok())
+                .flatten()
+                .map(|r| r.calls);
             Ok(Run {
-                text: agent.student.model.tokenizer.decode(body)?,
+                text,
                 ids: a.ids,
                 report: a.report,
+                calls,
             })
         };
         let record = Record {
@@ -368,6 +426,8 @@ pub fn measure(
 pub struct Outcome {
     pub score: f64,
     pub correct: bool,
+    /// For a tools task: whether the reply passes the request's tool gate.
+    pub valid: Option<bool>,
     pub usd: f64,
     pub seconds: f64,
 }
@@ -379,6 +439,8 @@ pub struct Row {
     pub remote: Outcome,
     pub verify: Outcome,
     pub signals: Signals,
+    /// Whether the student's answer fails the request's gate (a gate policy escalates it).
+    pub gate_fails: bool,
 }
 
 fn score(task: &Task, run: &Run, remote: &Run, settings: &Settings) -> Result<(f64, bool)> {
@@ -387,6 +449,32 @@ fn score(task: &Task, run: &Run, remote: &Run, settings: &Settings) -> Result<(f
         let limit = std::time::Duration::from_secs_f64(settings.test_seconds);
         let ok = super::code::passes(&program, limit, Default::default())
             .map_err(|e| Error::Refused(e.to_string()))?;
+        return Ok((f64::from(u8::from(ok)), ok));
+    }
+    if let Some((category, truth)) = &task.calls {
+        let ok = match &run.calls {
+            Some(calls) => {
+                let args: Vec<serde_json::Map<String, serde_json::Value>> = calls
+                    .iter()
+                    .map(|c| {
+                        serde_json::to_value(k3mini_data::chat::Json::Object(
+                            c.function.arguments.0.clone(),
+                        ))
+                        .ok()
+                        .and_then(|v| v.as_object().cloned())
+                        .unwrap_or_default()
+                    })
+                    .collect();
+                let made: Vec<super::bfcl::Made> = calls
+                    .iter()
+                    .zip(&args)
+                    .map(|(c, a)| (c.function.name.as_str(), a))
+                    .collect();
+                super::bfcl::check(*category, &task.tools, &made, truth).is_ok()
+            }
+            // A reply that does not read makes no call: right only where none is relevant.
+            None => *category == Category::Irrelevance,
+        };
         return Ok((f64::from(u8::from(ok)), ok));
     }
     Ok(match &task.answer {
@@ -419,6 +507,10 @@ pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<V
                 Ok(Outcome {
                     score,
                     correct,
+                    valid: task
+                        .calls
+                        .as_ref()
+                        .map(|_| run.report.gate_failure.is_none()),
                     usd: Cost::of(&run.report.usage, &settings.cost).total_usd,
                     seconds: spent.local_seconds + spent.remote_seconds,
                 })
@@ -428,6 +520,7 @@ pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<V
                 remote: outcome(&r.remote)?,
                 verify: outcome(&r.verify)?,
                 signals: r.local.report.signals.unwrap_or_default(),
+                gate_fails: r.local.report.gate_failure.is_some(),
             })
         })
         .collect()
@@ -462,6 +555,9 @@ pub struct Point {
     pub accuracy: f64,
     pub usd_per_1k: f64,
     pub usd_per_correct: Option<f64>,
+    /// Share of tools tasks whose answer passes the request's tool gate (None without any).
+    #[serde(default)]
+    pub valid_calls: Option<f64>,
     /// Latency quantiles, seconds (absent for the random router's expectation).
     pub p50_s: Option<f64>,
     pub p95_s: Option<f64>,
@@ -475,6 +571,7 @@ impl Point {
         let correct = picked.iter().filter(|(o, _)| o.correct).count();
         let usd: f64 = picked.iter().map(|(o, _)| o.usd).sum();
         let seconds: Vec<f32> = picked.iter().map(|(o, _)| o.seconds as f32).collect();
+        let judged: Vec<bool> = picked.iter().filter_map(|(o, _)| o.valid).collect();
         Self {
             name: name.into(),
             share: picked.iter().filter(|(_, e)| *e).count() as f64 / n,
@@ -482,6 +579,8 @@ impl Point {
             accuracy: correct as f64 / n,
             usd_per_1k: usd / n * 1000.0,
             usd_per_correct: (correct > 0).then(|| usd / correct as f64),
+            valid_calls: (!judged.is_empty())
+                .then(|| judged.iter().filter(|v| **v).count() as f64 / judged.len() as f64),
             p50_s: Some(f64::from(quantile(&seconds, 0.5))),
             p95_s: Some(f64::from(quantile(&seconds, 0.95))),
         }
@@ -662,6 +761,10 @@ fn random(local: &Point, remote: &Point, s: f64) -> Point {
         accuracy,
         usd_per_1k,
         usd_per_correct: (accuracy > 0.0).then(|| usd_per_1k / 1000.0 / accuracy),
+        valid_calls: local
+            .valid_calls
+            .zip(remote.valid_calls)
+            .map(|(l, r)| mix(l, r)),
         p50_s: None,
         p95_s: None,
     }
@@ -672,10 +775,11 @@ fn random(local: &Point, remote: &Point, s: f64) -> Point {
 pub fn replay(policy: &Policy, rows: &[Row]) -> Point {
     Point::of(&policy.name, rows, |r| {
         let escalate = match policy.route {
-            // Bench tasks ask for no format: the gate passes them.
-            Route::None | Route::Gate => false,
+            Route::None => false,
+            // Only tools tasks have a gate (their tool calls).
+            Route::Gate => r.gate_fails,
             Route::All => true,
-            Route::Confidence => policy.confidence.escalate(&r.signals).is_some(),
+            Route::Confidence => r.gate_fails || policy.confidence.escalate(&r.signals).is_some(),
         };
         match (escalate, policy.route) {
             (false, _) => (r.local, false),
@@ -748,6 +852,11 @@ pub fn evaluate(
     };
     let mut points = vec![local, remote, verify, oracle, random_line[5].clone()];
     debug_assert_eq!(points[RANDOM_POINT].name, "random");
+    // Tools tasks have a gate to replay: the built-in gate policy's point.
+    if rows.iter().any(|r| r.local.valid.is_some()) {
+        let gate = Policy::built_in("gate").expect("a built-in");
+        points.push(replay(&gate, rows));
+    }
     points.extend(policies.iter().map(|p| Point {
         name: format!("policy: {}", p.name),
         ..replay(p, rows)
@@ -775,8 +884,8 @@ impl Bench {
             "# Agent bench: {} tasks\n\nGreedy, up to {} tokens an answer (or a task's own max_tokens); a task without a \
              reference is correct at ≥ {} agreement with the remote. Prices: remote ${}/M input, \
              ${}/M output; local ${}/h + {} W at ${}/kWh.\n\n\
-             | policy | escalated | quality | accuracy | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
-             |---|---|---|---|---|---|---|---|\n",
+             | policy | escalated | quality | accuracy | valid calls | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
             self.tasks,
             self.settings.max_tokens,
             self.settings.agree_at,
@@ -788,11 +897,12 @@ impl Bench {
         );
         for p in &self.points {
             md += &format!(
-                "| {} | {:.0}% | {:.3} | {:.3} | {:.4} | {} | {} | {} |\n",
+                "| {} | {:.0}% | {:.3} | {:.3} | {} | {:.4} | {} | {} | {} |\n",
                 p.name,
                 p.share * 100.0,
                 p.quality,
                 p.accuracy,
+                opt(p.valid_calls.map(|v| v * 100.0), 1),
                 p.usd_per_1k,
                 opt(p.usd_per_correct, 6),
                 opt(p.p50_s, 2),
@@ -938,18 +1048,21 @@ mod tests {
             local: Outcome {
                 score: 0.0,
                 correct: false,
+                valid: None,
                 usd: 1.0,
                 seconds: 1.0,
             },
             remote: Outcome {
                 score: 1.0,
                 correct: true,
+                valid: None,
                 usd: 10.0,
                 seconds: 2.0,
             },
             verify: Outcome {
                 score: 1.0,
                 correct: true,
+                valid: None,
                 usd: 5.0,
                 seconds: 3.0,
             },
@@ -958,6 +1071,7 @@ mod tests {
                 entropy_p50: e,
                 ..Signals::default()
             },
+            gate_fails: false,
         };
         let rows = [row(-1.0, 2.0), row(-3.0, 4.0), row(-1.0, 2.0)];
         for signal in [Signal::MeanLogprob, Signal::EntropyP50] {

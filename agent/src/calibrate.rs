@@ -164,6 +164,7 @@ mod tests {
         Outcome {
             score,
             correct: score >= 0.5,
+            valid: None,
             usd,
             seconds: 1.0,
         }
@@ -187,6 +188,7 @@ mod tests {
                     entropy_p90: 1.0,
                     margin_p10: 0.5,
                 },
+                gate_fails: false,
             })
             .collect()
     }

@@ -1,7 +1,10 @@
 //! `gate`: hard checks on the student's answer that escalate when it fails them. A request that
 //! asks for JSON (OpenAI's `response_format`: `json_object`, or `json_schema` with a schema) gets
 //! a local answer only if the answer parses as one JSON value, an object for `json_object`, that
-//! the schema accepts. A completion that carries tests (`k3mini_tests`: HumanEval's `test` and
+//! the schema accepts. A request with `tools` gets one only if the reply parses cleanly in the
+//! student's chat format, every call names one of the request's tools with arguments its schema
+//! accepts, and the calls are as many as `tool_choice` and `parallel_tool_calls` allow
+//! ([`ToolGate`]). A completion that carries tests (`k3mini_tests`: HumanEval's `test` and
 //! `entry_point`) gets a local answer only if it passes them ([`super::code`]), under a policy
 //! that runs tests (`[gate] run_tests = true`: model-written code runs on the gateway's machine).
 //!
@@ -11,16 +14,16 @@
 //! test_seconds = 10.0 # how long its program may run
 //! ```
 //!
-//! The schema is checked by a subset of JSON Schema (`type`, `properties`, `required`,
-//! `additionalProperties`, `items` as one schema, `enum`, `const`, `anyOf`,
-//! `minItems`/`maxItems`, `minimum`/`maximum`; annotations such as `description` pass), written
-//! here because no JSON Schema crate is among this project's vendored dependencies. A keyword
-//! outside the subset (`$ref`, `pattern`, `format`, …), or one whose value is not of its shape, is
-//! refused with the request, never ignored, so a schema is never taken as checked when it was
-//! not. Numbers compare as numbers (`1.0` is `const: 1`).
+//! Schemas are checked by the `jsonschema` crate (drafts 4 to 2020-12, 2020-12 unless `$schema`
+//! says otherwise; `format` is an annotation, as the drafts have it). A schema the crate cannot
+//! compile (not valid against its meta-schema, or a `$ref` outside the document: nothing is
+//! fetched) is refused with the request, never taken as checked.
 
 use super::sandbox::SandboxError;
-use k3mini_teacher::wire::openai::ResponseFormat;
+use k3mini_data::ChatFormat;
+use k3mini_data::Tool;
+use k3mini_data::chat::{Json, ToolCall};
+use k3mini_teacher::wire::openai::{ResponseFormat, ToolChoice, ToolMode};
 use k3mini_teacher::{Interrupt, TeacherError};
 use serde_json::Value;
 
@@ -31,6 +34,8 @@ pub enum Gate {
     JsonObject,
     /// One JSON value the schema accepts.
     JsonSchema(Value),
+    /// Tool calls the request's tools allow ([`ToolGate`]).
+    Tools(ToolGate),
     /// Code that passes tests: the prompt it completes, the tests, their entry point and the
     /// program's time limit.
     Tests {
@@ -70,35 +75,6 @@ impl GateSettings {
     }
 }
 
-/// The keywords checked.
-const CHECKED: [&str; 12] = [
-    "type",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "enum",
-    "const",
-    "anyOf",
-    "minItems",
-    "maxItems",
-    "minimum",
-    "maximum",
-];
-/// Keywords that say nothing about which values are valid.
-const ANNOTATIONS: [&str; 7] = [
-    "description",
-    "title",
-    "$schema",
-    "$comment",
-    "$id",
-    "default",
-    "examples",
-];
-const TYPES: [&str; 7] = [
-    "object", "array", "string", "number", "integer", "boolean", "null",
-];
-
 impl Gate {
     /// The gate a request's `response_format` asks for (none for `text`), or why its schema
     /// cannot be checked.
@@ -107,7 +83,7 @@ impl Gate {
             ResponseFormat::Text => Ok(None),
             ResponseFormat::JsonObject => Ok(Some(Gate::JsonObject)),
             ResponseFormat::JsonSchema { json_schema } => {
-                supported(&json_schema.schema, "schema")?;
+                compiled(&json_schema.schema, "schema")?;
                 Ok(Some(Gate::JsonSchema(json_schema.schema.clone())))
             }
         }
@@ -143,190 +119,175 @@ impl Gate {
                 Err(e) => Some(e),
             }),
             Gate::JsonSchema(schema) => Ok(match json() {
-                Ok(v) => validate(schema, &v, "$")
-                    .err()
+                Ok(v) => violation(schema, &v)
                     .map(|e| format!("gate: the answer does not match the schema: {e}")),
                 Err(e) => Some(e),
             }),
+            Gate::Tools(tools) => Ok(tools.fails(text)),
         }
     }
 }
 
-/// Refuses a schema that uses keywords outside the checked subset (at `at`).
-fn supported(schema: &Value, at: &str) -> Result<(), String> {
-    let Value::Object(map) = schema else {
-        return match schema {
-            Value::Bool(_) => Ok(()),
-            _ => Err(format!("{at}: a schema is an object")),
-        };
+/// `schema` compiled (`at` names it in the refusal).
+fn compiled(schema: &Value, at: &str) -> Result<jsonschema::Validator, String> {
+    jsonschema::validator_for(schema)
+        .map_err(|e| format!("{at}: not a JSON Schema the gate can check: {e}"))
+}
+
+/// Why `schema` rejects `v`, naming the first place it does; None when it accepts it.
+fn violation(schema: &Value, v: &Value) -> Option<String> {
+    let validator = match compiled(schema, "the schema") {
+        Ok(v) => v,
+        Err(e) => return Some(e),
     };
-    for (key, sub) in map {
-        let k = key.as_str();
-        if ANNOTATIONS.contains(&k) {
-            continue;
+    let e = validator.iter_errors(v).next()?;
+    let at = e.instance_path().to_string();
+    Some(match at.is_empty() {
+        true => e.to_string(),
+        false => format!("at {at}: {e}"),
+    })
+}
+
+/// What a request with `tools` asks of the calls its answer makes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolGate {
+    /// The student's chat format, which its replies are read in.
+    pub format: ChatFormat,
+    /// Each declared function's name and its arguments' schema (any object when it has none).
+    pub tools: Vec<(String, Option<Value>)>,
+    pub choice: ToolChoice,
+    /// Whether more than one call is allowed.
+    pub parallel: bool,
+}
+
+impl ToolGate {
+    /// The gate a request's tools ask for, or why it cannot be checked (a schema that does not
+    /// compile, a name declared twice, a `tool_choice` naming a function not declared).
+    pub fn of(
+        format: ChatFormat,
+        tools: &[Tool],
+        choice: Option<&ToolChoice>,
+        parallel: Option<bool>,
+    ) -> Result<Self, (String, String)> {
+        let mut declared: Vec<(String, Option<Value>)> = Vec::new();
+        for (i, t) in tools.iter().enumerate() {
+            let f = &t.function;
+            let at = format!("tools[{i}]");
+            if t.kind != "function" {
+                return Err((
+                    at,
+                    format!("a tool is of type \"function\", not {:?}", t.kind),
+                ));
+            }
+            if declared.iter().any(|(name, _)| *name == f.name) {
+                return Err((at, format!("the function `{}` is declared twice", f.name)));
+            }
+            let schema = match &f.parameters {
+                Some(p) => {
+                    let v = serde_json::to_value(p).map_err(|e| (at.clone(), e.to_string()))?;
+                    compiled(&v, &format!("{at}.function.parameters"))
+                        .map_err(|e| (at.clone(), e))?;
+                    Some(v)
+                }
+                None => None,
+            };
+            declared.push((f.name.clone(), schema));
         }
-        if !CHECKED.contains(&k) {
-            return Err(format!(
-                "{at}: the gate does not check the JSON Schema keyword `{key}` (it checks {})",
-                CHECKED.join(", ")
+        let choice = choice.cloned().unwrap_or(ToolChoice::Mode(ToolMode::Auto));
+        if let ToolChoice::Named(n) = &choice
+            && n.kind != "function"
+        {
+            return Err((
+                "tool_choice".into(),
+                format!("a named choice is of type \"function\", not {:?}", n.kind),
             ));
         }
-        let shaped = match (k, sub) {
-            ("properties", Value::Object(props)) => {
-                for (name, s) in props {
-                    supported(s, &format!("{at}.properties.{name}"))?;
-                }
-                true
-            }
-            ("items" | "additionalProperties", s) => {
-                supported(s, &format!("{at}.{key}"))?;
-                true
-            }
-            ("anyOf", Value::Array(options)) if !options.is_empty() => {
-                for (i, s) in options.iter().enumerate() {
-                    supported(s, &format!("{at}.anyOf[{i}]"))?;
-                }
-                true
-            }
-            ("type", Value::String(t)) => TYPES.contains(&t.as_str()),
-            ("type", Value::Array(ts)) => ts
-                .iter()
-                .all(|t| t.as_str().is_some_and(|t| TYPES.contains(&t))),
-            ("required", Value::Array(r)) => r.iter().all(Value::is_string),
-            ("enum", Value::Array(_)) | ("const", _) => true,
-            ("minItems" | "maxItems", v) => v.is_u64(),
-            ("minimum" | "maximum", v) => v.is_number(),
-            _ => false,
-        };
-        if !shaped {
-            return Err(format!(
-                "{at}.{key}: {sub} is not a valid value for `{key}`"
+        if let ToolChoice::Named(n) = &choice
+            && !declared.iter().any(|(name, _)| *name == n.function.name)
+        {
+            return Err((
+                "tool_choice".into(),
+                format!(
+                    "names `{}`, which the request's tools do not declare",
+                    n.function.name
+                ),
             ));
         }
+        Ok(Self {
+            format,
+            tools: declared,
+            choice,
+            parallel: parallel.unwrap_or(true),
+        })
     }
-    Ok(())
-}
 
-fn type_matches(name: &str, v: &Value) -> bool {
-    match name {
-        "object" => v.is_object(),
-        "array" => v.is_array(),
-        "string" => v.is_string(),
-        "number" => v.is_number(),
-        "integer" => v.as_f64().is_some_and(|f| f.fract() == 0.0),
-        "boolean" => v.is_boolean(),
-        "null" => v.is_null(),
-        _ => false,
+    /// Why a reply (`text`, as the student wrote it after the generation prompt) fails the gate.
+    pub fn fails(&self, text: &str) -> Option<String> {
+        match self.format.parse_reply(text) {
+            Ok(reply) => self.judge(&reply.calls),
+            Err(e) => Some(format!(
+                "gate: the reply does not read as {} ({e})",
+                self.format.name()
+            )),
+        }
     }
-}
 
-/// JSON equality with numbers compared by value (JSON Schema's: `1.0` equals `1`).
-fn same(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
-                (Some(x), Some(y), _, _) => x == y,
-                (_, _, Some(x), Some(y)) => x == y,
-                _ => x.as_f64() == y.as_f64(),
+    /// Why parsed `calls` fail the gate: their number, their names, their arguments.
+    pub fn judge(&self, calls: &[ToolCall]) -> Option<String> {
+        let n = calls.len();
+        let count = match &self.choice {
+            ToolChoice::Mode(ToolMode::None) if n > 0 => Some(format!(
+                "tool_choice is \"none\" and the answer makes {n} calls"
+            )),
+            ToolChoice::Mode(ToolMode::Required) if n == 0 => {
+                Some("tool_choice is \"required\" and the answer calls no tool".into())
             }
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, a)| y.get(k).is_some_and(|b| same(a, b)))
-        }
-        _ => a == b,
-    }
-}
-
-/// Whether `schema` (of the checked subset) accepts `v`; the error names where it does not.
-pub fn validate(schema: &Value, v: &Value, at: &str) -> Result<(), String> {
-    let map = match schema {
-        Value::Bool(true) => return Ok(()),
-        Value::Bool(false) => return Err(format!("{at}: no value is allowed here")),
-        Value::Object(map) => map,
-        _ => return Err(format!("{at}: the schema here is not an object")),
-    };
-    if let Some(t) = map.get("type") {
-        let names: Vec<&str> = match t {
-            Value::String(s) => vec![s.as_str()],
-            Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
-            _ => Vec::new(),
-        };
-        if !names.iter().any(|n| type_matches(n, v)) {
-            return Err(format!("{at}: {v} is not of type {t}"));
-        }
-    }
-    if let Some(Value::Array(allowed)) = map.get("enum")
-        && !allowed.iter().any(|a| same(a, v))
-    {
-        return Err(format!(
-            "{at}: {v} is not one of {}",
-            Value::Array(allowed.clone())
-        ));
-    }
-    if let Some(c) = map.get("const")
-        && !same(c, v)
-    {
-        return Err(format!("{at}: {v} is not {c}"));
-    }
-    if let Some(Value::Array(options)) = map.get("anyOf")
-        && !options.iter().any(|s| validate(s, v, at).is_ok())
-    {
-        return Err(format!("{at}: {v} matches none of anyOf"));
-    }
-    if let Some(n) = v.as_f64() {
-        if let Some(min) = map.get("minimum").and_then(Value::as_f64)
-            && n < min
-        {
-            return Err(format!("{at}: {n} is below the minimum {min}"));
-        }
-        if let Some(max) = map.get("maximum").and_then(Value::as_f64)
-            && n > max
-        {
-            return Err(format!("{at}: {n} is above the maximum {max}"));
-        }
-    }
-    if let Value::Object(obj) = v {
-        if let Some(Value::Array(required)) = map.get("required") {
-            for key in required.iter().filter_map(Value::as_str) {
-                if !obj.contains_key(key) {
-                    return Err(format!("{at}: the required key {key:?} is missing"));
+            ToolChoice::Named(named) => {
+                let want = &named.function.name;
+                match calls.iter().find(|c| c.function.name != *want) {
+                    _ if n == 0 => Some(format!(
+                        "tool_choice names `{want}` and the answer calls no tool"
+                    )),
+                    Some(c) => Some(format!(
+                        "tool_choice names `{want}` and the answer calls `{}`",
+                        c.function.name
+                    )),
+                    None => None,
                 }
             }
+            _ => None,
+        };
+        let count = count.or_else(|| {
+            (!self.parallel && n > 1)
+                .then(|| format!("parallel_tool_calls is false and the answer makes {n} calls"))
+        });
+        if let Some(why) = count {
+            return Some(format!("gate: {why}"));
         }
-        let props = map.get("properties").and_then(Value::as_object);
-        for (key, value) in obj {
-            match (
-                props.and_then(|p| p.get(key)),
-                map.get("additionalProperties"),
-            ) {
-                (Some(s), _) => validate(s, value, &format!("{at}.{key}"))?,
-                (None, Some(extra)) => validate(extra, value, &format!("{at}.{key}"))?,
-                (None, None) => {}
+        for (k, call) in calls.iter().enumerate() {
+            let name = &call.function.name;
+            let Some((_, schema)) = self.tools.iter().find(|(t, _)| t == name) else {
+                let known: Vec<&str> = self.tools.iter().map(|(t, _)| t.as_str()).collect();
+                return Some(format!(
+                    "gate: call {} names `{name}`, which is not one of the request's tools ({})",
+                    k + 1,
+                    known.join(", ")
+                ));
+            };
+            let args = Json::Object(call.function.arguments.0.clone());
+            let args = match serde_json::to_value(&args) {
+                Ok(v) => v,
+                Err(e) => return Some(format!("gate: call {} (`{name}`): {e}", k + 1)),
+            };
+            if let Some(why) = schema.as_ref().and_then(|s| violation(s, &args)) {
+                return Some(format!(
+                    "gate: call {} (`{name}`): its arguments do not match the tool's schema: {why}",
+                    k + 1
+                ));
             }
         }
+        None
     }
-    if let Value::Array(items) = v {
-        let len = items.len() as u64;
-        if let Some(min) = map.get("minItems").and_then(Value::as_u64)
-            && len < min
-        {
-            return Err(format!("{at}: {len} items, fewer than {min}"));
-        }
-        if let Some(max) = map.get("maxItems").and_then(Value::as_u64)
-            && len > max
-        {
-            return Err(format!("{at}: {len} items, more than {max}"));
-        }
-        if let Some(s) = map.get("items") {
-            for (i, item) in items.iter().enumerate() {
-                validate(s, item, &format!("{at}[{i}]"))?;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -338,7 +299,7 @@ mod tests {
         Gate::JsonSchema(json!({
             "type": "object",
             "properties": {
-                "city": {"type": "string"},
+                "city": {"type": "string", "pattern": "^[A-Z]"},
                 "population": {"type": "integer", "minimum": 0},
                 "tags": {"type": "array", "items": {"enum": ["capital", "port"]}, "maxItems": 2},
                 "mayor": {"anyOf": [{"type": "string"}, {"type": "null"}]}
@@ -361,12 +322,14 @@ mod tests {
         );
         let fail = |text: &str| fails(&g, text).unwrap();
         assert!(fail("The capital is Paris.").contains("not JSON"));
-        assert!(fail(r#"{"city": "Paris"}"#).contains("\"population\" is missing"));
-        assert!(fail(r#"{"city": "Paris", "population": 2.5}"#).contains("$.population"));
-        assert!(fail(r#"{"city": "Paris", "population": -1}"#).contains("below the minimum"));
-        assert!(fail(r#"{"city": "P", "population": 1, "tags": ["river"]}"#).contains("$.tags[0]"));
-        assert!(fail(r#"{"city": "P", "population": 1, "x": 1}"#).contains("no value is allowed"));
-        assert!(fail(r#"{"city": "P", "population": 1, "mayor": 3}"#).contains("anyOf"));
+        assert!(fail(r#"{"city": "Paris"}"#).contains("\"population\""));
+        assert!(fail(r#"{"city": "Paris", "population": 2.5}"#).contains("at /population"));
+        assert!(fail(r#"{"city": "Paris", "population": -1}"#).contains("minimum"));
+        assert!(fail(r#"{"city": "P", "population": 1, "tags": ["river"]}"#).contains("/tags/0"));
+        assert!(fail(r#"{"city": "P", "population": 1, "x": 1}"#).contains("'x'"));
+        assert!(fail(r#"{"city": "P", "population": 1, "mayor": 3}"#).contains("/mayor"));
+        // Keywords past the old hand-written subset are checked now.
+        assert!(fail(r#"{"city": "paris", "population": 1}"#).contains("/city"));
         assert_eq!(fails(&Gate::JsonObject, "{}"), None);
         assert!(
             fails(&Gate::JsonObject, "[1]")
@@ -376,38 +339,145 @@ mod tests {
     }
 
     #[test]
-    fn a_keyword_the_gate_does_not_check_is_refused() {
-        let format: ResponseFormat = serde_json::from_value(json!({
-            "type": "json_schema",
-            "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-                "s": {"type": "string", "pattern": "^a"}}}}
-        }))
-        .unwrap();
-        let err = Gate::of(&format).unwrap_err();
-        assert!(
-            err.contains("schema.properties.s") && err.contains("`pattern`"),
-            "{err}"
-        );
-        // A checked keyword with a value of the wrong shape is refused too, not ignored.
+    fn a_schema_the_gate_cannot_check_is_refused() {
+        let format = |schema: Value| -> ResponseFormat {
+            serde_json::from_value(json!({
+                "type": "json_schema", "json_schema": {"name": "x", "schema": schema}
+            }))
+            .unwrap()
+        };
         for bad in [
-            json!({"required": "city"}),
             json!({"type": "int"}),
-            json!({"items": [{"type": "string"}]}),
-            json!({"anyOf": {"type": "string"}}),
+            json!({"required": "city"}),
             json!({"minItems": -1}),
+            json!({"$ref": "https://example.com/schema.json"}),
         ] {
-            assert!(supported(&bad, "schema").is_err(), "{bad}");
+            let e = Gate::of(&format(bad.clone())).unwrap_err();
+            assert!(e.starts_with("schema: not a JSON Schema"), "{bad}: {e}");
         }
         assert!(
-            supported(
-                &json!({"type": "object", "default": {}, "$comment": "x"}),
-                "s"
-            )
+            Gate::of(&format(
+                json!({"$ref": "#/$defs/a", "$defs": {"a": {"type": "string"}}})
+            ))
             .is_ok()
         );
-        assert!(validate(&json!({"const": 1}), &json!(1.0), "$").is_ok());
-        assert!(validate(&json!({"enum": [2, "a"]}), &json!(2.0), "$").is_ok());
         let text: ResponseFormat = serde_json::from_value(json!({"type": "text"})).unwrap();
         assert_eq!(Gate::of(&text), Ok(None));
+    }
+
+    fn tools() -> Vec<Tool> {
+        serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1}}, "required": ["city"],
+                "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "now"}}
+        ]))
+        .unwrap()
+    }
+
+    fn gate(choice: Value, parallel: Option<bool>) -> ToolGate {
+        let choice: ToolChoice = serde_json::from_value(choice).unwrap();
+        ToolGate::of(ChatFormat::Chatml, &tools(), Some(&choice), parallel).unwrap()
+    }
+
+    fn call(name: &str, args: &str) -> String {
+        format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>")
+    }
+
+    #[test]
+    fn tool_calls_pass_or_fail_the_gate_by_name_arguments_count_and_parse() {
+        let auto = gate(json!("auto"), None);
+        let weather = call("get_weather", r#"{"city": "Oslo", "days": 2}"#);
+        assert_eq!(auto.fails(&weather), None);
+        assert_eq!(auto.fails("No tool needed."), None);
+        assert_eq!(
+            auto.fails(&format!("{weather}\n{}", call("now", "{}"))),
+            None
+        );
+        for (text, why) in [
+            (
+                call("get_wether", r#"{"city": "Oslo"}"#),
+                "names `get_wether`, which is not one",
+            ),
+            (
+                call("get_weather", r#""city=Oslo""#),
+                "arguments are not JSON",
+            ),
+            (
+                call("get_weather", r#"{"days": 2}"#),
+                "do not match the tool's schema",
+            ),
+            (
+                call("get_weather", r#"{"city": "Oslo", "days": 0}"#),
+                "at /days",
+            ),
+            (call("get_weather", r#"{"city": 7}"#), "at /city"),
+            (
+                call("get_weather", r#"{"city": "Oslo", "when": 1}"#),
+                "'when'",
+            ),
+            (weather[..weather.len() - 5].to_string(), "not closed"),
+            (format!("{weather} trailing"), "text follows the tool calls"),
+        ] {
+            let got = auto
+                .fails(&text)
+                .unwrap_or_else(|| panic!("{text:?} passed"));
+            assert!(
+                got.starts_with("gate: ") && got.contains(why),
+                "{text:?}: {got}"
+            );
+        }
+        let two = format!("{weather}\n{}", call("now", "{}"));
+        for (gate, text, why) in [
+            (
+                gate(json!("required"), None),
+                "Sunny.".to_string(),
+                "\"required\"",
+            ),
+            (
+                gate(json!("none"), None),
+                weather.clone(),
+                "\"none\" and the answer makes 1",
+            ),
+            (
+                gate(json!("auto"), Some(false)),
+                two.clone(),
+                "parallel_tool_calls is false",
+            ),
+            (
+                gate(
+                    json!({"type": "function", "function": {"name": "now"}}),
+                    None,
+                ),
+                two,
+                "names `now` and the answer calls `get_weather`",
+            ),
+        ] {
+            let got = gate
+                .fails(&text)
+                .unwrap_or_else(|| panic!("{text:?} passed"));
+            assert!(got.contains(why), "{got}");
+        }
+        // What cannot be checked is refused with the request.
+        let named = |name: &str| -> ToolChoice {
+            serde_json::from_value(json!({"type": "function", "function": {"name": name}})).unwrap()
+        };
+        let e =
+            ToolGate::of(ChatFormat::Chatml, &tools(), Some(&named("later")), None).unwrap_err();
+        assert_eq!(e.0, "tool_choice");
+        let mut twice = tools();
+        twice.push(twice[0].clone());
+        assert!(
+            ToolGate::of(ChatFormat::Chatml, &twice, None, None)
+                .unwrap_err()
+                .1
+                .contains("twice")
+        );
+        let mut bad = tools();
+        bad[1].function.parameters = Some(Json::parse(r#"{"type": "whatever"}"#).unwrap());
+        let e = ToolGate::of(ChatFormat::Chatml, &bad, None, None).unwrap_err();
+        assert_eq!(e.0, "tools[1]");
+        assert!(e.1.contains("tools[1].function.parameters"), "{}", e.1);
     }
 }

@@ -6,6 +6,7 @@
 //! OpenAI's `/v1/completions` and `/v1/chat/completions`, streaming included.
 
 pub mod bench;
+pub mod bfcl;
 pub mod calibrate;
 pub mod code;
 pub mod confidence;
@@ -244,8 +245,12 @@ impl Agent {
                     ids.truncate(n);
                     finish = FinishReason::Stop;
                 }
-                // An answer the gate has not judged: the remote's, or one the student finished.
-                if report.answered_by != AnsweredBy::Local || report.escalated {
+                // An answer the gate has not judged: the remote's, one the student finished, or
+                // one no policy judges (a request's tool calls are read under every policy).
+                if report.answered_by != AnsweredBy::Local
+                    || report.escalated
+                    || self.policy.route == Route::None
+                {
                     report.gate_failure = self.gate_fails(ask, Some(&ids), interrupt)?;
                 }
                 let (recorded, unjournaled) =
@@ -453,12 +458,18 @@ impl Agent {
         let (Some(gate), Some(ids)) = (ask.gate.as_ref(), ids) else {
             return Ok(None);
         };
-        let body = match ids.split_last() {
-            Some((last, rest)) if ask.params.stop.contains(last) => rest,
-            _ => ids,
-        };
-        match self.student.model.tokenizer.decode(body) {
-            Ok(text) => gate.fails(&text, interrupt).map_err(AgentError::Local),
+        // What the client reads (the gateway's chat text): no stop ids, and nothing from the
+        // first stop string on.
+        let body: Vec<u32> = ids
+            .iter()
+            .copied()
+            .filter(|id| !ask.params.stop.contains(id))
+            .collect();
+        match self.student.model.tokenizer.decode(&body) {
+            Ok(text) => {
+                let text = k3mini_teacher::stop::cut_text(text, &ask.stop_text);
+                gate.fails(&text, interrupt).map_err(AgentError::Local)
+            }
             Err(e) => Ok(Some(format!("gate: the answer does not decode ({e})"))),
         }
     }

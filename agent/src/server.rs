@@ -5,8 +5,17 @@
 //!
 //! - `GET /health`, `GET /v1/models`
 //! - `POST /v1/completions` (`prompt` as text or ids) and `POST /v1/chat/completions`
-//!   (`messages`, ChatML): `max_tokens`, `temperature`, `top_p`, `seed`, `stop_token_ids`,
-//!   `ignore_eos`, `stream`.
+//!   (`messages` in the student's chat format, [`ChatFormat::of_tokenizer`]): `max_tokens`,
+//!   `temperature`, `top_p`, `seed`, `stop_token_ids`, `ignore_eos`, `stream`, `response_format`,
+//!   and `tools` with `tool_choice` and `parallel_tool_calls`.
+//!
+//! A request with tools is rendered with their declarations, and the answer (the student's or the
+//! remote's: both write the student's format, the remote reading the same ids) is read by the
+//! format's parser into `content`, `reasoning` and OpenAI's `tool_calls`; under a gate or
+//! confidence policy a student's reply that fails the [`super::gate::ToolGate`] escalates, and a
+//! kept reply that fails it says why (`gate_failure`). So is every answer of a K3-format student
+//! (its raw text is markup). Streamed, such an answer is held until it is final and then sent as
+//! one delta: a call is never sent before it has passed the gate.
 //!
 //! One request runs at a time, its remote calls included (the student uses every core, and a
 //! cascade alternates between the two); `--max-queued` more wait, and the next is a 503.
@@ -20,7 +29,7 @@
 //! `return_tokens_as_token_ids` and `routed_experts_prompt_start`) are refused with a 400 rather
 //! than ignored.
 
-use super::gate::Gate;
+use super::gate::{Gate, ToolGate};
 use super::policy::{Policy, Route};
 use super::wire::{self, CodeTests};
 use super::{Agent, AgentError, Answer, Ask, Report};
@@ -38,7 +47,7 @@ use k3mini_teacher::stop::{cut_text, stop_strings};
 use k3mini_teacher::wire::openai::{
     ChatChoice, ChatChunk, ChatChunkChoice, ChatDelta, ChatMessage, ChatRequest, ChatResponse,
     CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionRequest,
-    CompletionResponse, Prompt, Stop, Usage,
+    CompletionResponse, Prompt, Stop, ToolCallDelta, Usage,
 };
 use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use serde::Serialize;
@@ -58,6 +67,8 @@ pub struct Annotated<T> {
 
 struct Gateway {
     agent: Agent,
+    /// The student's chat format ([`super::student::Student::format`]).
+    format: ChatFormat,
     queue: Queue,
     prompt_cap: PromptCap,
     request_timeout: Option<Duration>,
@@ -66,11 +77,13 @@ struct Gateway {
     requests: AtomicU64,
 }
 
-/// Which endpoint a request came to: the shape of its answer.
+/// Which endpoint a request came to: the shape of its answer. A chat's answer is read in `read`'s
+/// format (content, reasoning and tool calls) where it has tools or the format is K3's; otherwise
+/// its text is the content.
 #[derive(Clone, Copy, PartialEq)]
 enum Endpoint {
     Completions,
-    Chat,
+    Chat { read: Option<ChatFormat> },
 }
 
 /// Whether `policy` may be served under `limits`, and the warning to print if so. A policy that
@@ -115,7 +128,9 @@ pub fn serve(
         student.vocab_size(),
         student.context_length(),
     );
+    let format = agent.student.format();
     let gateway = Arc::new(Gateway {
+        format,
         prompt_cap,
         agent,
         queue: Queue::new(options.max_queued),
@@ -155,7 +170,9 @@ fn route(gw: &Arc<Gateway>, r: &Request, peer: &Peer) -> Result<Reply, ApiError>
             let (req, _) = wire::parse::<ChatRequest>(&r.body, &[])?;
             let (ask, admitted) = chat_ask(gw, &req)?;
             let stream = req.stream.unwrap_or(false);
-            respond(gw, ask, admitted, Endpoint::Chat, stream, peer)
+            let structured = req.tools.is_some() || gw.format == ChatFormat::KimiK3;
+            let read = structured.then_some(gw.format);
+            respond(gw, ask, admitted, Endpoint::Chat { read }, stream, peer)
         }
         _ => Err(k3mini_http::unrouted(method, path, &PATHS)),
     }
@@ -301,13 +318,6 @@ fn completion_ask(
 fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError> {
     unserved(req.logprobs == Some(true), "logprobs")?;
     unserved(req.top_logprobs.is_some(), "top_logprobs")?;
-    if req.tools.is_some() {
-        return Err(bad(
-            "tools",
-            "the gateway renders no tool-call template for the student (not built yet): leave \
-             tools out",
-        ));
-    }
     let student = &gw.agent.student.model;
     let asked = sampling(gw, SamplingFields::of_chat(req, 0), req.stop.as_ref())?;
     let gate = match &req.response_format {
@@ -317,7 +327,18 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
     if gate.is_some() {
         gated(gw, "response_format")?;
     }
-    let rendered = render(&req.messages, &[], ChatFormat::Chatml, true)
+    let tools = req.tools.as_deref().unwrap_or_default();
+    let gate = match tool_gate(gw, req)? {
+        Some(_) if gate.is_some() => {
+            return Err(bad(
+                "response_format",
+                "a request with tools is checked as tool calls: leave response_format out",
+            ));
+        }
+        Some(tools) => Some(Gate::Tools(tools)),
+        None => gate,
+    };
+    let rendered = render(&req.messages, tools, gw.format, true)
         .map_err(|e| bad("messages", e.to_string()))?;
     gw.prompt_cap.check(rendered.text_len(), "messages")?;
     let admitted = admit(&gw.queue)?;
@@ -325,6 +346,42 @@ fn chat_ask(gw: &Gateway, req: &ChatRequest) -> Result<(Ask, Admitted), ApiError
         .encode(&student.tokenizer)
         .map_err(|e| bad("messages", e.to_string()))?;
     Ok((ask(gw, prompt, asked, gate, Some(parts))?, admitted))
+}
+
+/// The gate a request's `tools` ask for (none without tools), or why they cannot be served.
+fn tool_gate(gw: &Gateway, req: &ChatRequest) -> Result<Option<ToolGate>, ApiError> {
+    let Some(tools) = &req.tools else {
+        for (set, field) in [
+            (req.tool_choice.is_some(), "tool_choice"),
+            (req.parallel_tool_calls.is_some(), "parallel_tool_calls"),
+        ] {
+            if set {
+                return Err(bad(field, format!("`{field}` goes with `tools`")));
+            }
+        }
+        return Ok(None);
+    };
+    if gw.format == ChatFormat::KimiK2 {
+        return Err(bad(
+            "tools",
+            "the student speaks Kimi K2's format, whose tool calls k3mini does not render or read \
+             yet (chatml and kimi_k3 students take tools)",
+        ));
+    }
+    if tools.is_empty() {
+        return Err(bad(
+            "tools",
+            "`tools` is empty: leave it out, or declare a function",
+        ));
+    }
+    ToolGate::of(
+        gw.format,
+        tools,
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )
+    .map(Some)
+    .map_err(|(field, e)| bad(&field, e))
 }
 
 fn agent_error(e: AgentError) -> ApiError {
@@ -371,7 +428,7 @@ impl Gateway {
         stop_text: &[String],
     ) -> (String, bool) {
         let kept: Vec<u32> = match endpoint {
-            Endpoint::Chat => ids
+            Endpoint::Chat { .. } => ids
                 .iter()
                 .copied()
                 .filter(|id| !stop.contains(id))
@@ -394,13 +451,62 @@ impl Gateway {
     fn id(&self, endpoint: Endpoint) -> String {
         let n = self.requests.fetch_add(1, Ordering::SeqCst);
         match endpoint {
-            Endpoint::Chat => format!("chatcmpl-{}-{n}", self.created),
+            Endpoint::Chat { .. } => format!("chatcmpl-{}-{n}", self.created),
             Endpoint::Completions => format!("cmpl-{}-{n}", self.created),
         }
     }
 
     fn model(&self) -> String {
         self.agent.student.model.name().to_string()
+    }
+
+    /// A chat answer's message and finish reason: its text as the content, or, where the answer
+    /// is read (`read`) and passes the request's gate, its content, reasoning and tool calls (ids
+    /// `call-{id}-{k}`); a reply that fails the gate or does not read is returned as text.
+    fn message(
+        &self,
+        answer: &Answer,
+        (stop, stop_text): (&[u32], &[String]),
+        read: Option<ChatFormat>,
+        id: &str,
+    ) -> (ChatMessage, Option<String>) {
+        let (text, _) = self.text(&answer.ids, Endpoint::Chat { read }, stop, stop_text);
+        let finish = finish_reason(answer.finish);
+        let plain = |text: String| ChatMessage {
+            role: "assistant".into(),
+            content: Some(text),
+            reasoning: None,
+            tool_calls: Vec::new(),
+        };
+        // A reply that fails the gate goes out as text: a client acting on `tool_calls` never
+        // gets a call the gate refused (the report says why).
+        let Some(format) = read.filter(|_| answer.report.gate_failure.is_none()) else {
+            return (plain(text), finish);
+        };
+        let Ok(reply) = format.parse_reply(&text) else {
+            return (plain(text), finish);
+        };
+        let calls: Vec<_> = reply
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut c)| {
+                c.id = Some(format!("call-{id}-{k}"));
+                c
+            })
+            .collect();
+        let finish = match calls.is_empty() {
+            true => finish,
+            false => Some("tool_calls".into()),
+        };
+        let content = (!reply.content.is_empty() || calls.is_empty()).then_some(reply.content);
+        let message = ChatMessage {
+            role: "assistant".into(),
+            content,
+            reasoning: reply.thinking.filter(|t| !t.is_empty()),
+            tool_calls: calls,
+        };
+        (message, finish)
     }
 }
 
@@ -423,7 +529,6 @@ fn respond(
             .answer(&ask, interrupt, &mut |_| {})
             .map_err(agent_error)?
     };
-    let (text, _) = gw.text(&answer.ids, endpoint, &ask.params.stop, &ask.stop_text);
     let (id, model, created) = (gw.id(endpoint), gw.model(), gw.created);
     let report = Some(answer.report.clone());
     let reply = match endpoint {
@@ -437,7 +542,9 @@ fn respond(
                     model,
                     choices: vec![CompletionChoice {
                         index: 0,
-                        text,
+                        text: gw
+                            .text(&answer.ids, endpoint, &ask.params.stop, &ask.stop_text)
+                            .0,
                         finish_reason: finish_reason(answer.finish),
                         logprobs: None,
                         prompt_logprobs: None,
@@ -451,29 +558,29 @@ fn respond(
                 k3mini: report,
             },
         ),
-        Endpoint::Chat => Reply::json(
-            200,
-            &Annotated {
-                response: ChatResponse {
-                    id,
-                    object: "chat.completion".into(),
-                    created,
-                    model,
-                    choices: vec![ChatChoice {
-                        index: 0,
-                        message: ChatMessage {
-                            role: "assistant".into(),
-                            content: Some(text),
-                            reasoning: None,
-                        },
-                        finish_reason: finish_reason(answer.finish),
-                        logprobs: None,
-                    }],
-                    usage: Some(usage(&answer)),
+        Endpoint::Chat { read } => {
+            let stops = (ask.params.stop.as_slice(), ask.stop_text.as_slice());
+            let (message, finish_reason) = gw.message(&answer, stops, read, &id);
+            Reply::json(
+                200,
+                &Annotated {
+                    response: ChatResponse {
+                        id,
+                        object: "chat.completion".into(),
+                        created,
+                        model,
+                        choices: vec![ChatChoice {
+                            index: 0,
+                            message,
+                            finish_reason,
+                            logprobs: None,
+                        }],
+                        usage: Some(usage(&answer)),
+                    },
+                    k3mini: report,
                 },
-                k3mini: report,
-            },
-        ),
+            )
+        }
     };
     // The traffic journal's line for the shard the report names is written once it is sent.
     Ok(match answer.unjournaled {
@@ -505,10 +612,28 @@ impl Events<'_> {
             .blocking_send(Bytes::from(format!("data: {json}\n\n")));
     }
 
+    /// An event adding `text` (a chat's as its `delta`), or the last, which carries the finish
+    /// reason (`finish`'s own unless `reason` says), the usage and the report.
     fn event(&self, text: Option<String>, finish: Option<&Answer>) {
+        let delta = ChatDelta {
+            role: (self.sent.is_empty() && finish.is_none() && text.is_none())
+                .then(|| "assistant".into()),
+            content: text.clone(),
+            ..ChatDelta::default()
+        };
+        self.event_with(text, delta, finish, None);
+    }
+
+    fn event_with(
+        &self,
+        text: Option<String>,
+        delta: ChatDelta,
+        finish: Option<&Answer>,
+        reason: Option<String>,
+    ) {
         let (finish_reason, usage_, report) = match finish {
             Some(a) => (
-                finish_reason(a.finish),
+                reason.or_else(|| finish_reason(a.finish)),
                 Some(usage(a)),
                 Some(a.report.clone()),
             ),
@@ -531,7 +656,7 @@ impl Events<'_> {
                 },
                 k3mini: report,
             }),
-            Endpoint::Chat => self.send(&Annotated {
+            Endpoint::Chat { .. } => self.send(&Annotated {
                 response: ChatChunk {
                     id,
                     object: "chat.completion.chunk".into(),
@@ -539,11 +664,7 @@ impl Events<'_> {
                     model,
                     choices: vec![ChatChunkChoice {
                         index: 0,
-                        delta: ChatDelta {
-                            role: (self.sent.is_empty() && finish.is_none() && text.is_none())
-                                .then(|| "assistant".into()),
-                            content: text,
-                        },
+                        delta,
                         finish_reason,
                     }],
                     usage: usage_,
@@ -581,18 +702,49 @@ impl Events<'_> {
         (!new.is_empty()).then_some(new)
     }
 
+    /// Ids that became final: sent as text, unless the answer is read whole at its end.
     fn push(&mut self, ids: &[u32]) {
         self.ids.extend(ids);
+        if let Endpoint::Chat { read: Some(_) } = self.endpoint {
+            return;
+        }
         if let Some(text) = self.delta(false) {
             self.event(Some(text), None);
         }
     }
 
     fn finish(&mut self, answer: &Answer) {
-        if let Some(text) = self.delta(true) {
-            self.event(Some(text), None);
+        if let Endpoint::Chat {
+            read: read @ Some(_),
+        } = self.endpoint
+        {
+            let stops = (self.stop.as_slice(), self.stop_text.as_slice());
+            let (m, reason) = self.gw.message(answer, stops, read, &self.id);
+            let tool_calls = m
+                .tool_calls
+                .into_iter()
+                .enumerate()
+                .map(|(k, c)| ToolCallDelta {
+                    index: k as u32,
+                    id: c.id,
+                    kind: Some(c.kind),
+                    function: c.function,
+                })
+                .collect();
+            let delta = ChatDelta {
+                role: None,
+                content: m.content.clone(),
+                reasoning: m.reasoning,
+                tool_calls,
+            };
+            self.event_with(m.content, delta, None, None);
+            self.event_with(None, ChatDelta::default(), Some(answer), reason);
+        } else {
+            if let Some(text) = self.delta(true) {
+                self.event(Some(text), None);
+            }
+            self.event(None, Some(answer));
         }
-        self.event(None, Some(answer));
         let _ = self
             .tx
             .blocking_send(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -656,7 +808,7 @@ fn stream_answer(
             ids: Vec::new(),
             sent: String::new(),
         };
-        if endpoint == Endpoint::Chat {
+        if matches!(endpoint, Endpoint::Chat { .. }) {
             events.event(None, None);
         }
         let answered = gw

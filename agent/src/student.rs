@@ -2,6 +2,7 @@
 //! the teacher engine's loop, because the agent reads every position's whole distribution — its
 //! confidence signals, and the draft distribution `q` the sampling acceptance rule divides by.
 
+use k3mini_data::ChatFormat;
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::sampling::{Dist, Sampling, draw, sampling_dist};
 use k3mini_teacher::{Interrupt, TeacherError, log_softmax};
@@ -49,6 +50,12 @@ pub struct Student {
 impl Student {
     pub fn new(model: LocalTeacher) -> Self {
         Self { model }
+    }
+
+    /// The chat format the student speaks: the one its vocabulary's markers name (ChatML where
+    /// they name none).
+    pub fn format(&self) -> ChatFormat {
+        ChatFormat::of_tokenizer(&self.model.tokenizer).unwrap_or(ChatFormat::Chatml)
     }
 
     /// The ids an answer ends at unless the request ignores them: the end of a turn and of

@@ -73,10 +73,10 @@ pub fn read_chats(path: &Path, field: &str) -> Result<Vec<ChatDocument>, DataErr
         .collect())
 }
 
-/// `parse(record)` for every non-blank line, with (line index, value); errors name the line.
+/// `parse(record, line)` for every non-blank line, with (line index, value); errors name the line.
 pub(crate) fn jsonl_records<T>(
     path: &Path,
-    parse: impl Fn(&serde_json::Value) -> Result<T, String>,
+    parse: impl Fn(&serde_json::Value, &str) -> Result<T, String>,
 ) -> Result<Vec<(usize, T)>, DataError> {
     let text = read_text(path)?;
     let mut docs = Vec::new();
@@ -91,7 +91,7 @@ pub(crate) fn jsonl_records<T>(
         };
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| record(format!("invalid JSON: {e}")))?;
-        docs.push((i, parse(&value).map_err(record)?));
+        docs.push((i, parse(&value, line).map_err(record)?));
     }
     if docs.is_empty() {
         return Err(DataError::Empty {

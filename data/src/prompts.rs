@@ -1,14 +1,15 @@
 //! Prompt sets for generating teacher trajectories.
 //!
 //! JSONL, one prompt per line: `{"prompt": "…"}` (one user turn) or `{"messages": [{"role", "content"},
-//! …]}` (a conversation the teacher continues), each with an optional `id` (default `FILE:LINE`) and
-//! an optional reference `answer` (kept beside the trajectory for exact-match checks).
+//! …]}` (a conversation the teacher continues, in OpenAI's shape: tool calls and results included,
+//! with the tools declared under `tools`), each with an optional `id` (default `FILE:LINE`) and an
+//! optional reference `answer` (kept beside the trajectory for exact-match checks).
 //!
 //! CHAMP (`champ-dataset` 1.0.0 on PyPI, MIT): 270 competition-math problems with reference answers,
 //! read from the package's `dataset_files/v0.json` (`problems.{id}._text` and `._answer`), in
 //! category order then problem number.
 
-use crate::chat::{Message, Role};
+use crate::chat::{Chat, Message, Role, Tool};
 use crate::corpus::jsonl_records;
 use crate::error::DataError;
 use serde::Deserialize;
@@ -19,6 +20,8 @@ use std::path::Path;
 pub struct Prompt {
     pub id: String,
     pub messages: Vec<Message>,
+    /// The tools declared to the conversation.
+    pub tools: Vec<Tool>,
     pub answer: Option<String>,
 }
 
@@ -28,30 +31,31 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, DataError> {
         || path.display().to_string(),
         |n| n.to_string_lossy().into(),
     );
-    let prompts = jsonl_records(path, |record| {
-        let messages = match (record.get("prompt"), record.get("messages")) {
+    let prompts = jsonl_records(path, |record, line| {
+        let chat = match (record.get("prompt"), record.get("messages")) {
             (Some(serde_json::Value::String(p)), None) if !p.trim().is_empty() => {
-                vec![Message::new(Role::User, p.clone())]
+                if record.get("tools").is_some() {
+                    return Err("declare `tools` with `messages`, not with `prompt`".into());
+                }
+                Chat {
+                    messages: vec![Message::new(Role::User, p.clone())],
+                    tools: Vec::new(),
+                }
             }
             (Some(_), None) => return Err("`prompt` is not a non-empty string".into()),
-            (None, Some(m)) => {
-                let messages: Vec<Message> = serde_json::from_value(m.clone())
-                    .map_err(|e| format!("`messages` is not a list of messages: {e}"))?;
-                if messages.last().is_none_or(|m| m.role == Role::Assistant) {
+            (None, Some(_)) => {
+                // Read from the line, so arguments and schemas keep their keys' order.
+                let chat = Chat::from_record(line, "messages")?;
+                if chat
+                    .messages
+                    .last()
+                    .is_none_or(|m| m.role == Role::Assistant)
+                {
                     return Err(
                         "`messages` must end with a turn for the assistant to answer".into(),
                     );
                 }
-                // Generation sends no tools yet, so a conversation of calls would lose them.
-                if messages
-                    .iter()
-                    .any(|m| !m.tool_calls.is_empty() || m.role == Role::Tool)
-                {
-                    return Err(
-                        "prompts with tool calls or results are not generated from yet".into(),
-                    );
-                }
-                messages
+                chat
             }
             _ => return Err("give exactly one of `prompt` and `messages`".into()),
         };
@@ -63,13 +67,14 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>, DataError> {
                 Some(_) => Err(format!("`{key}` is not a string")),
             }
         };
-        Ok((text("id")?, messages, text("answer")?))
+        Ok((text("id")?, chat, text("answer")?))
     })?;
     Ok(prompts
         .into_iter()
-        .map(|(line, (id, messages, answer))| Prompt {
+        .map(|(line, (id, chat, answer))| Prompt {
             id: id.unwrap_or_else(|| format!("{name}:{}", line + 1)),
-            messages,
+            messages: chat.messages,
+            tools: chat.tools,
             answer,
         })
         .collect())
@@ -113,6 +118,7 @@ pub fn read_champ(path: &Path) -> Result<Vec<Prompt>, DataError> {
         .map(|(id, p)| Prompt {
             id,
             messages: vec![Message::new(Role::User, p.text)],
+            tools: Vec::new(),
             answer: p.answer,
         })
         .collect())

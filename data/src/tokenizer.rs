@@ -94,7 +94,11 @@ impl PreTokenizer {
 #[derive(Clone)]
 pub enum Tokenizer {
     Hf {
+        /// Reads special-token strings in text as text ([`Tokenizer::encode`]).
         tokenizer: Box<tokenizers::Tokenizer>,
+        /// Hugging Face's own reading, special tokens recognised
+        /// ([`Tokenizer::encode_with_specials`]).
+        raw: Box<tokenizers::Tokenizer>,
         source: String,
     },
     Tiktoken {
@@ -152,10 +156,20 @@ impl Tokenizer {
         let tokenizer = text
             .parse::<tokenizers::Tokenizer>()
             .map_err(|e| err(format!("does not parse as a tokenizer: {e}")))?;
-        Ok(Self::Hf {
+        Ok(Self::hf(tokenizer, spec))
+    }
+
+    /// An HF tokenizer twice: one that reads special-token strings in plain text as text
+    /// ([`Self::encode`]), and Hugging Face's own ([`Self::encode_with_specials`]). Non-special
+    /// added tokens (Qwen's `<tool_call>`) stay whole either way, as Hugging Face keeps them.
+    fn hf(raw: tokenizers::Tokenizer, source: &str) -> Self {
+        let mut tokenizer = raw.clone();
+        tokenizer.set_encode_special_tokens(true);
+        Self::Hf {
             tokenizer: Box::new(tokenizer),
-            source: spec.into(),
-        })
+            raw: Box::new(raw),
+            source: source.into(),
+        }
     }
 
     /// A byte-level BPE from its vocabulary (id order), merges (`"a b"`) and special-token ids, as
@@ -203,10 +217,7 @@ impl Tokenizer {
             .map(|t| AddedToken::from(t.clone(), true))
             .collect();
         tokenizer.add_special_tokens(&special);
-        Ok(Self::Hf {
-            tokenizer: Box::new(tokenizer.into()),
-            source: name.into(),
-        })
+        Ok(Self::hf(tokenizer.into(), name))
     }
 
     /// Writes a `tokenizer.json` (atomically and durably). Built-in vocabularies are named, not saved.
@@ -251,7 +262,9 @@ impl Tokenizer {
     /// Plain text to ids (special-token strings in the text are encoded as text).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
         match self {
-            Self::Hf { tokenizer, source } => tokenizer
+            Self::Hf {
+                tokenizer, source, ..
+            } => tokenizer
                 .encode(text, false)
                 .map(|e| e.get_ids().to_vec())
                 .map_err(|e| DataError::Tokenizer {
@@ -263,10 +276,16 @@ impl Tokenizer {
     }
 
     /// Text in which special-token strings (`<|im_end|>`, and Kimi's `<think>` / `</think>`, which
-    /// the tiktoken table lacks) become their ids. HF tokenizers recognise their added tokens anyway.
+    /// the tiktoken table lacks) become their ids, as a server tokenizes a raw prompt.
     pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>, DataError> {
         match self {
-            Self::Hf { .. } => self.encode(text),
+            Self::Hf { raw, source, .. } => raw
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| DataError::Tokenizer {
+                    source_name: source.clone(),
+                    message: e.to_string(),
+                }),
             Self::Tiktoken { bpe, .. } => {
                 let mut ids = Vec::new();
                 let mut rest = text;
@@ -288,14 +307,14 @@ impl Tokenizer {
     /// Ids back to text (lossy for ids that split a UTF-8 character).
     pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
         match self {
-            Self::Hf { tokenizer, source } => {
-                tokenizer
-                    .decode(ids, false)
-                    .map_err(|e| DataError::Tokenizer {
-                        source_name: source.clone(),
-                        message: e.to_string(),
-                    })
-            }
+            Self::Hf {
+                tokenizer, source, ..
+            } => tokenizer
+                .decode(ids, false)
+                .map_err(|e| DataError::Tokenizer {
+                    source_name: source.clone(),
+                    message: e.to_string(),
+                }),
             Self::Tiktoken { bpe, .. } => {
                 let mut bytes = Vec::new();
                 for run in ids.split_inclusive(|id| KIMI_THINK_TAGS.iter().any(|t| t.1 == *id)) {
@@ -318,15 +337,15 @@ impl Tokenizer {
     /// character split at either end of it counts as U+FFFD.
     pub fn text_bytes(&self, ids: &[u32]) -> Result<usize, DataError> {
         match self {
-            Self::Hf { tokenizer, source } => {
-                tokenizer
-                    .decode(ids, true)
-                    .map(|s| s.len())
-                    .map_err(|e| DataError::Tokenizer {
-                        source_name: source.clone(),
-                        message: e.to_string(),
-                    })
-            }
+            Self::Hf {
+                tokenizer, source, ..
+            } => tokenizer
+                .decode(ids, true)
+                .map(|s| s.len())
+                .map_err(|e| DataError::Tokenizer {
+                    source_name: source.clone(),
+                    message: e.to_string(),
+                }),
             Self::Tiktoken { bpe, .. } => {
                 let ranks = bpe.vocab_size() as u32;
                 let text: Vec<u32> = ids.iter().copied().filter(|&id| id < ranks).collect();

@@ -1,5 +1,5 @@
 //! Reasoning-trajectory shards: what a teacher wrote for each prompt, as Parquet (zstd), schema
-//! version 1, `k3mini.kind = "trajectories"`.
+//! version 2 (version 1, without `tool_calls`, is read too), `k3mini.kind = "trajectories"`.
 //!
 //! | column | type | meaning |
 //! |---|---|---|
@@ -13,10 +13,12 @@
 //! | `answer` | utf8 | the rest of the completion, without the end-of-turn marker |
 //! | `finish_reason` | utf8 | `stop` (a stop id ended it) or `length` (max_tokens did) |
 //! | `reference` | utf8, null when none | the prompt set's reference answer |
+//! | `tool_calls` | utf8, null when none | the calls the completion makes, as OpenAI's `tool_calls` JSON (arguments as JSON strings) |
 //!
 //! Metadata: `k3mini.schema_version`, `k3mini.kind`, `k3mini.teacher`, `k3mini.tokenizer_sha256`,
 //! `k3mini.k`, `k3mini.temperature`, `k3mini.top_p`, `k3mini.max_tokens`, `k3mini.seed`.
 
+use crate::chat::ToolCall;
 use crate::error::DataError;
 use crate::parquet_io::{
     Col, Opened, column, f32s, file_err, float_lists, int_lists, strings, topk_float_lists,
@@ -27,7 +29,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use std::path::Path;
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
+/// The versions read: 1 had no `tool_calls`.
+const READ_VERSIONS: [u32; 2] = [1, 2];
 pub const KIND: &str = "trajectories";
 const WHAT: &str = "trajectory shard";
 
@@ -55,6 +59,8 @@ pub struct TrajectoryRow {
     pub answer: String,
     pub finish_reason: String,
     pub reference: Option<String>,
+    /// The tool calls the completion makes (the answer is the text around them).
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl TrajectoryRow {
@@ -111,6 +117,13 @@ pub fn write_trajectories(
             .and_then(|()| r.check_ids(&meta.signals))
             .map_err(|m| file_err(path, WHAT, m))?;
     }
+    let calls: Vec<Option<String>> = rows
+        .iter()
+        .map(|r| {
+            (!r.tool_calls.is_empty())
+                .then(|| serde_json::to_string(&r.tool_calls).expect("tool calls serialize"))
+        })
+        .collect();
     // Nullability is declared, not inferred from this shard's rows: every shard has one schema.
     let batch = RecordBatch::try_from_iter_with_nullable([
         (
@@ -163,7 +176,12 @@ pub fn write_trajectories(
             strings(rows.iter().map(|r| r.reference.as_deref())),
             true,
         ),
-    ] as [(&str, ArrayRef, bool); 10])
+        (
+            "tool_calls",
+            strings(calls.iter().map(Option::as_deref)),
+            true,
+        ),
+    ] as [(&str, ArrayRef, bool); 11])
     .map_err(|e| file_err(path, WHAT, e))?;
     write_parquet(
         path,
@@ -192,8 +210,8 @@ pub fn read_trajectories(
     sha256: Option<&str>,
 ) -> Result<(TrajectoryMeta, Vec<TrajectoryRow>), DataError> {
     // Files without `kind` are teacher-signal shards from before it: refused as that kind.
-    let (opened, _) =
-        Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), &[SCHEMA_VERSION], sha256)?;
+    let (opened, version) =
+        Opened::open_versioned(path, WHAT, KIND, Some(SIGNALS), &READ_VERSIONS, sha256)?;
     let meta = TrajectoryMeta {
         signals: ShardMeta::read(&opened, path, WHAT)?,
         top_p: opened.parse(path, WHAT, "top_p")?,
@@ -201,21 +219,26 @@ pub fn read_trajectories(
         seed: opened.parse(path, WHAT, "seed")?,
     };
     let k = meta.signals.k;
+    let mut columns = vec![
+        ("prompt_id", Col::Utf8),
+        ("prompt_ids", Col::IntList),
+        ("completion_ids", Col::IntList),
+        ("logprobs", Col::FloatList),
+        ("top_ids", Col::TopkInt(k)),
+        ("top_logprobs", Col::TopkFloat(k)),
+        ("thinking", Col::Utf8),
+        ("answer", Col::Utf8),
+        ("finish_reason", Col::Utf8),
+        ("reference", Col::Utf8),
+    ];
+    let has_calls = version >= 2;
+    if has_calls {
+        columns.push(("tool_calls", Col::Utf8));
+    }
     opened
-        .check_columns(&[
-            ("prompt_id", Col::Utf8),
-            ("prompt_ids", Col::IntList),
-            ("completion_ids", Col::IntList),
-            ("logprobs", Col::FloatList),
-            ("top_ids", Col::TopkInt(k)),
-            ("top_logprobs", Col::TopkFloat(k)),
-            ("thinking", Col::Utf8),
-            ("answer", Col::Utf8),
-            ("finish_reason", Col::Utf8),
-            ("reference", Col::Utf8),
-        ])
+        .check_columns(&columns)
         .map_err(|m| file_err(path, WHAT, m))?;
-    let mut rows = Vec::new();
+    let mut rows: Vec<TrajectoryRow> = Vec::new();
     for batch in opened.batches(path, WHAT)? {
         let text = |name: &str, i: usize| {
             let a = column(&batch, name).as_string::<i32>();
@@ -237,6 +260,11 @@ pub fn read_trajectories(
                 answer: required("answer")?,
                 finish_reason: required("finish_reason")?,
                 reference: text("reference", i),
+                tool_calls: match has_calls.then(|| text("tool_calls", i)).flatten() {
+                    Some(json) => serde_json::from_str(&json)
+                        .map_err(|e| file_err(path, WHAT, format!("row {i}: tool_calls: {e}")))?,
+                    None => Vec::new(),
+                },
             };
             row.check(k)
                 .and_then(|()| row.check_ids(&meta.signals))

@@ -11,6 +11,7 @@
 # writes QUICKSTART_DIR/agent/{tasks,runs,<student>/report.md,report.json,pareto.svg})
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/agent/common.sh
 Q="${1:-quickstart-fast}"
 cargo build -q
 K3=target/debug/k3mini
@@ -38,24 +39,8 @@ tasks += [json.loads(l) for l in (out / "humaneval.jsonl").read_text().splitline
 for half, name in [(0, "calibrate"), (1, "test")]:
     (out / f"{name}.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks[half::2]))
 PY
-cat > "$A/bench.toml" <<'TOML'
-max_tokens = 32
-agree_at = 0.5
-[cost]                      # a frontier MoE API with prefix caching, and a laptop
-input_per_mtok = 0.60
-cached_input_per_mtok = 0.15
-output_per_mtok = 2.50
-hardware_per_hour = 0.05
-watts = 30.0
-per_kwh = 0.30
-TOML
-
-"$K3" teacher serve smollm2 --port 0 > "$A/teacher.log" 2>&1 &
-TEACHER=$!
-trap 'kill $TEACHER 2>/dev/null' EXIT
-for _ in $(seq 100); do grep -q "^listening on" "$A/teacher.log" && break; sleep 0.2; done
-URL=$(awk '/^listening on/ {print $3; exit}' "$A/teacher.log")
-[ -n "$URL" ] || { cat "$A/teacher.log"; exit 1; }
+bench_toml "$A/bench.toml" 32
+serve_remote "$K3" "$A"
 
 for run in distill baseline; do
   side=(--local "$A/$run.q4_k_m.gguf" --remote "$URL" --bench "$A/bench.toml" --runs "$A/runs"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Chat conversations rendered by the reference chat templates, for data/tests/it/chat.rs.
+"""Chat conversations rendered by the reference chat templates, for data/tests/it/chat.rs: K3's
+(llama.cpp's Kimi-K3.jinja) and ChatML's with Hermes tool calls (Qwen3's).
 
 The templates are llama.cpp's copies (models/templates/) as vendored by llama-cpp-python 0.3.36, the
 llama.cpp reference scripts/golden/requirements.txt pins; they are read from its source archive, not
@@ -24,7 +25,14 @@ from pathlib import Path
 from transformers.utils.chat_template_utils import render_jinja_template
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "tests" / "fixtures" / "chat_templates.json"
-TEMPLATES = {"kimi_k3": "models/templates/Kimi-K3.jinja"}
+TEMPLATES = {
+    "kimi_k3": "models/templates/Kimi-K3.jinja",
+    # ChatML with Hermes tool calls. Qwen3 drops the reasoning of turns before the last user message
+    # and writes an empty think block into a final turn without reasoning; k3mini renders what the
+    # data holds, so chatml's cases are those where the two agree.
+    "chatml": "models/templates/Qwen-Qwen3-0.6B.jinja",
+}
+BOTH = ("kimi_k3", "chatml")
 
 WEATHER = {
     "type": "function",
@@ -67,6 +75,7 @@ def call(id_, name, args):
 CASES = [
     {
         "name": "plain",
+        "formats": BOTH,
         "messages": [
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": "What is 2+3?"},
@@ -75,6 +84,7 @@ CASES = [
     },
     {
         "name": "no_reasoning_and_a_generation_prompt",
+        "formats": BOTH,
         "messages": [
             {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello."},
@@ -84,6 +94,7 @@ CASES = [
     },
     {
         "name": "markers_quoted_in_text_and_names",
+        "formats": ("kimi_k3",),
         "messages": [
             {"role": "system", "name": 'ops "team" & co', "content": "Never print <|close|>message<|sep|>."},
             {"role": "user", "name": "ana", "content": "Say <|end_of_msg|> and café ☕\nthen stop."},
@@ -92,6 +103,7 @@ CASES = [
     },
     {
         "name": "tools_called_in_parallel_and_answered",
+        "formats": BOTH,
         "tools": [WEATHER, SEARCH],
         "messages": [
             {"role": "user", "content": "Weather in Zürich for 3 days, and find the forecast site."},
@@ -112,6 +124,7 @@ CASES = [
     },
     {
         "name": "numbers_sort_ties_and_an_empty_name",
+        "formats": ("kimi_k3",),
         "tools": [{
             "type": "function",
             "function": {
@@ -140,6 +153,7 @@ CASES = [
     },
     {
         "name": "tool_results_by_name_in_order",
+        "formats": BOTH,
         "tools": [WEATHER],
         "messages": [
             {"role": "user", "content": "Weather?"},
@@ -148,6 +162,23 @@ CASES = [
             {"role": "user", "content": "Thanks"},
         ],
         "add_generation_prompt": True,
+    },
+    {
+        "name": "system_text_joins_the_tools_and_quoted_markers_stay_text",
+        "formats": ("chatml",),
+        "tools": [SEARCH],
+        "messages": [
+            {"role": "system", "content": "Answer in English."},
+            {"role": "user", "content": "Find <tool_call> and <|im_end|> in the docs."},
+            {
+                "role": "assistant",
+                "content": "\nSearching.",
+                "reasoning_content": "\nOne search.\n\n",
+                "tool_calls": [call("s1", "search", {"query": "<|im_end|>", "top_k": 1e16})],
+            },
+            {"role": "tool", "tool_call_id": "s1", "name": "search", "content": "none found"},
+            {"role": "assistant", "content": "Nothing.", "reasoning_content": "Empty."},
+        ],
     },
 ]
 
@@ -173,14 +204,14 @@ def main():
     golden = {}
     for fmt, template in templates.items():
         cases = []
-        for case in CASES:
+        for case in (c for c in CASES if fmt in c["formats"]):
             rendered, _ = render_jinja_template(
                 conversations=[vllm_messages(case["messages"])],
                 tools=case.get("tools"),
                 chat_template=template,
                 add_generation_prompt=case.get("add_generation_prompt", False),
             )
-            cases.append({**case, "text": rendered[0]})
+            cases.append({k: v for k, v in case.items() if k != "formats"} | {"text": rendered[0]})
         golden[fmt] = cases
     OUT.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {OUT}")

@@ -1,8 +1,9 @@
 //! Generating reasoning trajectories into shards, resumably.
 //!
-//! Each prompt (already rendered with the chat template and tokenized) is sent to the teacher; the
-//! completion comes back as ids with each one's logprob and top-k, and is stored with its decoded
-//! reasoning and answer (see `k3mini_data::trajectories`). Prompt `i` is sampled with seed
+//! Each prompt (already rendered with the chat template, its tools declared, and tokenized) is
+//! sent to the teacher; the completion comes back as ids with each one's logprob and top-k, and is
+//! stored with its decoded reasoning, answer and tool calls, read in the prompts' chat format (see
+//! `k3mini_data::trajectories`). Prompt `i` is sampled with seed
 //! `seed + i`, so the shards are the same whatever the concurrency or how often the job was
 //! interrupted. Shards, the manifest and resuming are [`crate::manifest`]'s.
 
@@ -103,12 +104,22 @@ pub fn trajectory_row(
         FinishReason::Stop => &g.ids[..g.ids.len().saturating_sub(1)],
         FinishReason::Length => &g.ids[..],
     };
-    let (thinking, answer) = format.split_completion(&decode(text_ids)?);
+    let text = decode(text_ids)?;
+    // A reply the format reads whole gives its calls apart from its answer; one it does not (cut
+    // short, or not of the format's shape) is split into reasoning and answer as written.
+    let (thinking, answer, tool_calls) = match format.parse_reply(&text) {
+        Ok(r) => (r.thinking, r.content, r.calls),
+        Err(_) => {
+            let (thinking, answer) = format.split_completion(&text);
+            (thinking, answer, Vec::new())
+        }
+    };
     Ok(TrajectoryRow {
         prompt_id: prompt.id.clone(),
         prompt_ids: prompt.ids.clone(),
         thinking,
         answer,
+        tool_calls,
         finish_reason: match g.finish {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
@@ -201,4 +212,41 @@ pub fn generate_trajectories(
             })
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completion_is_stored_as_reasoning_answer_and_calls_in_its_format() {
+        let prompt = PromptIds {
+            id: "p".into(),
+            ids: vec![1],
+            reference: None,
+        };
+        let text = "<think>\nlook\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"w\", \
+                    \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let row = |finish, text: &'static str| {
+            let g = Generation {
+                ids: vec![5, 6, 7],
+                logprobs: vec![-0.5; 3],
+                k: 0,
+                top_ids: vec![],
+                top_logprobs: vec![],
+                finish,
+            };
+            trajectory_row(&prompt, g, ChatFormat::Chatml, &|_| Ok(text.into())).unwrap()
+        };
+        let r = row(FinishReason::Stop, text);
+        assert_eq!(
+            (r.thinking.as_deref(), r.answer.as_str()),
+            (Some("look"), "Checking.")
+        );
+        assert_eq!(r.tool_calls.len(), 1);
+        assert_eq!(r.tool_calls[0].function.name, "w");
+        // Cut short inside the call: kept as written, no call read.
+        let r = row(FinishReason::Length, &text[..text.len() - 20]);
+        assert!(r.tool_calls.is_empty() && r.answer.contains("<tool_call>"));
+    }
 }

@@ -387,11 +387,12 @@ fn a_failing_remote_gives_a_marked_local_answer_or_a_clear_error_never_a_hang() 
     }
 }
 
-/// A remote in-process that writes `[7, 8, 9]` to every generation and counts its calls; its
-/// scoring fails.
+/// A remote in-process that writes `ids` to every generation (unless it `fail`s) and counts its
+/// calls; its scoring fails.
 struct Scripted {
     calls: std::sync::atomic::AtomicUsize,
     fail: bool,
+    ids: Vec<u32>,
 }
 
 impl k3mini_teacher::Teacher for Scripted {
@@ -407,19 +408,19 @@ impl k3mini_teacher::Teacher for Scripted {
     fn generate(
         &self,
         _: &[u32],
-        _: &GenerateParams,
+        p: &GenerateParams,
     ) -> Result<k3mini_teacher::Generation, TeacherError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         if self.fail {
             return Err(TeacherError::Server("the scripted remote is down".into()));
         }
         Ok(k3mini_teacher::Generation {
-            ids: vec![7, 8, 9],
-            logprobs: vec![-0.1; 3],
+            ids: self.ids.clone(),
+            logprobs: vec![-0.1; self.ids.len()],
             k: 0,
             top_ids: vec![],
             top_logprobs: vec![],
-            finish: k3mini_teacher::FinishReason::Length,
+            finish: k3mini::agent::finish_of(&self.ids, &p.stop),
         })
     }
 }
@@ -439,6 +440,7 @@ fn confidence_and_budget_decide_who_answers() {
             Box::new(Scripted {
                 calls: Default::default(),
                 fail,
+                ids: vec![7, 8, 9],
             }),
             1,
             Policy::parse(policy, "test").unwrap(),
@@ -684,6 +686,89 @@ fn bench_and_calibrate_measure_once_replay_and_tie_the_policy_to_its_student() {
     assert!(err.contains("runs.jsonl:6 is not a bench record"), "{err}");
 }
 
+/// `agent bench` on BFCL-format tasks (three from `bfcl-eval`'s data: simple, parallel,
+/// irrelevance): each answer is scored by BFCL's AST check on the calls its reply makes, the
+/// report adds the valid-call rate and the gate policy's point, and the figures are the ones the
+/// cached runs give.
+#[test]
+fn agent_bench_scores_bfcl_tasks_by_their_calls() {
+    use k3mini::agent::bench::{Bench, Record, read_tasks, rows};
+    let scratch = Scratch::new("agent-bfcl");
+    let teacher = serve("smollm2", &[]);
+    let area = r#"{"type": "function", "function": {"name": "calculate_triangle_area", "description": "Calculate the area of a triangle given its base and height.", "parameters": {"type": "object", "properties": {"base": {"type": "integer", "description": "The base of the triangle."}, "height": {"type": "integer", "description": "The height of the triangle."}, "unit": {"type": "string", "description": "The unit of measure (defaults to 'units' if not specified)"}}, "required": ["base", "height"]}}}"#;
+    let tasks = scratch.write(
+        "bfcl.jsonl",
+        &format!(
+            "{{\"id\": \"simple_python_0\", \"messages\": [{{\"role\": \"user\", \"content\": \"Find the area of a triangle with a base of 10 units and height of 5 units.\"}}], \"tools\": [{area}], \"category\": \"simple\", \"calls\": [{{\"calculate_triangle_area\": {{\"base\": [10], \"height\": [5], \"unit\": [\"units\", \"\"]}}}}]}}\n\
+             {{\"id\": \"parallel_x\", \"messages\": [{{\"role\": \"user\", \"content\": \"Find the areas of triangles with base 3, height 4 and base 6, height 8.\"}}], \"tools\": [{area}], \"category\": \"parallel\", \"calls\": [{{\"calculate_triangle_area\": {{\"base\": [3], \"height\": [4], \"unit\": [\"\"]}}}}, {{\"calculate_triangle_area\": {{\"base\": [6], \"height\": [8], \"unit\": [\"\"]}}}}]}}\n\
+             {{\"id\": \"irrelevance_x\", \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}], \"tools\": [{area}], \"category\": \"irrelevance\"}}\n"
+        ),
+    );
+    let (runs, out) = (scratch.path("runs"), scratch.path("report"));
+    let local = smollm2();
+    let printed = String::from_utf8(
+        k3mini_ok(&[
+            "agent",
+            "bench",
+            "--local",
+            local.to_str().unwrap(),
+            "--remote",
+            &teacher.url,
+            "--tasks",
+            tasks.to_str().unwrap(),
+            "--runs",
+            runs.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert!(printed.contains("| valid calls |"), "{printed}");
+    let b: Bench =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let names: Vec<&str> = b.points.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "all-local",
+            "all-remote",
+            "verify",
+            "oracle",
+            "random",
+            "gate"
+        ]
+    );
+    // The figures are those of the cached runs, scored again here.
+    let tasks = read_tasks(&tasks).unwrap();
+    let cache = std::fs::read_to_string(runs.join("runs.jsonl")).unwrap();
+    let mut records: Vec<Record> = cache
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    records.sort_by_key(|r| tasks.iter().position(|t| t.id == r.task));
+    let scored = rows(&tasks, &records, &b.settings).unwrap();
+    let share = |f: &dyn Fn(&k3mini::agent::bench::Row) -> bool| {
+        scored.iter().filter(|r| f(r)).count() as f64 / 3.0
+    };
+    assert_eq!(b.points[0].accuracy, share(&|r| r.local.correct));
+    assert_eq!(b.points[1].accuracy, share(&|r| r.remote.correct));
+    assert_eq!(
+        b.points[0].valid_calls,
+        Some(share(&|r| r.local.valid == Some(true)))
+    );
+    for (task, r) in tasks.iter().zip(&records) {
+        // A reply that makes no call is right only where no call is relevant.
+        let (category, _) = task.calls.as_ref().unwrap();
+        if r.local.calls.as_ref().is_none_or(Vec::is_empty) {
+            let right = *category == k3mini::agent::bfcl::Category::Irrelevance;
+            let row = &scored[tasks.iter().position(|t| t.id == task.id).unwrap()];
+            assert_eq!(row.local.correct, right, "{}: {}", task.id, r.local.text);
+        }
+    }
+}
+
 /// The gate through real servers: a chat that asks for JSON a schema accepts escalates when the
 /// student's answer is not that JSON, naming why; a schema keyword the gate cannot check is
 /// refused with the request; a teacher server, which cannot constrain its answers, refuses JSON
@@ -737,10 +822,10 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
         "{got}"
     );
     let unchecked = json!({"type": "json_schema", "json_schema": {"schema": {
-        "type": "string", "pattern": "^P"}}});
+        "type": "text", "pattern": "^P"}}});
     let (status, got) = post(&gateway.url, "/v1/chat/completions", &ask(unchecked));
     assert_eq!(status, 400, "{got}");
-    assert!(got.to_string().contains("`pattern`"), "{got}");
+    assert!(got.to_string().contains("not a JSON Schema"), "{got}");
     let (status, got) = post(
         &teacher.url,
         "/v1/chat/completions",
@@ -854,14 +939,180 @@ fn the_gate_escalates_answers_that_are_not_the_json_asked_for() {
     // A teacher server ignores the extension, as vLLM ignores fields it does not know.
     let (status, got) = post(&teacher.url, "/v1/completions", &body);
     assert_eq!(status, 200, "{got}");
-    // Tools would be ignored by a renderer without a tool-call template: refused, not ignored.
+    // A teacher server parses no tool calls: refused, not ignored.
     let mut with_tools = chat("What is the weather?");
     with_tools["tools"] = json!([{"type": "function", "function": {"name": "weather"}}]);
-    for url in [&gateway.url, &teacher.url] {
-        let (status, got) = post(url, "/v1/chat/completions", &with_tools);
-        assert_eq!(status, 400, "{got}");
-        assert!(got.to_string().contains("tools"), "{got}");
+    let (status, got) = post(&teacher.url, "/v1/chat/completions", &with_tools);
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("tools"), "{got}");
+}
+
+/// `agent serve` in-process with `remote`, under `policy`: its URL and the flag that stops it.
+fn serve_agent(
+    student: &std::path::Path,
+    remote: Box<dyn k3mini_teacher::Teacher + Send + Sync>,
+    policy: &str,
+) -> (String, Arc<AtomicBool>) {
+    let local =
+        k3mini::teachers::open_local(student, Default::default(), &Default::default()).unwrap();
+    let agent = Agent::new(
+        Student::new(local),
+        remote,
+        1,
+        Policy::parse(policy, "test").unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        k3mini::agent::server::serve(agent, "127.0.0.1:0", Default::default(), flag, |a| {
+            tx.send(a).unwrap()
+        })
+        .unwrap()
+    });
+    (format!("http://{}", rx.recv().unwrap()), stop)
+}
+
+/// Tools at the gateway: the random student writes no call where one is required, so the gate
+/// escalates and the remote's call comes back in OpenAI's shape (streamed only once judged); a
+/// kept answer that fails says why; what cannot be checked is refused. Each way a call fails
+/// the gate is `k3mini_agent::gate`'s unit tests'.
+#[test]
+fn tool_calls_pass_the_gate_or_escalate_and_come_back_in_openais_shape() {
+    let scratch = Scratch::new("agent-tools");
+    let student = random_student(&scratch);
+    let tokenizer = k3mini::teachers::gguf_tokenizer(&student).unwrap();
+    let writes = |text: &str| {
+        Box::new(Scripted {
+            calls: Default::default(),
+            fail: false,
+            ids: tokenizer.encode_with_specials(text).unwrap(),
+        })
+    };
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>";
+    let gate = "route = \"gate\"\nescalate_by = \"remote\"\n";
+    let (url, stop) = serve_agent(&student, writes(call), gate);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather now.", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let mut body = json!({"messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "max_tokens": 8, "temperature": 0, "tools": tools, "tool_choice": "required"});
+    let (status, got) = post(&url, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    let k = &got["k3mini"];
+    assert_eq!(k["answered_by"], "remote", "{k}");
+    assert_eq!(
+        k["reason"], "gate: tool_choice is \"required\" and the answer calls no tool",
+        "{k}"
+    );
+    assert!(k["gate_failure"].is_null(), "{k}");
+    let choice = &got["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{got}");
+    let message = &choice["message"];
+    assert!(message["content"].is_null(), "{message}");
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{message}");
+    assert_eq!(calls[0]["type"], "function");
+    assert!(
+        calls[0]["id"]
+            .as_str()
+            .unwrap()
+            .starts_with("call-chatcmpl-")
+    );
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Oslo"}));
+
+    // Streamed: the role, then the call whole, then the finish; no text before the call.
+    body["stream"] = json!(true);
+    let (status, text) = exchange(&url, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let events = events(&text);
+    let deltas: Vec<&Value> = events.iter().map(|e| &e["choices"][0]["delta"]).collect();
+    assert_eq!(deltas[0]["role"], "assistant", "{text}");
+    let streamed: Vec<&Value> = deltas
+        .iter()
+        .filter_map(|d| d["tool_calls"].as_array())
+        .flatten()
+        .collect();
+    assert_eq!(streamed.len(), 1, "{text}");
+    assert_eq!(streamed[0]["index"], 0);
+    assert_eq!(streamed[0]["function"], calls[0]["function"]);
+    assert!(deltas.iter().all(|d| d["content"].is_null()), "{text}");
+    let last = events.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{text}");
+    assert_eq!(last["k3mini"]["answered_by"], "remote");
+
+    // Requests the gate cannot check are refused, naming the field.
+    for (field, value, param, why) in [
+        (
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "now"}}),
+            "tool_choice",
+            "do not declare",
+        ),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f",
+            "parameters": {"type": "obj"}}}]),
+            "tools[0]",
+            "not a JSON Schema",
+        ),
+        (
+            "response_format",
+            json!({"type": "json_object"}),
+            "response_format",
+            "tool calls",
+        ),
+    ] {
+        let mut bad = body.clone();
+        bad[field] = value;
+        bad["stream"] = json!(false);
+        let (status, got) = post(&url, "/v1/chat/completions", &bad);
+        assert_eq!(
+            (status, got["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{got}"
+        );
+        assert!(got.to_string().contains(why), "{got}");
     }
+    let (status, got) = post(
+        &url,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "tool_choice": "auto"}),
+    );
+    assert_eq!(status, 400, "{got}");
+    assert!(got.to_string().contains("goes with `tools`"), "{got}");
+    stop.store(true, Ordering::SeqCst);
+
+    // Escalated, the remote's call to a tool not declared is returned, and the report says why
+    // it fails the gate.
+    let unknown = call.replace("get_weather", "get_wether");
+    let (url, stop) = serve_agent(&student, writes(&unknown), gate);
+    body["stream"] = json!(false);
+    let (status, got) = post(&url, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    let failure = got["k3mini"]["gate_failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains("names `get_wether`, which is not one"),
+        "{got}"
+    );
+    stop.store(true, Ordering::SeqCst);
+
+    // A local-only policy reads the student's reply and says why it fails: nothing escalates.
+    let (url, stop) = serve_agent(&student, writes(call), "route = \"none\"\n");
+    let (status, got) = post(&url, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{got}");
+    let k = &got["k3mini"];
+    assert_eq!(
+        (&k["answered_by"], &k["escalated"]),
+        (&json!("local"), &json!(false)),
+        "{k}"
+    );
+    let failure = k["gate_failure"].as_str().unwrap_or_default();
+    assert!(failure.starts_with("gate: "), "{k}");
+    stop.store(true, Ordering::SeqCst);
 }
 
 /// The learning loop end to end: a gateway escalating every request writes each one, scored

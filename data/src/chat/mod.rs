@@ -3,9 +3,10 @@
 //! format per vocabulary, each held to its reference template by golden tests
 //! (`scripts/golden/chat_templates.py`).
 //!
-//! ChatML (SmolLM2, Qwen):
+//! ChatML (SmolLM2, Qwen; [`chatml`]):
 //! `<|im_start|>{role}\n{content}<|im_end|>\n`, an assistant turn with reasoning as
-//! `<|im_start|>assistant\n<think>\n{thinking}\n</think>\n\n{answer}<|im_end|>\n`.
+//! `<|im_start|>assistant\n<think>\n{thinking}\n</think>\n\n{answer}<|im_end|>\n`, its tool calls
+//! as Hermes' `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`.
 //!
 //! Kimi K2:
 //! `<|im_system|>system<|im_middle|>{content}<|im_end|>`, `<|im_user|>user<|im_middle|>…<|im_end|>`,
@@ -21,6 +22,7 @@
 //! writes is [`Part::Thinking`]; the turn header is [`Part::Markup`]; system, user and tool content
 //! is [`Part::Prompt`]. Segments are tokenized one by one, so every id has exactly one part.
 
+pub mod chatml;
 mod json;
 pub mod xtml;
 
@@ -37,6 +39,18 @@ pub enum Role {
     User,
     Assistant,
     Tool,
+}
+
+impl Role {
+    /// The role as OpenAI (and every template) names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
 }
 
 /// One turn, in OpenAI's message shape. `thinking` is the assistant's reasoning (also accepted as
@@ -94,6 +108,26 @@ fn function_kind() -> String {
     "function".into()
 }
 
+impl ToolCall {
+    /// A call as a model writes it: no id (the server gives one).
+    pub fn new(name: String, arguments: Arguments) -> Self {
+        Self {
+            id: None,
+            kind: function_kind(),
+            function: FunctionCall { name, arguments },
+        }
+    }
+}
+
+/// What a model wrote after a format's generation prompt, read whole
+/// ([`ChatFormat::parse_reply`]): its reasoning, its answer and its tool calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub thinking: Option<String>,
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionCall {
@@ -108,24 +142,52 @@ pub struct Arguments(pub Vec<(String, Json)>);
 
 impl<'de> Deserialize<'de> for Arguments {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        let value = match Json::deserialize(d)? {
-            Json::String(text) => Json::parse(&text)
-                .map_err(|e| D::Error::custom(format!("arguments are not JSON: {e}")))?,
-            other => other,
-        };
-        match value {
-            Json::Object(entries) => Ok(Arguments(entries)),
-            _ => Err(D::Error::custom("arguments are not a JSON object")),
+        arguments_object(Json::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A call's arguments from what a request or a model wrote: an object, or a string of one.
+pub fn arguments_object(value: Json) -> Result<Arguments, String> {
+    let value = match value {
+        Json::String(text) => {
+            Json::parse(&text).map_err(|e| format!("arguments are not JSON: {e}"))?
         }
+        other => other,
+    };
+    match value {
+        Json::Object(entries) => Ok(Arguments(entries)),
+        _ => Err("arguments are not a JSON object".into()),
     }
 }
 
 impl Serialize for Arguments {
+    /// As `json.dumps` writes them (vLLM's arguments strings): integers of any size kept exact.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let text = serde_json::to_string(&Json::Object(self.0.clone()))
-            .map_err(serde::ser::Error::custom)?;
-        s.serialize_str(&text)
+        s.serialize_str(&Json::Object(self.0.clone()).python_dumps())
+    }
+}
+
+impl Arguments {
+    /// Refuses what a model's reply may not hand a client as a call's arguments: a key given
+    /// twice (clients would read one of the two) and a number JSON cannot write (NaN, ±Infinity).
+    pub fn strict(self) -> Result<Self, String> {
+        fn finite(v: &Json) -> bool {
+            match v {
+                Json::Number(json::Number::Float(x)) => x.is_finite(),
+                Json::Array(items) => items.iter().all(finite),
+                Json::Object(entries) => entries.iter().all(|(_, v)| finite(v)),
+                _ => true,
+            }
+        }
+        for (i, (key, value)) in self.0.iter().enumerate() {
+            if self.0[..i].iter().any(|(k, _)| k == key) {
+                return Err(format!("the argument {key:?} is given twice"));
+            }
+            if !finite(value) {
+                return Err(format!("the argument {key:?} holds NaN or Infinity"));
+            }
+        }
+        Ok(self)
     }
 }
 
@@ -390,36 +452,29 @@ pub fn render(
             "message {i}: only assistant turns {only}"
         )));
     }
-    let marked = match format {
+    match format {
         ChatFormat::KimiK3 => return xtml::render(messages, tools, generation_prompt),
-        ChatFormat::Chatml => Marked::Chatml,
-        ChatFormat::KimiK2 => Marked::KimiK2,
-    };
+        ChatFormat::Chatml => return chatml::render(messages, tools, generation_prompt),
+        ChatFormat::KimiK2 => {}
+    }
     let tooled =
         |m: &Message| !m.tool_calls.is_empty() || m.tool_call_id.is_some() || m.name.is_some();
     if !tools.is_empty() || messages.iter().any(tooled) {
-        return Err(DataError::Conversation(format!(
-            "the {} format renders no tool declarations or calls yet, nor a message's `name` or \
-             `tool_call_id` (kimi_k3 does)",
-            format.name()
-        )));
+        return Err(DataError::Conversation(
+            "the kimi_k2 format renders no tool declarations or calls yet, nor a message's `name` \
+             or `tool_call_id` (chatml and kimi_k3 do)"
+                .into(),
+        ));
     }
     let mut out = Rendered::default();
     for m in messages {
-        let (open, close) = header(marked, m.role);
+        let (open, close) = k2_header(m.role);
         out.push(Part::Markup, true, open);
         if m.role == Role::Assistant {
             if let Some(thinking) = &m.thinking {
-                // ChatML models (Qwen3 style) put the tags on their own lines.
-                let nl = if format == ChatFormat::Chatml {
-                    "\n"
-                } else {
-                    ""
-                };
                 out.push(Part::Thinking, true, THINK_OPEN);
-                out.push(Part::Thinking, false, &format!("{nl}{thinking}{nl}"));
+                out.push(Part::Thinking, false, thinking);
                 out.push(Part::Thinking, true, THINK_CLOSE);
-                out.push(Part::Thinking, false, &format!("{nl}{nl}"));
             }
             out.push(Part::Answer, false, &m.content);
             // The end-of-turn marker of an answer is a target: the model learns to stop.
@@ -432,7 +487,7 @@ pub fn render(
         }
     }
     if generation_prompt {
-        out.push(Part::Markup, true, header(marked, Role::Assistant).0);
+        out.push(Part::Markup, true, k2_header(Role::Assistant).0);
     }
     Ok(out)
 }
@@ -464,6 +519,33 @@ impl ChatFormat {
             ChatFormat::Chatml | ChatFormat::KimiK2 => split_thinking(text),
             ChatFormat::KimiK3 => xtml::split_completion(text),
         }
+    }
+
+    /// Reads a whole reply written after this format's generation prompt, its end-of-turn id cut
+    /// off, into reasoning, answer and tool calls; refused, naming why, where it is not one the
+    /// format's parser reads cleanly (a call cut short, a marker left over, text where none goes).
+    /// K2's tool calls are not read yet: its replies are reasoning and answer.
+    pub fn parse_reply(self, text: &str) -> Result<Reply, String> {
+        match self {
+            ChatFormat::Chatml => chatml::parse_reply(text),
+            ChatFormat::KimiK3 => xtml::parse_reply(text),
+            ChatFormat::KimiK2 => {
+                let (thinking, content) = split_thinking(text);
+                Ok(Reply {
+                    thinking,
+                    content,
+                    calls: Vec::new(),
+                })
+            }
+        }
+    }
+
+    /// The format whose markers are all single tokens of `tokenizer`: K3's, K2's (the two name
+    /// the same reserved ids otherwise), then ChatML; None when no format's are.
+    pub fn of_tokenizer(tokenizer: &Tokenizer) -> Option<ChatFormat> {
+        [ChatFormat::KimiK3, ChatFormat::KimiK2, ChatFormat::Chatml]
+            .into_iter()
+            .find(|&f| check_markers(f, tokenizer).is_ok())
     }
 
     /// Where a completion's reasoning ends in `tokenizer`'s ids ([`ThinkingEnd`]); None when the
@@ -552,33 +634,15 @@ pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), Da
     })
 }
 
-/// The formats whose turns are a header and a closing marker (K3's are [`xtml`]'s).
-#[derive(Clone, Copy)]
-enum Marked {
-    Chatml,
-    KimiK2,
-}
-
-/// A turn's opening and closing markup.
-fn header(format: Marked, role: Role) -> (&'static str, &'static str) {
-    match format {
-        Marked::Chatml => (
-            match role {
-                Role::System => "<|im_start|>system\n",
-                Role::User => "<|im_start|>user\n",
-                Role::Assistant => "<|im_start|>assistant\n",
-                Role::Tool => "<|im_start|>tool\n",
-            },
-            "<|im_end|>\n",
-        ),
-        Marked::KimiK2 => (
-            match role {
-                Role::System => "<|im_system|>system<|im_middle|>",
-                Role::User => "<|im_user|>user<|im_middle|>",
-                Role::Assistant => "<|im_assistant|>assistant<|im_middle|>",
-                Role::Tool => "<|im_system|>tool<|im_middle|>",
-            },
-            "<|im_end|>",
-        ),
-    }
+/// A Kimi K2 turn's opening and closing markup.
+fn k2_header(role: Role) -> (&'static str, &'static str) {
+    (
+        match role {
+            Role::System => "<|im_system|>system<|im_middle|>",
+            Role::User => "<|im_user|>user<|im_middle|>",
+            Role::Assistant => "<|im_assistant|>assistant<|im_middle|>",
+            Role::Tool => "<|im_system|>tool<|im_middle|>",
+        },
+        "<|im_end|>",
+    )
 }

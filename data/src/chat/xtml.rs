@@ -24,7 +24,7 @@
 //! tokenizes the rendered string with its specials recognised reads such text as markers.)
 
 use super::json::Json;
-use super::{Message, Part, Rendered, Role, Tool, ToolCall};
+use super::{Arguments, Message, Part, Rendered, Reply, Role, Tool, ToolCall};
 use crate::error::DataError;
 
 pub const OPEN: &str = "<|open|>";
@@ -69,11 +69,7 @@ pub fn render(
         let m = &messages[i];
         match m.role {
             Role::System | Role::User => {
-                let role = if m.role == Role::System {
-                    "system"
-                } else {
-                    "user"
-                };
+                let role = m.role.name();
                 x.message(&attrs(role, m), Part::Prompt, &m.content);
             }
             Role::Assistant => {
@@ -122,6 +118,143 @@ pub fn split_completion(text: &str) -> (Option<String>, String) {
         Some(reasoning.trim().to_string()),
         answer.trim().to_string(),
     )
+}
+
+/// Reads a whole reply written after the generation prompt (which opens the think section), its
+/// `<|end_of_msg|>` cut off: the reasoning, the response section, the tools section, and the
+/// message's close. A reply cut short while answering is its answer so far; refused: the reasoning
+/// never closed, a tools section, call or argument not closed, an argument whose value is not of
+/// its `type`, a marker where text goes, and text outside the sections.
+pub fn parse_reply(text: &str) -> Result<Reply, String> {
+    let (reasoning, mut rest) = text
+        .split_once(&closing("think"))
+        .ok_or("the think section is never closed (cut short?)")?;
+    unmarked(reasoning, "the reasoning")?;
+    let mut content = "";
+    if let Some(after) = rest.strip_prefix(&opening("response")) {
+        (content, rest) = after
+            .split_once(&closing("response"))
+            .unwrap_or((after, ""));
+        unmarked(content, "the response")?;
+    }
+    let mut calls = Vec::new();
+    if let Some(after) = rest.strip_prefix(&opening("tools")) {
+        rest = after;
+        while rest.strip_prefix(&closing("tools")).is_none() {
+            if rest.is_empty() {
+                return Err("the tools section is not closed (cut short?)".into());
+            }
+            let n = calls.len() + 1;
+            let (call, after) = parse_call(rest, n).map_err(|e| format!("tool call {n}: {e}"))?;
+            calls.push(call);
+            rest = after;
+        }
+        rest = &rest[closing("tools").len()..];
+    }
+    let rest = rest.strip_prefix(&closing("message")).unwrap_or(rest);
+    if !rest.is_empty() {
+        let shown: String = rest.chars().take(40).collect();
+        return Err(format!("text outside the message's sections: {shown:?}"));
+    }
+    Ok(Reply {
+        thinking: Some(reasoning.trim().to_string()),
+        content: content.trim().to_string(),
+        calls,
+    })
+}
+
+/// `<|open|>call tool="N" index="n"<|sep|>`, its arguments and `<|close|>call<|sep|>`; and what
+/// follows.
+fn parse_call(text: &str, n: usize) -> Result<(ToolCall, &str), String> {
+    let (attrs, mut rest) = open_tag(text, "call")?;
+    let tool = attr(&attrs, "tool")?;
+    let index = attr(&attrs, "index")?;
+    if index != n.to_string() || attrs.len() != 2 {
+        return Err(format!(
+            "its tag is not `call tool=\"…\" index=\"{n}\"` (attributes {attrs:?})"
+        ));
+    }
+    let mut arguments = Vec::new();
+    while let Some(after) = rest.strip_prefix(OPEN) {
+        if after.starts_with("argument") {
+            let (attrs, after) = open_tag(rest, "argument")?;
+            let (key, kind) = (attr(&attrs, "key")?, attr(&attrs, "type")?);
+            if attrs.len() != 2 {
+                return Err(format!(
+                    "argument {key:?} has attributes besides key and type"
+                ));
+            }
+            let (value, after) = after
+                .split_once(&closing("argument"))
+                .ok_or_else(|| format!("argument {key:?} is not closed (cut short?)"))?;
+            unmarked(value, "an argument")?;
+            let value = match kind.as_str() {
+                "string" => Json::String(value.to_string()),
+                _ => Json::parse(value).map_err(|e| format!("argument {key:?}: {e}"))?,
+            };
+            if type_name(&value) != kind {
+                return Err(format!("argument {key:?} is not of its type {kind:?}"));
+            }
+            arguments.push((key, value));
+            rest = after;
+        } else {
+            break;
+        }
+    }
+    let rest = rest
+        .strip_prefix(&closing("call"))
+        .ok_or("it is not closed by <|close|>call<|sep|> (cut short?)")?;
+    Ok((ToolCall::new(tool, Arguments(arguments).strict()?), rest))
+}
+
+/// `<|open|>TAG k="v"…<|sep|>` at the start of `text`: its attributes, unescaped, and what follows.
+fn open_tag<'a>(text: &'a str, tag: &str) -> Result<(Vec<(String, String)>, &'a str), String> {
+    let header = text
+        .strip_prefix(OPEN)
+        .and_then(|t| t.strip_prefix(tag))
+        .ok_or_else(|| format!("expected <|open|>{tag}"))?;
+    let (mut attrs_text, rest) = header
+        .split_once(SEP)
+        .ok_or_else(|| format!("the {tag} tag is not ended by <|sep|> (cut short?)"))?;
+    let mut attrs = Vec::new();
+    while !attrs_text.is_empty() {
+        let bad = || format!("the {tag} tag's attributes do not read: {attrs_text:?}");
+        let (key, after) = attrs_text
+            .strip_prefix(' ')
+            .and_then(|t| t.split_once("=\""))
+            .ok_or_else(bad)?;
+        let (value, after) = after.split_once('"').ok_or_else(bad)?;
+        attrs.push((
+            key.to_string(),
+            value.replace("&quot;", "\"").replace("&amp;", "&"),
+        ));
+        attrs_text = after;
+    }
+    Ok((attrs, rest))
+}
+
+fn attr(attrs: &[(String, String)], key: &str) -> Result<String, String> {
+    attrs
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+        .ok_or_else(|| format!("no `{key}` attribute"))
+}
+
+/// `<|open|>TAG<|sep|>` and `<|close|>TAG<|sep|>`.
+fn opening(tag: &str) -> String {
+    format!("{OPEN}{tag}{SEP}")
+}
+fn closing(tag: &str) -> String {
+    format!("{CLOSE}{tag}{SEP}")
+}
+
+/// Refuses text holding a marker (`what` names where).
+fn unmarked(text: &str, what: &str) -> Result<(), String> {
+    match MARKERS.iter().find(|m| text.contains(*m)) {
+        Some(m) => Err(format!("{what} holds a stray {m}")),
+        None => Ok(()),
+    }
 }
 
 /// `role`, and the message's `name` when it has one.
@@ -311,5 +444,77 @@ mod tests {
         );
         let bare = "x<|close|>think<|sep|> 5 <|close|>message<|sep|>";
         assert_eq!(split_completion(bare), (Some("x".into()), "5".into()));
+    }
+
+    #[test]
+    fn a_reply_reads_back_what_the_renderer_wrote_or_is_refused_by_name() {
+        let call = |name: &str, args: &str| {
+            let Json::Object(entries) = Json::parse(args).unwrap() else {
+                panic!()
+            };
+            ToolCall::new(name.into(), Arguments(entries))
+        };
+        let m = Message {
+            thinking: Some("Two calls.".into()),
+            tool_calls: vec![
+                call(
+                    "get_weather",
+                    r#"{"city": "Zürich \"q\" & <b>", "days": 3}"#,
+                ),
+                call(
+                    "search",
+                    r#"{"q": {"a": [1, null]}, "ok": true, "none": null}"#,
+                ),
+            ],
+            name: Some("a\"b".into()),
+            ..Message::new(Role::Assistant, "Checking.")
+        };
+        let text = render(&[m.clone()], &[], false).unwrap().text();
+        let prompt =
+            "<|open|>message role=\"assistant\" name=\"a&quot;b\"<|sep|><|open|>think<|sep|>";
+        let reply = text
+            .split_once(prompt)
+            .and_then(|(_, t)| t.strip_suffix(END_OF_MSG))
+            .unwrap();
+        let r = parse_reply(reply).unwrap();
+        assert_eq!(r.thinking, m.thinking);
+        assert_eq!(r.content, "Checking.");
+        assert_eq!(r.calls, m.tool_calls);
+        let cut = &reply[..reply.find("<|close|>argument").unwrap()];
+        for (text, why) in [
+            (cut, "not closed"),
+            (
+                &reply[..reply.find("<|close|>tools").unwrap()],
+                "tools section is not closed",
+            ),
+            ("thinking on", "never closed"),
+            (
+                "x<|close|>think<|sep|> 5 <|close|>message<|sep|>",
+                "outside",
+            ),
+            (
+                "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"2\"<|sep|>",
+                "index=\"1\"",
+            ),
+            (
+                "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>\
+                 <|open|>argument key=\"n\" type=\"number\"<|sep|>\"7\"<|close|>argument<|sep|>",
+                "not of its type",
+            ),
+            ("a<|open|>b<|close|>think<|sep|>", "stray <|open|>"),
+            (
+                "<|close|>think<|sep|><|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>\
+                 <|open|>argument key=\"n\" type=\"number\"<|sep|>1<|close|>argument<|sep|>\
+                 <|open|>argument key=\"n\" type=\"number\"<|sep|>2<|close|>argument<|sep|>\
+                 <|close|>call<|sep|><|close|>tools<|sep|>",
+                "given twice",
+            ),
+        ] {
+            let e = parse_reply(text).unwrap_err();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+        // Cut short while answering: the answer so far.
+        let r = parse_reply("r<|close|>think<|sep|><|open|>response<|sep|>The ans").unwrap();
+        assert_eq!((r.content.as_str(), r.calls.len()), ("The ans", 0));
     }
 }

@@ -113,16 +113,17 @@ fn bad_conversations_are_refused() {
     );
 }
 
-/// The Kimi K3 cases of `scripts/golden/chat_templates.py`: (name, conversation, generation
-/// prompt, the text llama.cpp's Kimi-K3.jinja renders through transformers).
-fn k3_golden() -> Vec<(String, Chat, bool, String)> {
+/// A format's cases of `scripts/golden/chat_templates.py`: (name, conversation, generation
+/// prompt, the text its reference template renders through transformers: llama.cpp's
+/// Kimi-K3.jinja for `kimi_k3`, Qwen3's for `chatml`).
+fn golden(format: ChatFormat) -> Vec<(String, Chat, bool, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
     // Read in order: a declaration's keys that differ only in case sort in written order.
     let golden = Json::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let Some(Json::Array(cases)) = golden.get("kimi_k3") else {
-        panic!("no kimi_k3 cases")
+    let Some(Json::Array(cases)) = golden.get(format.name()) else {
+        panic!("no {} cases", format.name())
     };
-    assert!(cases.len() >= 6);
+    assert!(cases.len() >= 5);
     let text = |case: &Json, key: &str| match case.get(key) {
         Some(Json::String(s)) => s.clone(),
         other => panic!("{key}: {other:?}"),
@@ -139,10 +140,84 @@ fn k3_golden() -> Vec<(String, Chat, bool, String)> {
 }
 
 #[test]
-fn kimi_k3_renders_as_its_reference_template() {
-    for (name, chat, prompt, want) in k3_golden() {
-        let got = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, prompt).unwrap();
-        assert_eq!(got.text(), want, "{name}");
+fn each_format_renders_as_its_reference_template_and_reads_its_replies_back() {
+    for format in [ChatFormat::KimiK3, ChatFormat::Chatml] {
+        for (name, chat, prompt, want) in golden(format) {
+            let got = render(&chat.messages, &chat.tools, format, prompt).unwrap();
+            assert_eq!(got.text(), want, "{}: {name}", format.name());
+            // The last assistant turn, written after its generation prompt, parses back to it.
+            let Some(at) = chat
+                .messages
+                .iter()
+                .rposition(|m| m.role == Role::Assistant)
+            else {
+                continue;
+            };
+            let before = render(&chat.messages[..at], &chat.tools, format, true).unwrap();
+            let upto = render(&chat.messages[..=at], &chat.tools, format, false).unwrap();
+            let upto = upto.text();
+            let reply = upto[before.text().len()..].trim_end_matches('\n');
+            let reply = reply.strip_suffix(format.end_of_turn()).unwrap();
+            let m = &chat.messages[at];
+            if m.content.contains("<|") {
+                // Decoded, text that quotes a marker reads as the marker: refused, not misread.
+                assert!(format.parse_reply(reply).unwrap_err().contains("stray"));
+                continue;
+            }
+            let r = format.parse_reply(reply).unwrap();
+            assert_eq!(r.content, m.content.trim(), "{name}");
+            assert_eq!(r.calls.len(), m.tool_calls.len(), "{name}");
+            for (got, want) in r.calls.iter().zip(&m.tool_calls) {
+                assert_eq!(got.function, want.function, "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn chatml_markers_are_single_ids_and_quoted_markers_are_text() {
+    let dir = std::env::temp_dir().join(format!("k3mini-chatml-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("corpus.txt");
+    std::fs::write(
+        &corpus,
+        "the user asks and the assistant answers.\n".repeat(50),
+    )
+    .unwrap();
+    let path = dir.join("tokenizer.json");
+    let specials = ["<|im_start|>", "<|im_end|>"];
+    k3mini_data::tokenizer::train_byte_level_bpe(
+        &[corpus.display().to_string()],
+        300,
+        &specials,
+        &path,
+    )
+    .unwrap();
+    let tok = Tokenizer::load(path.to_str().unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).ok();
+    check_markers(ChatFormat::Chatml, &tok).unwrap();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    for (name, chat, prompt, text) in golden(ChatFormat::Chatml) {
+        let r = render(&chat.messages, &chat.tools, ChatFormat::Chatml, prompt).unwrap();
+        let (ids, parts) = r.encode(&tok).unwrap();
+        assert_eq!(ids.len(), parts.len());
+        assert_eq!(tok.decode(&ids).unwrap(), text, "{name}");
+        // One <|im_end|> id per turn (a run of tool results is one), however often people's
+        // text quotes it.
+        let tools_turn = usize::from(!chat.tools.is_empty());
+        let system_joined =
+            usize::from(!chat.tools.is_empty() && chat.messages[0].role == Role::System);
+        let runs = chat
+            .messages
+            .iter()
+            .zip(chat.messages.iter().skip(1).map(Some).chain([None]))
+            .filter(|(m, next)| m.role != Role::Tool || next.is_none_or(|n| n.role != Role::Tool))
+            .count();
+        assert_eq!(
+            ids.iter().filter(|&&i| i == end).count(),
+            runs + tools_turn - system_joined,
+            "{name}"
+        );
     }
 }
 
@@ -151,7 +226,7 @@ fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
     let tok = Tokenizer::load("kimi").unwrap();
     check_markers(ChatFormat::KimiK3, &tok).unwrap();
     let end = tok.token_id("<|end_of_msg|>").unwrap();
-    let cases = k3_golden();
+    let cases = golden(ChatFormat::KimiK3);
     let decoded = |ids: &[u32], parts: &[Part], part: Part| -> String {
         let picked: Vec<u32> = ids
             .iter()
@@ -213,16 +288,21 @@ fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
 
 #[test]
 fn tool_calls_are_refused_where_a_format_cannot_write_them() {
-    let (_, chat, _, _) = k3_golden().remove(3);
-    for format in [ChatFormat::Chatml, ChatFormat::KimiK2] {
-        let e = render(&chat.messages, &chat.tools, format, false)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("renders no tool declarations or calls yet"),
-            "{e}"
-        );
-    }
+    let (_, chat, _, _) = golden(ChatFormat::KimiK3).remove(3);
+    let e = render(&chat.messages, &chat.tools, ChatFormat::KimiK2, false)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("renders no tool declarations or calls yet"),
+        "{e}"
+    );
+    // ChatML writes no speaker names, and a call's id only as the order of the results.
+    let mut named = conversation();
+    named[1].name = Some("ana".into());
+    let e = render(&named, &[], ChatFormat::Chatml, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("message 1") && e.contains("`name`"), "{e}");
     let mut c = conversation();
     c[1].tool_calls = chat.messages[1].tool_calls.clone();
     let e = render(&c, &[], ChatFormat::KimiK3, false)

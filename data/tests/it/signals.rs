@@ -254,6 +254,7 @@ fn trajectories_train_on_completion_parts_only() {
         answer: "…".into(),
         finish_reason: "length".into(),
         reference: None,
+        tool_calls: Vec::new(),
     };
     let answer_only = LossParts {
         prompt: false,

@@ -26,12 +26,24 @@ fn jsonl_prompts_take_a_prompt_or_messages_and_name_bad_lines() {
             r#"{"id": "a", "prompt": "What is 2 + 2?", "answer": 4}"#,
             "\n\n",
             r#"{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}"#,
+            "\n",
+            r#"{"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "w", "arguments": "{\"z\": 1, \"a\": 2}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "sunny"}], "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}]}"#,
             "\n"
         ),
     )
     .unwrap();
     let p = read_prompts(&good).unwrap();
-    assert_eq!(p.len(), 2);
+    assert_eq!(p.len(), 3);
+    // Tool calls, results and declarations come through, their keys in the order written.
+    assert_eq!((p[2].messages.len(), p[2].tools.len()), (3, 1));
+    let args: Vec<&str> = p[2].messages[1].tool_calls[0]
+        .function
+        .arguments
+        .0
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(args, ["z", "a"]);
     assert_eq!((p[0].id.as_str(), p[0].answer.as_deref()), ("a", Some("4")));
     assert_eq!(p[0].messages[0].role, Role::User);
     assert_eq!((p[1].id.as_str(), p[1].messages.len()), ("p.jsonl:3", 2));
@@ -45,6 +57,10 @@ fn jsonl_prompts_take_a_prompt_or_messages_and_name_bad_lines() {
         (
             r#"{"prompt": "x", "answer": [1]}"#,
             "`answer` is not a string",
+        ),
+        (
+            r#"{"prompt": "x", "tools": []}"#,
+            "declare `tools` with `messages`",
         ),
         ("{nope", "invalid JSON"),
     ];
@@ -121,15 +137,22 @@ fn row(i: u32, n: usize, thinking: Option<&str>, reference: Option<&str>) -> Tra
         answer: format!("answer {i}"),
         finish_reason: if n < 4 { "stop" } else { "length" }.into(),
         reference: reference.map(String::from),
+        tool_calls: Vec::new(),
     }
 }
 
 #[test]
 fn trajectory_shards_round_trip_and_refuse_the_other_kind() {
     let dir = scratch("shards");
+    let mut called = row(1, 5, None, Some("42"));
+    called.tool_calls = serde_json::from_str(
+        r#"[{"type": "function", "function": {"name": "get_weather",
+            "arguments": "{\"city\": \"Zürich\", \"days\": [1, 2.5]}"}}]"#,
+    )
+    .unwrap();
     let rows = vec![
         row(0, 3, Some("think"), None),
-        row(1, 5, None, Some("42")),
+        called,
         row(2, 0, None, None),
     ];
     let path = dir.join("t.parquet");

@@ -222,8 +222,10 @@ pub fn admit_text(
 ) -> Result<(Vec<u32>, Admitted), ApiError> {
     cap.check(text.len(), param)?;
     let admitted = admit(queue)?;
+    // Special-token strings are read as their ids, as vLLM reads a raw prompt (often one a client
+    // rendered from a chat).
     let ids = tokenizer
-        .encode(text)
+        .encode_with_specials(text)
         .map_err(|e| bad(param, e.to_string()))?;
     if ids.is_empty() {
         return Err(bad(param, "the prompt is empty"));

@@ -231,11 +231,20 @@ pub(super) fn chat(
              them and escalates); send `{\"type\": \"text\"}` or leave it out",
         ));
     }
-    if req.tools.is_some() {
-        return Err(bad(
-            "tools",
-            "this server renders no tool-call template: leave tools out",
-        ));
+    for (set, field) in [
+        (req.tools.is_some(), "tools"),
+        (req.tool_choice.is_some(), "tool_choice"),
+        (req.parallel_tool_calls.is_some(), "parallel_tool_calls"),
+    ] {
+        if set {
+            return Err(bad(
+                field,
+                format!(
+                    "this server does not parse tool calls (`k3mini agent serve` does): leave \
+                     `{field}` out"
+                ),
+            ));
+        }
     }
     let stops = stop_strings(req.stop.as_ref()).map_err(|e| bad("stop", e))?;
     let rendered = render(&req.messages, &[], ChatFormat::Chatml, true)
@@ -310,6 +319,7 @@ pub(super) fn chat(
                 role: "assistant".into(),
                 content: Some(cut_text(state.text(&content_ids), &stops)),
                 reasoning: None,
+                tool_calls: Vec::new(),
             },
             finish_reason: finish(Some(g.finish)),
             logprobs,

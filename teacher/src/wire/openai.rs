@@ -6,7 +6,7 @@
 //! rather than wrapped.
 
 use super::vllm::{PromptLogprobs, RoutedExpertsField};
-use k3mini_data::chat::Message;
+use k3mini_data::chat::{FunctionCall, Message, Tool, ToolCall};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -213,13 +213,50 @@ pub struct ChatRequest {
     /// What the answer must be (JSON, or JSON a schema accepts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<ResponseFormat>,
-    /// Functions the model may call. Read only to be refused: k3mini's chat renderer has no
-    /// tool-call template, and a request whose tools were ignored would be answered wrongly.
+    /// Functions the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<serde_json::Value>>,
+    pub tools: Option<Vec<Tool>>,
+    /// Whether and which tools the answer must call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the answer may call more than one tool (OpenAI's default: yes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
     /// OpenAI's stop sequences.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
+}
+
+/// A chat request's `tool_choice`: `none` (no call), `auto` (the model decides), `required` (at
+/// least one call), or one function by name (`{"type": "function", "function": {"name": …}}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(ToolMode),
+    Named(NamedTool),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolMode {
+    None,
+    Auto,
+    Required,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedTool {
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: ToolName,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolName {
+    pub name: String,
 }
 
 /// A chat request's `response_format`.
@@ -278,6 +315,9 @@ pub struct ChatMessage {
         alias = "reasoning_content"
     )]
     pub reasoning: Option<String>,
+    /// The calls the answer makes (its `content` then null when it says nothing else).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -327,13 +367,33 @@ pub struct ChatChunkChoice {
     pub finish_reason: Option<String>,
 }
 
-/// What a chat event adds: the role (first event), then content.
+/// What a chat event adds: the role (first event), then content, then tool calls.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ChatDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        alias = "reasoning_content"
+    )]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A tool call in a stream: its place in the answer's calls, then its id, type and function (a
+/// server may send the arguments in pieces; k3mini sends each call whole).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    pub function: FunctionCall,
 }
 
 /// One event of a streamed `/v1/completions`: the text added since the previous event.

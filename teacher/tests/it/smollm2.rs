@@ -41,12 +41,17 @@ fn tokenizer_from_gguf_matches_transformers() {
     let t = teacher();
     for case in golden()["tokenizer"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
+        // Transformers reads special-token strings as their ids, as a server reads a raw prompt.
         assert_eq!(
-            t.tokenizer.encode(text).unwrap(),
+            t.tokenizer.encode_with_specials(text).unwrap(),
             ids(&case["ids"]),
             "{text:?}"
         );
         assert_eq!(t.tokenizer.decode(&ids(&case["ids"])).unwrap(), text);
+        // Plain text (what people wrote in a chat) never turns into a special id.
+        let plain = t.tokenizer.encode(text).unwrap();
+        assert!(!plain.iter().any(|&i| i == 1 || i == 2), "{text:?}");
+        assert_eq!(t.tokenizer.decode(&plain).unwrap(), text);
     }
     assert_eq!((t.meta.eos, t.meta.add_bos), (Some(2), false));
 }
@@ -96,7 +101,11 @@ fn top_k_logprobs_match_transformers() {
 fn greedy_chat_answer_matches_transformers() {
     let t = teacher();
     let g = &golden()["greedy"];
-    let prompt = t.tokenizer.encode(g["prompt"].as_str().unwrap()).unwrap();
+    // A rendered prompt: its markers are read as special ids, as transformers reads them.
+    let prompt = t
+        .tokenizer
+        .encode_with_specials(g["prompt"].as_str().unwrap())
+        .unwrap();
     assert_eq!(prompt, ids(&g["prompt_ids"]));
     let params = GenerateParams {
         max_tokens: 24,

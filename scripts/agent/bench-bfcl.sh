@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Tool calling, measured: BFCL's single-turn Python categories (the first N tasks of simple,
+# multiple, parallel, parallel_multiple and irrelevance, from the `bfcl-eval` package) answered
+# by a local student behind `k3mini agent`, with SmolLM2-135M-Instruct behind `teacher serve` as
+# the remote; scored by BFCL's AST check, with each policy's valid-call rate (answers that pass
+# the tool gate) and the gate policy replayed.
+#   bash scripts/agent/bench-bfcl.sh [LOCAL_GGUF_OR_NAME] [OUT_DIR] [N]
+# (LOCAL defaults to smollm2, the remote's own model; writes OUT_DIR/{bfcl.jsonl,runs,report.md,
+# report.json,pareto.svg})
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/agent/common.sh
+LOCAL="${1:-smollm2}"
+OUT="${2:-bfcl-bench}"
+N="${3:-10}"
+cargo build -q
+K3=target/debug/k3mini
+mkdir -p "$OUT"
+[ -f "$OUT/bfcl.jsonl" ] ||
+  python3 scripts/agent/bfcl-tasks.py --limit "$N" --max-tokens 128 --out "$OUT/bfcl.jsonl"
+bench_toml "$OUT/bench.toml" 128
+serve_remote "$K3" "$OUT"
+
+"$K3" agent bench --local "$LOCAL" --remote "$URL" --tasks "$OUT/bfcl.jsonl" \
+  --bench "$OUT/bench.toml" --runs "$OUT/runs" --out "$OUT"
