@@ -6,7 +6,8 @@
 //! An answer's quality: with a reference `answer`, 1 when its last number equals the reference's
 //! (exact match, as `eval`'s problems), else 0; for a task with `tools` and BFCL's ground truth,
 //! 1 when the calls the reply makes pass BFCL's AST check ([`super::bfcl`]), else 0, and whether
-//! the reply passes the request's tool gate (its valid-call rate); without either, its agreement
+//! it calls at all and its calls pass the request's tool gate (the valid-call rate, over the
+//! replies that call or do not read); without either, its agreement
 //! with the remote's answer, the share of the remote's tokens it repeats from the start, correct
 //! at ≥ `agree_at`.
 //!
@@ -426,10 +427,21 @@ pub fn measure(
 pub struct Outcome {
     pub score: f64,
     pub correct: bool,
-    /// For a tools task: whether the reply passes the request's tool gate.
-    pub valid: Option<bool>,
+    /// For a tools task: whether the reply calls, and whether its calls pass the gate.
+    pub call: Option<Call>,
     pub usd: f64,
     pub seconds: f64,
+}
+
+/// What a reply to a tools task did with its tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// It reads, and makes no call.
+    None,
+    /// Its calls pass the request's tool gate.
+    Valid,
+    /// It does not read in the student's format, or its calls fail the gate.
+    Invalid,
 }
 
 /// A task's three answers scored and priced, and the student's signals.
@@ -507,10 +519,11 @@ pub fn rows(tasks: &[Task], records: &[Record], settings: &Settings) -> Result<V
                 Ok(Outcome {
                     score,
                     correct,
-                    valid: task
-                        .calls
-                        .as_ref()
-                        .map(|_| run.report.gate_failure.is_none()),
+                    call: task.calls.as_ref().map(|_| match &run.calls {
+                        Some(calls) if calls.is_empty() => Call::None,
+                        Some(_) if run.report.gate_failure.is_none() => Call::Valid,
+                        _ => Call::Invalid,
+                    }),
                     usd: Cost::of(&run.report.usage, &settings.cost).total_usd,
                     seconds: spent.local_seconds + spent.remote_seconds,
                 })
@@ -555,7 +568,10 @@ pub struct Point {
     pub accuracy: f64,
     pub usd_per_1k: f64,
     pub usd_per_correct: Option<f64>,
-    /// Share of tools tasks whose answer passes the request's tool gate (None without any).
+    /// Share of tools tasks whose answer calls (or tries to: a reply that does not read), and
+    /// the share of those whose calls pass the tool gate (None without any).
+    #[serde(default)]
+    pub calls_made: Option<f64>,
     #[serde(default)]
     pub valid_calls: Option<f64>,
     /// Latency quantiles, seconds (absent for the random router's expectation).
@@ -571,7 +587,9 @@ impl Point {
         let correct = picked.iter().filter(|(o, _)| o.correct).count();
         let usd: f64 = picked.iter().map(|(o, _)| o.usd).sum();
         let seconds: Vec<f32> = picked.iter().map(|(o, _)| o.seconds as f32).collect();
-        let judged: Vec<bool> = picked.iter().filter_map(|(o, _)| o.valid).collect();
+        let tools: Vec<Call> = picked.iter().filter_map(|(o, _)| o.call).collect();
+        let tried: Vec<&Call> = tools.iter().filter(|c| **c != Call::None).collect();
+        let share = |k: usize, of: usize| (of > 0).then(|| k as f64 / of as f64);
         Self {
             name: name.into(),
             share: picked.iter().filter(|(_, e)| *e).count() as f64 / n,
@@ -579,8 +597,11 @@ impl Point {
             accuracy: correct as f64 / n,
             usd_per_1k: usd / n * 1000.0,
             usd_per_correct: (correct > 0).then(|| usd / correct as f64),
-            valid_calls: (!judged.is_empty())
-                .then(|| judged.iter().filter(|v| **v).count() as f64 / judged.len() as f64),
+            calls_made: share(tried.len(), tools.len()),
+            valid_calls: share(
+                tried.iter().filter(|c| ***c == Call::Valid).count(),
+                tried.len(),
+            ),
             p50_s: Some(f64::from(quantile(&seconds, 0.5))),
             p95_s: Some(f64::from(quantile(&seconds, 0.95))),
         }
@@ -761,10 +782,20 @@ fn random(local: &Point, remote: &Point, s: f64) -> Point {
         accuracy,
         usd_per_1k,
         usd_per_correct: (accuracy > 0.0).then(|| usd_per_1k / 1000.0 / accuracy),
-        valid_calls: local
-            .valid_calls
-            .zip(remote.valid_calls)
+        calls_made: local
+            .calls_made
+            .zip(remote.calls_made)
             .map(|(l, r)| mix(l, r)),
+        // Of the calls made: the mix weighs each side by the calls it makes.
+        valid_calls: match (local.calls_made, remote.calls_made) {
+            (Some(lc), Some(rc)) if mix(lc, rc) > 0.0 => Some(
+                mix(
+                    lc * local.valid_calls.unwrap_or(0.0),
+                    rc * remote.valid_calls.unwrap_or(0.0),
+                ) / mix(lc, rc),
+            ),
+            _ => None,
+        },
         p50_s: None,
         p95_s: None,
     }
@@ -853,7 +884,7 @@ pub fn evaluate(
     let mut points = vec![local, remote, verify, oracle, random_line[5].clone()];
     debug_assert_eq!(points[RANDOM_POINT].name, "random");
     // Tools tasks have a gate to replay: the built-in gate policy's point.
-    if rows.iter().any(|r| r.local.valid.is_some()) {
+    if rows.iter().any(|r| r.local.call.is_some()) {
         let gate = Policy::built_in("gate").expect("a built-in");
         points.push(replay(&gate, rows));
     }
@@ -884,8 +915,8 @@ impl Bench {
             "# Agent bench: {} tasks\n\nGreedy, up to {} tokens an answer (or a task's own max_tokens); a task without a \
              reference is correct at ≥ {} agreement with the remote. Prices: remote ${}/M input, \
              ${}/M output; local ${}/h + {} W at ${}/kWh.\n\n\
-             | policy | escalated | quality | accuracy | valid calls | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+             | policy | escalated | quality | accuracy | calls made | valid calls | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n",
             self.tasks,
             self.settings.max_tokens,
             self.settings.agree_at,
@@ -897,11 +928,12 @@ impl Bench {
         );
         for p in &self.points {
             md += &format!(
-                "| {} | {:.0}% | {:.3} | {:.3} | {} | {:.4} | {} | {} | {} |\n",
+                "| {} | {:.0}% | {:.3} | {:.3} | {} | {} | {:.4} | {} | {} | {} |\n",
                 p.name,
                 p.share * 100.0,
                 p.quality,
                 p.accuracy,
+                opt(p.calls_made.map(|v| v * 100.0), 1),
                 opt(p.valid_calls.map(|v| v * 100.0), 1),
                 p.usd_per_1k,
                 opt(p.usd_per_correct, 6),
@@ -1048,21 +1080,21 @@ mod tests {
             local: Outcome {
                 score: 0.0,
                 correct: false,
-                valid: None,
+                call: None,
                 usd: 1.0,
                 seconds: 1.0,
             },
             remote: Outcome {
                 score: 1.0,
                 correct: true,
-                valid: None,
+                call: None,
                 usd: 10.0,
                 seconds: 2.0,
             },
             verify: Outcome {
                 score: 1.0,
                 correct: true,
-                valid: None,
+                call: None,
                 usd: 5.0,
                 seconds: 3.0,
             },

@@ -164,7 +164,7 @@ mod tests {
         Outcome {
             score,
             correct: score >= 0.5,
-            valid: None,
+            call: None,
             usd,
             seconds: 1.0,
         }

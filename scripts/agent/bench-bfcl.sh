@@ -4,7 +4,7 @@
 # by a local student behind `k3mini agent`, with SmolLM2-135M-Instruct behind `teacher serve` as
 # the remote; scored by BFCL's AST check, with each policy's valid-call rate (answers that pass
 # the tool gate) and the gate policy replayed.
-#   bash scripts/agent/bench-bfcl.sh [LOCAL_GGUF_OR_NAME] [OUT_DIR] [N]
+#   bash scripts/agent/bench-bfcl.sh [LOCAL_GGUF_OR_NAME] [OUT_DIR] [N] [MAX_TOKENS]
 # (LOCAL defaults to smollm2, the remote's own model; writes OUT_DIR/{bfcl.jsonl,runs,report.md,
 # report.json,pareto.svg})
 set -euo pipefail
@@ -13,12 +13,13 @@ source scripts/agent/common.sh
 LOCAL="${1:-smollm2}"
 OUT="${2:-bfcl-bench}"
 N="${3:-10}"
+MAX_TOKENS="${4:-128}"
 cargo build -q
 K3=target/debug/k3mini
 mkdir -p "$OUT"
 [ -f "$OUT/bfcl.jsonl" ] ||
-  python3 scripts/agent/bfcl-tasks.py --limit "$N" --max-tokens 128 --out "$OUT/bfcl.jsonl"
-bench_toml "$OUT/bench.toml" 128
+  python3 scripts/agent/bfcl-tasks.py --limit "$N" --max-tokens "$MAX_TOKENS" --out "$OUT/bfcl.jsonl"
+bench_toml "$OUT/bench.toml" "$MAX_TOKENS"
 serve_remote "$K3" "$OUT"
 
 "$K3" agent bench --local "$LOCAL" --remote "$URL" --tasks "$OUT/bfcl.jsonl" \
