@@ -33,6 +33,10 @@ TEMPLATES = {
     "chatml": "models/templates/Qwen-Qwen3-0.6B.jinja",
 }
 BOTH = ("kimi_k3", "chatml")
+# k3mini's own ChatML template (what an exported GGUF carries), from this repository: it must render
+# every chatml case as Qwen3's does, and the cases where Qwen3 differs as k3mini's renderer does.
+OWN = {"chatml_k3mini": Path(__file__).resolve().parents[2] / "data/src/chat/templates/chatml.jinja"}
+OWN_FORMAT = {"chatml_k3mini": "chatml"}
 
 WEATHER = {
     "type": "function",
@@ -183,6 +187,22 @@ CASES = [
 ]
 
 
+# Where Qwen3's template and k3mini's chatml differ: reasoning before the last user message is kept,
+# and a final turn without reasoning gets no empty think block.
+K3MINI_CASES = [
+    {
+        "name": "reasoning_in_history_and_a_final_turn_without",
+        "formats": ("chatml_k3mini",),
+        "messages": [
+            {"role": "user", "content": "What is 2+3?"},
+            {"role": "assistant", "content": "5", "reasoning_content": "2 plus 3."},
+            {"role": "user", "content": "And 2+4?"},
+            {"role": "assistant", "content": "6"},
+        ],
+    },
+]
+
+
 def vllm_messages(messages):
     """Tool calls' JSON-string arguments parsed into objects, as vLLM's server renders them."""
     out = copy.deepcopy(messages)
@@ -201,10 +221,12 @@ def main():
             fmt: tar.extractfile(f"{root}/vendor/llama.cpp/{path}").read().decode()
             for fmt, path in TEMPLATES.items()
         }
+    templates.update({name: path.read_text() for name, path in OWN.items()})
     golden = {}
     for fmt, template in templates.items():
         cases = []
-        for case in (c for c in CASES if fmt in c["formats"]):
+        of = OWN_FORMAT.get(fmt, fmt)
+        for case in (c for c in CASES + K3MINI_CASES if of in c["formats"] or fmt in c["formats"]):
             rendered, _ = render_jinja_template(
                 conversations=[vllm_messages(case["messages"])],
                 tools=case.get("tools"),

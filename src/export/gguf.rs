@@ -7,8 +7,8 @@ use super::tokenizer::gguf_tokenizer_metadata;
 use crate::error::Result;
 use crate::run_dir::Checkpoint;
 use burn::tensor::Device;
-use k3mini_data::Tokenizer;
 use k3mini_data::pool::run_many;
+use k3mini_data::{ChatFormat, Tokenizer};
 use k3mini_gguf::Value;
 use k3mini_gguf::mix::{FileType, tensor_types};
 use k3mini_gguf::quantize::quantize;
@@ -25,11 +25,20 @@ pub fn export_gguf(
     out: &Path,
 ) -> Result<u64> {
     let (metadata, tensors) = student_gguf(ck)?;
+    let student = match tokenizer {
+        Some(t) => t.clone(),
+        None => crate::teachers::student_tokenizer(&ck.plan.data.tokenizer)?,
+    };
     let tokenizer =
         gguf_tokenizer_metadata(&ck.plan.data.tokenizer, tokenizer, ck.plan.model.vocab_size)?;
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {
         w.set(&k, v);
+    }
+    // The student's chat format, where k3mini writes it as a template, replaces a copied one: a
+    // client of llama.cpp renders chats, tools and calls as the student was trained on them.
+    if let Some(template) = ChatFormat::of_tokenizer(&student).and_then(ChatFormat::jinja) {
+        w.set("tokenizer.chat_template", Value::String(template.into()));
     }
     w.set("general.file_type", Value::U32(ftype.id()));
     if ftype != FileType::F32 && ftype != FileType::F16 {

@@ -89,6 +89,18 @@ fn check(tag: &str, model_table: &str, tokenizer: &str) {
     ] {
         let path = dir.join(format!("{ftype:?}.gguf"));
         export_gguf(&ck, ftype, None, &path).unwrap();
+        // The student's chat format rides along where k3mini writes it as a template (ChatML).
+        let student = k3mini::teachers::student_tokenizer(&ck.plan.data.tokenizer).unwrap();
+        if let Some(template) =
+            k3mini_data::ChatFormat::of_tokenizer(&student).and_then(k3mini_data::ChatFormat::jinja)
+        {
+            let file = k3mini_gguf::GgufFile::open(&path).unwrap();
+            assert_eq!(
+                file.get("tokenizer.chat_template"),
+                Some(&k3mini_gguf::Value::String(template.into())),
+                "{tag}"
+            );
+        }
         let cpp = LlamaCppModel::load(&path, Placement::Cpu { threads: 2 }).unwrap();
         assert_eq!(
             cpp.tokenize(TEXT).unwrap(),

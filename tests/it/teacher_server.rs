@@ -682,7 +682,9 @@ fn a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized() {
     }
     let grew = rss(&server).saturating_sub(before);
     eprintln!("the server's RSS grew by {} MB", grew >> 20);
-    assert!(grew < 200 << 20, "the server grew by {} MB", grew >> 20);
+    // Two 60 MB bodies read and parsed: 131-201 MB measured over runs (the allocator keeps what it
+    // freed); tokenizing them would take gigabytes.
+    assert!(grew < 400 << 20, "the server grew by {} MB", grew >> 20);
     let short = r#"{"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0}"#;
     assert_eq!(raw(&server.url, "POST", "/v1/completions", short).0, 200);
 }

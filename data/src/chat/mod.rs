@@ -578,6 +578,17 @@ impl ChatFormat {
         }
     }
 
+    /// The format as a Jinja chat template (`tokenizer.chat_template` of an exported GGUF, so
+    /// llama.cpp renders chats and tools as k3mini does), where k3mini writes one: ChatML's
+    /// (`templates/chatml.jinja`, held to this renderer by the golden cases). None for the Kimi
+    /// formats yet.
+    pub fn jinja(self) -> Option<&'static str> {
+        match self {
+            ChatFormat::Chatml => Some(include_str!("templates/chatml.jinja")),
+            ChatFormat::KimiK2 | ChatFormat::KimiK3 => None,
+        }
+    }
+
     /// The name recipes give it.
     pub fn name(self) -> &'static str {
         match self {

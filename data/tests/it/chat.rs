@@ -117,11 +117,17 @@ fn bad_conversations_are_refused() {
 /// prompt, the text its reference template renders through transformers: llama.cpp's
 /// Kimi-K3.jinja for `kimi_k3`, Qwen3's for `chatml`).
 fn golden(format: ChatFormat) -> Vec<(String, Chat, bool, String)> {
+    golden_of(format.name())
+}
+
+/// The cases under `key` (a format, or `chatml_k3mini`: k3mini's own ChatML template, which an
+/// exported GGUF carries, rendering the chatml cases and those where Qwen3's differs).
+fn golden_of(key: &str) -> Vec<(String, Chat, bool, String)> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
     // Read in order: a declaration's keys that differ only in case sort in written order.
     let golden = Json::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let Some(Json::Array(cases)) = golden.get(format.name()) else {
-        panic!("no {} cases", format.name())
+    let Some(Json::Array(cases)) = golden.get(key) else {
+        panic!("no {key} cases")
     };
     assert!(cases.len() >= 5);
     let text = |case: &Json, key: &str| match case.get(key) {
@@ -171,6 +177,22 @@ fn each_format_renders_as_its_reference_template_and_reads_its_replies_back() {
                 assert_eq!(got.function, want.function, "{name}");
             }
         }
+    }
+}
+
+#[test]
+fn the_chatml_template_an_export_carries_renders_as_k3mini_does() {
+    let template = ChatFormat::Chatml.jinja().unwrap();
+    let file = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/chat/templates/chatml.jinja"),
+    )
+    .unwrap();
+    assert_eq!(template, file);
+    let cases = golden_of("chatml_k3mini");
+    assert!(cases.len() > golden(ChatFormat::Chatml).len());
+    for (name, chat, prompt, want) in cases {
+        let got = render(&chat.messages, &chat.tools, ChatFormat::Chatml, prompt).unwrap();
+        assert_eq!(got.text(), want, "{name}");
     }
 }
 
