@@ -17,6 +17,7 @@ Writes data/tests/fixtures/chat_templates.json: for each format, its cases (mess
 add_generation_prompt) and the text the template renders.
 """
 import copy
+import hashlib
 import json
 import sys
 import tarfile
@@ -235,6 +236,8 @@ def main():
             )
             cases.append({k: v for k, v in case.items() if k != "formats"} | {"text": rendered[0]})
         golden[fmt] = cases
+    # Ties the renderings to the template they came from: editing it without rerunning this fails.
+    golden["chatml_k3mini_sha256"] = hashlib.sha256(OWN["chatml_k3mini"].read_bytes()).hexdigest()
     OUT.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {OUT}")
 

@@ -31,13 +31,18 @@ pub fn export_gguf(
     };
     let tokenizer =
         gguf_tokenizer_metadata(&ck.plan.data.tokenizer, tokenizer, ck.plan.model.vocab_size)?;
+    // The student's chat format, where k3mini writes it as a template, replaces every copied one
+    // (a teacher's named variants too: llama.cpp takes `.tool_use` for requests with tools), so a
+    // client of llama.cpp renders chats, tools and calls as the student was trained on them.
+    let template = ChatFormat::of_tokenizer(&student).and_then(ChatFormat::jinja);
+    let copied = |k: &str| template.is_some() && k.starts_with("tokenizer.chat_template");
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {
-        w.set(&k, v);
+        if !copied(&k) {
+            w.set(&k, v);
+        }
     }
-    // The student's chat format, where k3mini writes it as a template, replaces a copied one: a
-    // client of llama.cpp renders chats, tools and calls as the student was trained on them.
-    if let Some(template) = ChatFormat::of_tokenizer(&student).and_then(ChatFormat::jinja) {
+    if let Some(template) = template {
         w.set("tokenizer.chat_template", Value::String(template.into()));
     }
     w.set("general.file_type", Value::U32(ftype.id()));

@@ -188,6 +188,16 @@ fn the_chatml_template_an_export_carries_renders_as_k3mini_does() {
     )
     .unwrap();
     assert_eq!(template, file);
+    // The renderings below are of this template (the script records its hash).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
+    let fixture = Json::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(
+        fixture.get("chatml_k3mini_sha256"),
+        Some(&Json::String(k3mini_data::digest::sha256_hex(
+            template.as_bytes()
+        ))),
+        "chatml.jinja changed: rerun scripts/golden/chat_templates.py"
+    );
     let cases = golden_of("chatml_k3mini");
     assert!(cases.len() > golden(ChatFormat::Chatml).len());
     for (name, chat, prompt, want) in cases {
