@@ -386,6 +386,24 @@ mod tests {
     }
 
     #[test]
+    fn a_kimi_k2_students_calls_are_read_in_its_format() {
+        let k2 = ToolGate::of(ChatFormat::KimiK2, &tools(), None, None).unwrap();
+        let call = |name: &str, args: &str| {
+            format!(
+                "<think>Look.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.\
+                 {name}:0<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>"
+            )
+        };
+        assert_eq!(k2.fails(&call("get_weather", r#"{"city": "Oslo"}"#)), None);
+        let unknown = k2
+            .fails(&call("get_wether", r#"{"city": "Oslo"}"#))
+            .unwrap();
+        assert!(unknown.contains("`get_wether`"), "{unknown}");
+        let schema = k2.fails(&call("get_weather", r#"{"city": 7}"#)).unwrap();
+        assert!(schema.contains("at /city"), "{schema}");
+    }
+
+    #[test]
     fn tool_calls_pass_or_fail_the_gate_by_name_arguments_count_and_parse() {
         let auto = gate(json!("auto"), None);
         let weather = call("get_weather", r#"{"city": "Oslo", "days": 2}"#);

@@ -361,13 +361,6 @@ fn tool_gate(gw: &Gateway, req: &ChatRequest) -> Result<Option<ToolGate>, ApiErr
         }
         return Ok(None);
     };
-    if gw.format == ChatFormat::KimiK2 {
-        return Err(bad(
-            "tools",
-            "the student speaks Kimi K2's format, whose tool calls k3mini does not render or read \
-             yet (chatml and kimi_k3 students take tools)",
-        ));
-    }
     if tools.is_empty() {
         return Err(bad(
             "tools",

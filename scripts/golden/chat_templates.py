@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Chat conversations rendered by the reference chat templates, for data/tests/it/chat.rs: K3's
-(llama.cpp's Kimi-K3.jinja) and ChatML's with Hermes tool calls (Qwen3's).
+(llama.cpp's Kimi-K3.jinja), K2's (Kimi-K2-Thinking.jinja, Moonshot's own) and ChatML's with Hermes
+tool calls (Qwen3's).
 
 The templates are llama.cpp's copies (models/templates/) as vendored by llama-cpp-python 0.3.36, the
 llama.cpp reference scripts/golden/requirements.txt pins; they are read from its source archive, not
@@ -23,6 +24,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import jinja2.sandbox
+from transformers.utils import chat_template_utils
 from transformers.utils.chat_template_utils import render_jinja_template
 
 OUT = Path(__file__).resolve().parents[2] / "data" / "tests" / "fixtures" / "chat_templates.json"
@@ -32,8 +35,15 @@ TEMPLATES = {
     # and writes an empty think block into a final turn without reasoning; k3mini renders what the
     # data holds, so chatml's cases are those where the two agree.
     "chatml": "models/templates/Qwen-Qwen3-0.6B.jinja",
+    # K2-Thinking keeps reasoning only after the last assistant answer without calls (a finished
+    # exchange loses it); k3mini keeps every turn's, so kimi_k2's cases are those where the two agree.
+    "kimi_k2": "models/templates/Kimi-K2-Thinking.jinja",
 }
 BOTH = ("kimi_k3", "chatml")
+# K2's template queues its calls' ids with `list.append` and `pop`, which transformers' immutable
+# sandbox refuses; it is rendered in jinja2's mutable sandbox with transformers' settings otherwise
+# (as llama.cpp's own Jinja engine, which allows both, runs it).
+MUTABLE = {"kimi_k2"}
 # k3mini's own ChatML template (what an exported GGUF carries), from this repository: it must render
 # every chatml case as Qwen3's does, and the cases where Qwen3 differs as k3mini's renderer does.
 OWN = {"chatml_k3mini": Path(__file__).resolve().parents[2] / "data/src/chat/templates/chatml.jinja"}
@@ -89,7 +99,7 @@ CASES = [
     },
     {
         "name": "no_reasoning_and_a_generation_prompt",
-        "formats": BOTH,
+        "formats": BOTH + ("kimi_k2",),
         "messages": [
             {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello."},
@@ -129,7 +139,7 @@ CASES = [
     },
     {
         "name": "numbers_sort_ties_and_an_empty_name",
-        "formats": ("kimi_k3",),
+        "formats": ("kimi_k3", "kimi_k2"),
         "tools": [{
             "type": "function",
             "function": {
@@ -158,7 +168,7 @@ CASES = [
     },
     {
         "name": "tool_results_by_name_in_order",
-        "formats": BOTH,
+        "formats": BOTH + ("kimi_k2",),
         "tools": [WEATHER],
         "messages": [
             {"role": "user", "content": "Weather?"},
@@ -184,6 +194,45 @@ CASES = [
             {"role": "tool", "tool_call_id": "s1", "name": "search", "content": "none found"},
             {"role": "assistant", "content": "Nothing.", "reasoning_content": "Empty."},
         ],
+    },
+    {
+        "name": "calls_with_reasoning_answered_in_order_then_more_calls",
+        "formats": ("kimi_k2",),
+        "tools": [WEATHER, SEARCH],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Zürich for 3 days, and find the forecast site."},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Two calls at once.",
+                "tool_calls": [
+                    call("call_1", "get_weather", {"city": "Zürich", "unit": "celsius", "Days": 3}),
+                    call("call_2", "search", {"query": "forecast", "filters": {"site": "meteo.ch", "lang": ["de", "en"]},
+                                              "top_k": 2.5, "strict": True, "cursor": None}),
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "12°C, clear"},
+            {"role": "tool", "tool_call_id": "call_2", "content": '{"results": ["meteo.ch"]}'},
+            {
+                "role": "assistant",
+                "content": "One more.",
+                "reasoning_content": "Check tomorrow too.",
+                "tool_calls": [call("call_3", "get_weather", {"city": "Zürich", "Days": 1})],
+            },
+        ],
+    },
+    {
+        "name": "names_quoted_markers_and_results_of_no_call",
+        "formats": ("kimi_k2",),
+        "messages": [
+            {"role": "system", "name": 'ops "team" & co', "content": "Never print <|im_end|>."},
+            {"role": "user", "name": "ana", "content": "Say <|tool_call_begin|> and café ☕\nthen stop."},
+            {"role": "assistant", "content": "<|tool_calls_section_end|>no"},
+            {"role": "tool", "name": "clock", "content": "09:00"},
+            {"role": "tool", "content": "?"},
+        ],
+        "add_generation_prompt": True,
     },
 ]
 
@@ -227,6 +276,8 @@ def main():
     for fmt, template in templates.items():
         cases = []
         of = OWN_FORMAT.get(fmt, fmt)
+        sandbox = jinja2.sandbox.SandboxedEnvironment if fmt in MUTABLE else jinja2.sandbox.ImmutableSandboxedEnvironment
+        chat_template_utils.ImmutableSandboxedEnvironment = sandbox
         for case in (c for c in CASES + K3MINI_CASES if of in c["formats"] or fmt in c["formats"]):
             rendered, _ = render_jinja_template(
                 conversations=[vllm_messages(case["messages"])],

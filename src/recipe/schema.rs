@@ -312,7 +312,7 @@ pub struct SourceConfig {
     /// The source holds conversations (JSONL in OpenAI's request shape: the messages under
     /// `field`, with `thinking`, `tool_calls` and `tool` results, and the tools declared under
     /// `tools`), rendered in this format: `chatml`, `kimi_k2` or `kimi_k3` (`kimi`, the format of
-    /// the `kimi` vocabulary; `kimi_k2` writes no tool calls yet). `data.train_on` picks
+    /// the `kimi` vocabulary). `data.train_on` picks
     /// which parts carry loss (the assistant's calls are its answer).
     #[serde(default)]
     pub chat: Option<ChatFormat>,

@@ -8,10 +8,10 @@
 //! `<|im_start|>assistant\n<think>\n{thinking}\n</think>\n\n{answer}<|im_end|>\n`, its tool calls
 //! as Hermes' `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>`.
 //!
-//! Kimi K2:
+//! Kimi K2 ([`k2`]):
 //! `<|im_system|>system<|im_middle|>{content}<|im_end|>`, `<|im_user|>user<|im_middle|>…<|im_end|>`,
-//! `<|im_assistant|>assistant<|im_middle|><think>{thinking}</think>{answer}<|im_end|>`; tool results
-//! use `<|im_system|>tool<|im_middle|>`.
+//! `<|im_assistant|>assistant<|im_middle|><think>{thinking}</think>{answer}<|im_end|>`, its tool
+//! calls in `<|tool_calls_section_begin|>`, results as `<|im_system|>tool<|im_middle|>## Return of …`.
 //!
 //! Kimi K3 ("XTML", [`xtml`]): `<|open|>message role="user"<|sep|>…<|close|>message<|sep|><|end_of_msg|>`,
 //! the assistant's reasoning in `<|open|>think<|sep|>`, its answer in `<|open|>response<|sep|>`, its
@@ -24,6 +24,7 @@
 
 pub mod chatml;
 mod json;
+pub mod k2;
 pub mod xtml;
 
 pub use json::Json;
@@ -453,43 +454,10 @@ pub fn render(
         )));
     }
     match format {
-        ChatFormat::KimiK3 => return xtml::render(messages, tools, generation_prompt),
-        ChatFormat::Chatml => return chatml::render(messages, tools, generation_prompt),
-        ChatFormat::KimiK2 => {}
+        ChatFormat::KimiK3 => xtml::render(messages, tools, generation_prompt),
+        ChatFormat::KimiK2 => k2::render(messages, tools, generation_prompt),
+        ChatFormat::Chatml => chatml::render(messages, tools, generation_prompt),
     }
-    let tooled =
-        |m: &Message| !m.tool_calls.is_empty() || m.tool_call_id.is_some() || m.name.is_some();
-    if !tools.is_empty() || messages.iter().any(tooled) {
-        return Err(DataError::Conversation(
-            "the kimi_k2 format renders no tool declarations or calls yet, nor a message's `name` \
-             or `tool_call_id` (chatml and kimi_k3 do)"
-                .into(),
-        ));
-    }
-    let mut out = Rendered::default();
-    for m in messages {
-        let (open, close) = k2_header(m.role);
-        out.push(Part::Markup, true, open);
-        if m.role == Role::Assistant {
-            if let Some(thinking) = &m.thinking {
-                out.push(Part::Thinking, true, THINK_OPEN);
-                out.push(Part::Thinking, false, thinking);
-                out.push(Part::Thinking, true, THINK_CLOSE);
-            }
-            out.push(Part::Answer, false, &m.content);
-            // The end-of-turn marker of an answer is a target: the model learns to stop.
-            let end = close.trim_end_matches('\n');
-            out.push(Part::Answer, true, end);
-            out.push(Part::Markup, true, &close[end.len()..]);
-        } else {
-            out.push(Part::Prompt, false, &m.content);
-            out.push(Part::Markup, true, close);
-        }
-    }
-    if generation_prompt {
-        out.push(Part::Markup, true, k2_header(Role::Assistant).0);
-    }
-    Ok(out)
 }
 
 /// Splits a completion into its reasoning and its answer: the text between `<think>` and `</think>`
@@ -524,19 +492,11 @@ impl ChatFormat {
     /// Reads a whole reply written after this format's generation prompt, its end-of-turn id cut
     /// off, into reasoning, answer and tool calls; refused, naming why, where it is not one the
     /// format's parser reads cleanly (a call cut short, a marker left over, text where none goes).
-    /// K2's tool calls are not read yet: its replies are reasoning and answer.
     pub fn parse_reply(self, text: &str) -> Result<Reply, String> {
         match self {
             ChatFormat::Chatml => chatml::parse_reply(text),
+            ChatFormat::KimiK2 => k2::parse_reply(text),
             ChatFormat::KimiK3 => xtml::parse_reply(text),
-            ChatFormat::KimiK2 => {
-                let (thinking, content) = split_thinking(text);
-                Ok(Reply {
-                    thinking,
-                    content,
-                    calls: Vec::new(),
-                })
-            }
         }
     }
 
@@ -603,13 +563,7 @@ impl ChatFormat {
 pub fn markers(format: ChatFormat) -> &'static [&'static str] {
     match format {
         ChatFormat::Chatml => &["<|im_start|>", END_OF_TURN],
-        ChatFormat::KimiK2 => &[
-            "<|im_system|>",
-            "<|im_user|>",
-            "<|im_assistant|>",
-            "<|im_middle|>",
-            END_OF_TURN,
-        ],
+        ChatFormat::KimiK2 => &k2::MARKERS,
         ChatFormat::KimiK3 => &xtml::MARKERS,
     }
 }
@@ -643,17 +597,4 @@ pub fn check_markers(format: ChatFormat, tokenizer: &Tokenizer) -> Result<(), Da
         tokenizer: tokenizer.name().to_string(),
         hint,
     })
-}
-
-/// A Kimi K2 turn's opening and closing markup.
-fn k2_header(role: Role) -> (&'static str, &'static str) {
-    (
-        match role {
-            Role::System => "<|im_system|>system<|im_middle|>",
-            Role::User => "<|im_user|>user<|im_middle|>",
-            Role::Assistant => "<|im_assistant|>assistant<|im_middle|>",
-            Role::Tool => "<|im_system|>tool<|im_middle|>",
-        },
-        "<|im_end|>",
-    )
 }

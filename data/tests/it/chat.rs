@@ -114,8 +114,8 @@ fn bad_conversations_are_refused() {
 }
 
 /// A format's cases of `scripts/golden/chat_templates.py`: (name, conversation, generation
-/// prompt, the text its reference template renders through transformers: llama.cpp's
-/// Kimi-K3.jinja for `kimi_k3`, Qwen3's for `chatml`).
+/// prompt, the text its reference template renders through transformers' Jinja: llama.cpp's
+/// Kimi-K3.jinja for `kimi_k3`, Kimi-K2-Thinking.jinja for `kimi_k2`, Qwen3's for `chatml`).
 fn golden(format: ChatFormat) -> Vec<(String, Chat, bool, String)> {
     golden_of(format.name())
 }
@@ -129,7 +129,7 @@ fn golden_of(key: &str) -> Vec<(String, Chat, bool, String)> {
     let Some(Json::Array(cases)) = golden.get(key) else {
         panic!("no {key} cases")
     };
-    assert!(cases.len() >= 5);
+    assert!(cases.len() >= 5, "{key}: {} cases", cases.len());
     let text = |case: &Json, key: &str| match case.get(key) {
         Some(Json::String(s)) => s.clone(),
         other => panic!("{key}: {other:?}"),
@@ -147,7 +147,7 @@ fn golden_of(key: &str) -> Vec<(String, Chat, bool, String)> {
 
 #[test]
 fn each_format_renders_as_its_reference_template_and_reads_its_replies_back() {
-    for format in [ChatFormat::KimiK3, ChatFormat::Chatml] {
+    for format in [ChatFormat::KimiK3, ChatFormat::KimiK2, ChatFormat::Chatml] {
         for (name, chat, prompt, want) in golden(format) {
             let got = render(&chat.messages, &chat.tools, format, prompt).unwrap();
             assert_eq!(got.text(), want, "{}: {name}", format.name());
@@ -253,21 +253,23 @@ fn chatml_markers_are_single_ids_and_quoted_markers_are_text() {
     }
 }
 
+/// The text of the ids of one part.
+fn decoded(tok: &Tokenizer, ids: &[u32], parts: &[Part], part: Part) -> String {
+    let picked: Vec<u32> = ids
+        .iter()
+        .zip(parts)
+        .filter(|(_, p)| **p == part)
+        .map(|(i, _)| *i)
+        .collect();
+    tok.decode(&picked).unwrap()
+}
+
 #[test]
 fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
     let tok = Tokenizer::load("kimi").unwrap();
     check_markers(ChatFormat::KimiK3, &tok).unwrap();
     let end = tok.token_id("<|end_of_msg|>").unwrap();
     let cases = golden(ChatFormat::KimiK3);
-    let decoded = |ids: &[u32], parts: &[Part], part: Part| -> String {
-        let picked: Vec<u32> = ids
-            .iter()
-            .zip(parts)
-            .filter(|(_, p)| **p == part)
-            .map(|(i, _)| *i)
-            .collect();
-        tok.decode(&picked).unwrap()
-    };
     for (name, chat, prompt, text) in &cases {
         let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, *prompt).unwrap();
         let (ids, parts) = r.encode(&tok).unwrap();
@@ -294,18 +296,18 @@ fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
     let (_, chat, _, _) = &cases[3];
     let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK3, false).unwrap();
     let (ids, parts) = r.encode(&tok).unwrap();
-    let prompt = decoded(&ids, &parts, Part::Prompt);
+    let prompt = decoded(&tok, &ids, &parts, Part::Prompt);
     assert!(prompt.contains("Weather in Zürich for 3 days") && prompt.contains("12°C, clear"));
     assert!(
         prompt.starts_with("# Tools\n") && !prompt.contains("<|"),
         "{prompt}"
     );
-    let thinking = decoded(&ids, &parts, Part::Thinking);
+    let thinking = decoded(&tok, &ids, &parts, Part::Thinking);
     assert_eq!(
         thinking,
         "Two calls at once.<|close|>think<|sep|>Both answered.<|close|>think<|sep|>"
     );
-    let answer = decoded(&ids, &parts, Part::Answer);
+    let answer = decoded(&tok, &ids, &parts, Part::Answer);
     assert!(answer.starts_with(
         "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call \
          tool=\"get_weather\" index=\"1\"<|sep|><|open|>argument key=\"city\" type=\"string\"\
@@ -319,15 +321,65 @@ fn kimi_k3_markers_are_single_ids_and_quoted_markers_are_text() {
 }
 
 #[test]
+fn kimi_k2_markers_are_single_ids_and_quoted_markers_are_text() {
+    let tok = Tokenizer::load("kimi_k2").unwrap();
+    check_markers(ChatFormat::KimiK2, &tok).unwrap();
+    let end = tok.token_id("<|im_end|>").unwrap();
+    let cases = golden(ChatFormat::KimiK2);
+    for (name, chat, prompt, text) in &cases {
+        let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK2, *prompt).unwrap();
+        let (ids, parts) = r.encode(&tok).unwrap();
+        assert_eq!(ids.len(), parts.len());
+        assert_eq!(&tok.decode(&ids).unwrap(), text, "{name}");
+        // One <|im_end|> id per message (K2's default system turn and the tools' declaration
+        // included), however often people's text quotes it.
+        let default_system = usize::from(chat.messages[0].role != Role::System);
+        let messages = chat.messages.len() + default_system + usize::from(!chat.tools.is_empty());
+        assert_eq!(
+            ids.iter().filter(|&&i| i == end).count(),
+            messages,
+            "{name}"
+        );
+    }
+    let (name, _, _, text) = &cases[4];
+    assert_eq!(name, "names_quoted_markers_and_results_of_no_call");
+    assert_eq!(
+        text.matches("<|im_end|>").count(),
+        6,
+        "the system quotes it"
+    );
+    // Who says what: the declarations, the user's words and the tools' results are prompt; the
+    // reasoning in its tags is thinking; the answer, the calls and the turn's close are the answer.
+    let (_, chat, _, _) = &cases[3];
+    let r = render(&chat.messages, &chat.tools, ChatFormat::KimiK2, false).unwrap();
+    let (ids, parts) = r.encode(&tok).unwrap();
+    let prompt = decoded(&tok, &ids, &parts, Part::Prompt);
+    assert!(
+        prompt.contains("## Return of functions.search:1\n{\"results\""),
+        "{prompt}"
+    );
+    assert!(prompt.starts_with("[{\"type\": \"function\"") && !prompt.contains("<|"));
+    let thinking = decoded(&tok, &ids, &parts, Part::Thinking);
+    assert_eq!(
+        thinking,
+        "<think>Two calls at once.</think><think>Check tomorrow too.</think>"
+    );
+    let answer = decoded(&tok, &ids, &parts, Part::Answer);
+    assert!(answer.starts_with(
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0\
+         <|tool_call_argument_begin|>{\"city\": \"Zürich\""
+    ));
+    assert!(answer.ends_with(
+        "functions.get_weather:2<|tool_call_argument_begin|>{\"city\": \"Zürich\", \"Days\": 1}\
+         <|tool_call_end|><|tool_calls_section_end|><|im_end|>"
+    ));
+    let section = tok.token_id("<|tool_calls_section_begin|>").unwrap();
+    assert_eq!(ids.iter().filter(|&&i| i == section).count(), 2);
+}
+
+#[test]
 fn tool_calls_are_refused_where_a_format_cannot_write_them() {
     let (_, chat, _, _) = golden(ChatFormat::KimiK3).remove(3);
-    let e = render(&chat.messages, &chat.tools, ChatFormat::KimiK2, false)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("renders no tool declarations or calls yet"),
-        "{e}"
-    );
     // ChatML writes no speaker names, and a call's id only as the order of the results.
     let mut named = conversation();
     named[1].name = Some("ana".into());
