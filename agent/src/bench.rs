@@ -32,6 +32,7 @@ use k3mini_data::Tool;
 use k3mini_data::chat::{Message, ToolCall, render};
 use k3mini_data::digest::sha256_hex;
 use k3mini_eval::tasks::last_number;
+use k3mini_teacher::wire::openai::ToolChoice;
 use k3mini_teacher::{GenerateParams, Interrupt};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -55,8 +56,9 @@ pub struct Task {
     pub tests: Option<CodeTests>,
     /// Tokens its answers may have, where not the bench's `max_tokens`.
     pub max_tokens: Option<usize>,
-    /// The tools declared to a chat task.
+    /// The tools declared to a chat task, and its `tool_choice` (OpenAI's; `auto` when absent).
     pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
     /// The calls a tools task's answer must make: BFCL's category and ground truth.
     pub calls: Option<(Category, Vec<Truth>)>,
 }
@@ -71,7 +73,7 @@ pub struct CodeTests {
 /// A tasks file's line: `{"text": …}`, `{"prompt": …}` (one user turn) or `{"messages": […]}`,
 /// each with an optional `id` (default `FILE:LINE`), `max_tokens`, and either a reference
 /// `answer`, or, for a `text` the answer completes as code, `tests` and `entry_point`, or, for a
-/// chat, `tools` with BFCL's `category` and ground-truth `calls`
+/// chat, `tools` (and a `tool_choice`) with BFCL's `category` and ground-truth `calls`
 /// (`scripts/agent/bfcl-tasks.py` writes them).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,6 +87,7 @@ struct Line {
     entry_point: Option<String>,
     max_tokens: Option<usize>,
     tools: Option<Vec<Tool>>,
+    tool_choice: Option<ToolChoice>,
     category: Option<Category>,
     calls: Option<Vec<Truth>>,
 }
@@ -148,6 +151,9 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
         if !(line.max_tokens != Some(0)) {
             return Err(refuse!("{}: max_tokens must be > 0", line_at()));
         }
+        if line.tool_choice.is_some() && line.tools.is_none() {
+            return Err(refuse!("{}: `tool_choice` goes with `tools`", line_at()));
+        }
         let calls = match (line.tools.as_deref(), line.category, line.calls) {
             (None, None, None) => None,
             (Some([_, ..]), Some(category), calls)
@@ -177,6 +183,7 @@ pub fn read_tasks(path: &Path) -> Result<Vec<Task>> {
             tests,
             max_tokens: line.max_tokens,
             tools: line.tools.unwrap_or_default(),
+            tool_choice: line.tool_choice,
             calls,
         });
     }
@@ -204,6 +211,9 @@ pub struct Settings {
     pub run_tests: bool,
     /// Seconds a code task's program may run.
     pub test_seconds: f64,
+    /// The student's own answers to tools tasks decoded under the tools' grammar (a policy's
+    /// `[gate] constrain_calls`): the local runs, and the policies replayed on them.
+    pub constrain_calls: bool,
     pub cost: Prices,
 }
 
@@ -216,6 +226,7 @@ impl Default for Settings {
             verify: VerifySettings::default(),
             run_tests: false,
             test_seconds: 10.0,
+            constrain_calls: false,
             cost: Prices::default(),
         }
     }
@@ -310,7 +321,7 @@ fn ask(agent: &Agent, task: &Task, max_tokens: usize) -> Result<Ask> {
     let gate = match task.tools.is_empty() {
         true => None,
         false => Some(Gate::Tools(
-            ToolGate::of(format, &task.tools, None, None)
+            ToolGate::of(format, &task.tools, task.tool_choice.as_ref(), None)
                 .map_err(|(at, e)| refuse!("task {}: {at}: {e}", task.id))?,
         )),
     };
@@ -365,6 +376,7 @@ pub fn measure(
                 &ask.params.stop,
                 ask.params.max_tokens,
                 &settings.verify,
+                settings.constrain_calls,
             ))?
             .as_bytes(),
         );
@@ -376,6 +388,7 @@ pub fn measure(
         let mut run = |name: &str| -> Result<Run> {
             let mut policy = Policy::built_in(name).expect("a built-in");
             policy.verify = settings.verify.clone();
+            policy.gate.constrain_calls = settings.constrain_calls;
             // A failing remote fails the bench: a marked local answer would be measured (and
             // cached) as the remote's.
             policy.on_remote_error = OnRemoteError::Error;
@@ -915,7 +928,7 @@ impl Bench {
             "# Agent bench: {} tasks\n\nGreedy, up to {} tokens an answer (or a task's own max_tokens); a task without a \
              reference is correct at ≥ {} agreement with the remote. Prices: remote ${}/M input, \
              ${}/M output; local ${}/h + {} W at ${}/kWh.\n\n\
-             | policy | escalated | quality | accuracy | calls made | valid calls | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
+             {}| policy | escalated | quality | accuracy | calls made | valid calls | $ / 1k requests | $ / correct | p50 s | p95 s |\n\
              |---|---|---|---|---|---|---|---|---|---|\n",
             self.tasks,
             self.settings.max_tokens,
@@ -924,7 +937,13 @@ impl Bench {
             c.output_per_mtok,
             c.hardware_per_hour,
             c.watts,
-            c.per_kwh
+            c.per_kwh,
+            if self.settings.constrain_calls {
+                "The student's own answers to tools tasks are decoded under the tools' grammar \
+                 (`constrain_calls`; the verify cascade's drafts are not).\n\n"
+            } else {
+                ""
+            }
         );
         for p in &self.points {
             md += &format!(

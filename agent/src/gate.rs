@@ -52,6 +52,9 @@ pub enum Gate {
 pub struct GateSettings {
     pub run_tests: bool,
     pub test_seconds: f64,
+    /// The student's own answer to a request with tools is decoded under the tools' grammar
+    /// ([`crate::grammar`]), so its calls parse and match their schemas by construction.
+    pub constrain_calls: bool,
 }
 
 impl Default for GateSettings {
@@ -59,6 +62,7 @@ impl Default for GateSettings {
         Self {
             run_tests: false,
             test_seconds: 10.0,
+            constrain_calls: false,
         }
     }
 }

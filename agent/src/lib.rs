@@ -13,6 +13,7 @@ pub mod confidence;
 pub mod cost;
 pub mod error;
 pub mod gate;
+pub mod grammar;
 pub mod policy;
 pub mod sandbox;
 pub mod server;
@@ -25,7 +26,8 @@ use confidence::Signals;
 use cost::{Cost, Spent, Usage};
 use gate::Gate;
 use k3mini_teacher::sampling::Sampling;
-use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher};
+use k3mini_teacher::wire::openai::{ToolChoice, ToolMode};
+use k3mini_teacher::{FinishReason, GenerateParams, Interrupt, Teacher, TeacherError};
 use policy::{EscalateBy, OnRemoteError, Policy, Route};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
@@ -308,7 +310,8 @@ impl Agent {
         let local = match self.policy.route {
             Route::All => None,
             Route::Confidence | Route::Gate | Route::None => {
-                let tokens = self.decode(&ask.prompt, p, spent, interrupt)?;
+                let mut grammar = self.call_grammar(ask)?;
+                let tokens = self.decode(&ask.prompt, p, spent, grammar.as_mut(), interrupt)?;
                 report.signals = Some(Signals::of(&tokens));
                 // The gate judges what the client would get: the answer cut at its stop string.
                 let ids: Vec<u32> = tokens.iter().map(|t| t.id).collect();
@@ -384,7 +387,7 @@ impl Agent {
                         seed: p.seed ^ ids.len() as u64,
                         ..p.clone()
                     };
-                    let tokens = self.decode(&context, &rest, spent, interrupt)?;
+                    let tokens = self.decode(&context, &rest, spent, None, interrupt)?;
                     let more: Vec<u32> = tokens.iter().map(|t| t.id).collect();
                     emit(&more);
                     ids.extend(more);
@@ -474,12 +477,34 @@ impl Agent {
         }
     }
 
-    /// The student's answer after `context` under `p`, its work added to `spent`.
+    /// The grammar the student's own answer to `ask` is decoded under: its tools' where the
+    /// policy constrains calls and the request has tools (and lets the student call them).
+    fn call_grammar(&self, ask: &Ask) -> Result<Option<llguidance::Matcher>, AgentError> {
+        let Some(Gate::Tools(tools)) = &ask.gate else {
+            return Ok(None);
+        };
+        if !self.policy.gate.constrain_calls || tools.choice == ToolChoice::Mode(ToolMode::None) {
+            return Ok(None);
+        }
+        let grammars = self.student.call_grammars().map_err(|e| {
+            AgentError::Local(TeacherError::Request(format!(
+                "policy {:?} constrains tool calls: {e}",
+                self.policy.name
+            )))
+        })?;
+        grammars
+            .matcher(tools)
+            .map(Some)
+            .map_err(|e| AgentError::Local(TeacherError::Request(e)))
+    }
+
+    /// The student's answer after `context` under `p` (and `grammar`), its work added to `spent`.
     fn decode(
         &self,
         context: &[u32],
         p: &GenerateParams,
         spent: &mut Spent,
+        grammar: Option<&mut llguidance::Matcher>,
         interrupt: Interrupt,
     ) -> Result<Vec<student::Token>, AgentError> {
         let t0 = Instant::now();
@@ -493,6 +518,7 @@ impl Agent {
                 &p.stop,
                 false,
                 &mut rng,
+                grammar,
                 interrupt,
             )
             .map_err(AgentError::Local)?;

@@ -12,7 +12,7 @@
 //! [confidence]            # thresholds (see confidence.rs); unset ones are not checked
 //! min_mean_logprob = -1.5
 //! [verify]                # k, draft, max_draft, min_acceptance, judge_after
-//! [gate]                  # run_tests, test_seconds (see gate.rs)
+//! [gate]                  # run_tests, test_seconds, constrain_calls (see gate.rs)
 //! [budget]                # max_usd_per_request, max_usd_per_day, max_escalation_share
 //! [cost]                  # input_per_mtok, output_per_mtok, hardware_per_hour, watts, per_kwh
 //! ```

@@ -2,10 +2,13 @@
 //! the teacher engine's loop, because the agent reads every position's whole distribution — its
 //! confidence signals, and the draft distribution `q` the sampling acceptance rule divides by.
 
+use crate::grammar::CallGrammars;
 use k3mini_data::ChatFormat;
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::sampling::{Dist, Sampling, draw, sampling_dist};
 use k3mini_teacher::{Interrupt, TeacherError, log_softmax};
+use llguidance::Matcher;
+use std::sync::OnceLock;
 
 /// A token the student wrote, with what its own distribution (at temperature 1) said there.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,11 +48,31 @@ fn read_row(row: &[f32]) -> (Vec<f32>, f32, f32, u32) {
 /// The student: a local model.
 pub struct Student {
     pub model: LocalTeacher,
+    /// Its tool-call grammars, built at the first request that asks for them.
+    grammars: OnceLock<Result<CallGrammars, String>>,
 }
 
 impl Student {
     pub fn new(model: LocalTeacher) -> Self {
-        Self { model }
+        Self {
+            model,
+            grammars: OnceLock::new(),
+        }
+    }
+
+    /// The grammars that constrain its tool calls, or why it has none.
+    pub fn call_grammars(&self) -> Result<&CallGrammars, String> {
+        self.grammars
+            .get_or_init(|| {
+                let format = self.format();
+                let tokenizer = &self.model.tokenizer;
+                let end = tokenizer
+                    .token_id(format.end_of_turn())
+                    .ok_or_else(|| format!("{} is not one id", format.end_of_turn()))?;
+                CallGrammars::new(format, tokenizer, self.model.n_vocab(), end)
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// The chat format the student speaks: the one its vocabulary's markers name (ChatML where
@@ -69,7 +92,9 @@ impl Student {
     /// Up to `max` tokens after `context` (stopping after any of `stop`), drawn at `s` with `rng`
     /// (a SplitMix64 state), each with its signals, and with the distribution it was drawn from
     /// where `keep_q` (a whole vocabulary per token: for drafts only). One prefill of `context`,
-    /// then one token at a time; `interrupt` is checked between tokens.
+    /// then one token at a time; `interrupt` is checked between tokens. Under `grammar`, each
+    /// token is drawn from those it allows (the signals stay the model's own); a grammar that
+    /// fails midway is dropped and the rest decodes free (the gate judges the reply anyway).
     #[allow(clippy::too_many_arguments)]
     pub fn decode(
         &self,
@@ -79,6 +104,7 @@ impl Student {
         stop: &[u32],
         keep_q: bool,
         rng: &mut u64,
+        mut grammar: Option<&mut Matcher>,
         interrupt: Interrupt,
     ) -> Result<Vec<Token>, TeacherError> {
         let limit = self.model.context_length();
@@ -100,15 +126,38 @@ impl Student {
             interrupt.check()?;
             let row = &last[last.len() - vocab..];
             let (lp, entropy, margin, best) = read_row(row);
+            let allowed = grammar.as_mut().and_then(|m| m.compute_mask_or_eos().ok());
+            if allowed.is_none() {
+                grammar = None;
+            }
+            let open = |i: usize| allowed.as_ref().is_none_or(|a| a.is_allowed(i as u32));
             let (id, q) = if s.greedy() {
+                let best = match &allowed {
+                    None => best,
+                    Some(_) => (0..vocab)
+                        .filter(|&i| open(i))
+                        .max_by(|&a, &b| lp[a].total_cmp(&lp[b]).then(b.cmp(&a)))
+                        .map_or(best, |i| i as u32),
+                };
                 (best, None)
             } else {
-                let q = sampling_dist(lp.iter().enumerate().map(|(i, &l)| (i as u32, l)), s);
+                let q = sampling_dist(
+                    lp.iter()
+                        .enumerate()
+                        .filter(|&(i, _)| open(i))
+                        .map(|(i, &l)| (i as u32, l)),
+                    s,
+                );
                 (
                     draw(&q, k3mini_data::rng::uniform(rng)),
                     keep_q.then_some(q),
                 )
             };
+            if let Some(m) = grammar.as_mut()
+                && m.consume_token(id).is_err()
+            {
+                grammar = None;
+            }
             out.push(Token {
                 id,
                 logprob: lp[id as usize],

@@ -225,11 +225,19 @@ pub fn cascade(
         context.extend(&out.ids);
         let n = gamma.min(params.max_tokens - out.ids.len());
         let t0 = Instant::now();
-        let draft: Vec<Token> =
-            match student.decode(&context, n, s, &params.stop, true, &mut rng, interrupt) {
-                Ok(d) => d,
-                Err(e) => fail!(Halt::Local(e)),
-            };
+        let draft: Vec<Token> = match student.decode(
+            &context,
+            n,
+            s,
+            &params.stop,
+            true,
+            &mut rng,
+            None,
+            interrupt,
+        ) {
+            Ok(d) => d,
+            Err(e) => fail!(Halt::Local(e)),
+        };
         out.spent.local_seconds += t0.elapsed().as_secs_f64();
         out.spent.local_read += context.len() as u64;
         out.spent.local_written += draft.len() as u64;

@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--limit", type=int, default=20, help="the first N tasks of each category")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--required", action="store_true",
+                    help="tasks that expect calls carry tool_choice \"required\" (irrelevance stays auto)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d,
@@ -70,10 +72,13 @@ def main():
                 tools = [{"type": "function", "function": {
                     "name": fn["name"], "description": fn.get("description", ""),
                     "parameters": schema(fn["parameters"])}} for fn in t["function"]]
-                f.write(json.dumps({
+                task = {
                     "id": t["id"], "messages": t["question"][0], "tools": tools,
                     "category": category, "calls": truth.get(category, {}).get(t["id"], []),
-                    "max_tokens": a.max_tokens}, ensure_ascii=False) + "\n")
+                    "max_tokens": a.max_tokens}
+                if a.required and category != "irrelevance":
+                    task["tool_choice"] = "required"
+                f.write(json.dumps(task, ensure_ascii=False) + "\n")
                 n += 1
     print(f"{a.out}: {n} BFCL tasks ({', '.join(CATEGORIES)}; up to {a.limit} each)")
 

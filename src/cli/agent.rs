@@ -108,12 +108,14 @@ impl Sides {
         );
         // vLLM's and OpenAI's scoring generates (and bills) one token; SGLang's none.
         let scoring_output = u64::from(self.remote_api != Api::Sglang);
-        let mut agent = Agent::new(
-            Student::new(model),
-            Box::new(remote),
-            scoring_output,
-            policy,
-        );
+        let student = Student::new(model);
+        if policy.gate.constrain_calls {
+            // Built now (a trie of the vocabulary), and refused now where it cannot be.
+            student.call_grammars().map_err(|e| {
+                anyhow::anyhow!("policy {}: [gate] constrain_calls: {e}", policy.name)
+            })?;
+        }
+        let mut agent = Agent::new(student, Box::new(remote), scoring_output, policy);
         agent.remote_attempts = 1 + self.remote_retries as u64;
         Ok((agent, what))
     }

@@ -182,6 +182,11 @@ impl LocalTeacher {
         self.model.limits().context
     }
 
+    /// Logits per position (the model's ids, which may pass its tokenizer's).
+    pub fn n_vocab(&self) -> usize {
+        self.model.limits().vocab
+    }
+
     /// Scores `ids` at top-`k` and/or generates after them (see [`crate::engine::run`]), until
     /// `interrupt` says stop; while recording, the routing of every id fed (the prompt's, then
     /// each generated id's but the last: what vLLM returns), checked against the GGUF's.

@@ -1127,6 +1127,55 @@ fn tool_calls_pass_the_gate_or_escalate_and_come_back_in_openais_shape() {
     stop.store(true, Ordering::SeqCst);
 }
 
+/// Constrained decoding: under `[gate] constrain_calls`, the same random student that writes no
+/// call unconstrained answers `required` with a call of the declared tool whose arguments match
+/// its schema, which passes the gate, so nothing escalates.
+#[test]
+fn constrained_calls_pass_the_gate_by_construction() {
+    let scratch = Scratch::new("agent-constrained");
+    let student = random_student(&scratch);
+    let tokenizer = k3mini::teachers::gguf_tokenizer(&student).unwrap();
+    let remote = || {
+        Box::new(Scripted {
+            calls: Default::default(),
+            fail: false,
+            ids: tokenizer.encode_with_specials("Remote.<|im_end|>").unwrap(),
+        })
+    };
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Oslo", "Lima"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": false}}}]);
+    let body = json!({"messages": [{"role": "user", "content": "Weather in Oslo?"}],
+        "max_tokens": 160, "temperature": 0, "tools": tools, "tool_choice": "required",
+        "parallel_tool_calls": false});
+    let gate = "route = \"gate\"\nescalate_by = \"remote\"\n";
+    for (constrained, answered_by) in [(false, "remote"), (true, "local")] {
+        let policy = format!("{gate}[gate]\nconstrain_calls = {constrained}\n");
+        let (url, stop) = serve_agent(&student, remote(), &policy);
+        let (status, got) = post(&url, "/v1/chat/completions", &body);
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(got["k3mini"]["answered_by"], answered_by, "{got}");
+        if !constrained {
+            continue;
+        }
+        let choice = &got["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{got}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{got}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(
+            ["Oslo", "Lima"].contains(&args["city"].as_str().unwrap()),
+            "{args}"
+        );
+        assert!((1..=7).contains(&args["days"].as_i64().unwrap()), "{args}");
+    }
+}
+
 /// The learning loop end to end: a gateway escalating every request writes each one, scored
 /// once more by the remote, as a teacher-signal shard; `k3mini train` with `distill.mode =
 /// "traffic"` reads them back (cut into its 16-token segments) and trains from the student's

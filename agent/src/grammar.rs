@@ -1,0 +1,228 @@
+//! Constrained decoding of tool calls: a grammar built from a request's tools, so the calls a
+//! student writes parse, name a declared tool and carry arguments of its schema by construction
+//! (the gate still judges every reply: the grammar is an aid, not the check).
+//!
+//! ChatML's Hermes calls, for `tool_choice` `auto` (the grammar is lazy: free text, until the
+//! student writes `<tool_call>`; from there on only calls):
+//!
+//! ```text
+//! start: TEXT | lead call ("\n<tool_call>" call)*
+//! TEXT: any text without "<tool_call>"
+//! lead[lazy]: /(.|\n)*<tool_call>/
+//! call: "\n" (fn_0 | fn_1 | …) "\n</tool_call>"
+//! fn_k: "{\"name\": \"NAME_k\", \"arguments\": " %json{SCHEMA_k} "}"
+//! ```
+//!
+//! `required` and a named function start with `<tool_call>` (no text, no lead); a named one
+//! allows only its `fn_k`; `parallel_tool_calls: false` allows one call. The arguments are JSON
+//! in `json.dumps`' spacing, as the student was trained on them. After the last call only the
+//! end of the turn may follow. The matcher is llguidance's, over the student's vocabulary, its
+//! special tokens out of reach of text.
+
+use crate::gate::ToolGate;
+use k3mini_data::{ChatFormat, Tokenizer};
+use k3mini_teacher::wire::openai::{ToolChoice, ToolMode};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Grammars over one student's vocabulary (its token trie is built once).
+pub struct CallGrammars {
+    factory: ParserFactory,
+}
+
+impl CallGrammars {
+    /// For a student of `format` with `tokenizer`, `n_vocab` logits per position, whose turn
+    /// ends at `end_of_turn`; refused, naming why, for what it cannot constrain.
+    pub fn new(
+        format: ChatFormat,
+        tokenizer: &Tokenizer,
+        n_vocab: usize,
+        end_of_turn: u32,
+    ) -> Result<Self, String> {
+        if format != ChatFormat::Chatml {
+            return Err(format!(
+                "constrained calls are built for chatml students; this one speaks {}",
+                format.name()
+            ));
+        }
+        let json = tokenizer.json().ok_or_else(|| {
+            format!(
+                "constrained calls need the student's tokenizer.json; {} is built in",
+                tokenizer.name()
+            )
+        })?;
+        let json: Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| format!("the tokenizer's token bytes: {e}"))?;
+        if words.len() > n_vocab {
+            return Err(format!(
+                "the tokenizer has {} ids and the student {n_vocab} logits",
+                words.len()
+            ));
+        }
+        // Ids the model has past the tokenizer's: no bytes, never allowed.
+        words.resize(n_vocab, Vec::new());
+        let info = TokRxInfo::new(n_vocab as u32, end_of_turn);
+        let trie = TokTrie::from(&info, &words);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self { factory })
+    }
+
+    /// A matcher for the calls `gate` allows, fresh at the start of the reply.
+    pub fn matcher(&self, gate: &ToolGate) -> Result<Matcher, String> {
+        let grammar = TopLevelGrammar::from_lark(lark(gate)?);
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| format!("the tools' grammar: {e}"))?;
+        Ok(Matcher::new(Ok(parser)))
+    }
+}
+
+/// The grammar (Lark, llguidance's dialect) of the replies `gate` allows: see the module's doc.
+pub fn lark(gate: &ToolGate) -> Result<String, String> {
+    if gate.format != ChatFormat::Chatml {
+        return Err(format!(
+            "no call grammar for the {} format",
+            gate.format.name()
+        ));
+    }
+    let quoted = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    let named = match &gate.choice {
+        ToolChoice::Named(n) => Some(n.function.name.as_str()),
+        _ => None,
+    };
+    let mut functions = Vec::new();
+    let mut rules = String::new();
+    for (k, (name, schema)) in gate.tools.iter().enumerate() {
+        if named.is_some_and(|n| n != name) {
+            continue;
+        }
+        // `json.dumps`' spacing, which the student's training data was written in.
+        let mut schema = schema.clone().unwrap_or_else(|| json!({"type": "object"}));
+        if let Value::Object(o) = &mut schema {
+            o.insert(
+                "x-guidance".into(),
+                json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
+            );
+        }
+        let head = format!("{{\"name\": \"{name}\", \"arguments\": ");
+        rules.push_str(&format!(
+            "fn_{k}: {} %json {schema} \"}}\"\n",
+            quoted(&head)
+        ));
+        functions.push(format!("fn_{k}"));
+    }
+    let calls = if gate.parallel {
+        "call (\"\\n<tool_call>\" call)*"
+    } else {
+        "call"
+    };
+    let start = match &gate.choice {
+        ToolChoice::Mode(ToolMode::None) => return Err("tool_choice is \"none\"".into()),
+        ToolChoice::Mode(ToolMode::Auto) => format!(
+            "start: TEXT | lead {calls}\n\
+             TEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n\
+             lead[lazy]: /(.|\\n)*<tool_call>/\n"
+        ),
+        _ => format!("start: \"<tool_call>\" {calls}\n"),
+    };
+    Ok(format!(
+        "{start}call: \"\\n\" ({}) \"\\n</tool_call>\"\n{rules}",
+        functions.join(" | ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3mini_data::chat::Tool;
+
+    fn gate(choice: Value, parallel: Option<bool>) -> ToolGate {
+        let tools: Vec<Tool> = serde_json::from_value(json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"], "additionalProperties": false}}},
+            {"type": "function", "function": {"name": "now"}}
+        ]))
+        .unwrap();
+        let choice: ToolChoice = serde_json::from_value(choice).unwrap();
+        ToolGate::of(ChatFormat::Chatml, &tools, Some(&choice), parallel).unwrap()
+    }
+
+    /// Whether `grammars` accept `text` whole, as bytes (a byte-level vocabulary).
+    fn accepts(grammar: &str, text: &str) -> bool {
+        let words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).chain([vec![]]).collect();
+        let info = TokRxInfo::new(words.len() as u32, 256);
+        let env: TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let mut factory = ParserFactory::new_simple(&env).unwrap();
+        factory.quiet();
+        let parser = factory
+            .create_parser(TopLevelGrammar::from_lark(grammar.to_string()))
+            .unwrap();
+        let mut m = Matcher::new(Ok(parser));
+        let ids: Vec<u32> = text.bytes().map(u32::from).collect();
+        m.consume_tokens(&ids).is_ok() && m.is_accepting().unwrap_or(false)
+    }
+
+    #[test]
+    fn the_grammar_takes_what_the_gate_passes_and_nothing_else() {
+        let weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+        let now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+        let auto = lark(&gate(json!("auto"), None)).unwrap();
+        for text in [
+            "No tool needed.".to_string(),
+            String::new(),
+            format!("Checking.\n{weather}"),
+            format!("{weather}\n{now}"),
+        ] {
+            assert!(accepts(&auto, &text), "{text:?}");
+        }
+        for text in [
+            // An unknown name, arguments off the schema, other spacing, text after the calls.
+            weather.replace("get_weather", "get_wether"),
+            weather.replace("\"Oslo\"", "7"),
+            weather.replace("{\"city\": ", "{\"city\":"),
+            weather.replace("{\"city\": \"Oslo\"}", "{\"city\": \"Oslo\", \"when\": 1}"),
+            format!("{weather} and more"),
+            weather[..weather.len() - 3].to_string(),
+        ] {
+            assert!(!accepts(&auto, &text), "{text:?}");
+        }
+        let required = lark(&gate(json!("required"), Some(false))).unwrap();
+        assert!(accepts(&required, weather) && accepts(&required, now));
+        assert!(!accepts(&required, "No tool needed."));
+        assert!(
+            !accepts(&required, &format!("{weather}\n{now}")),
+            "one call"
+        );
+        let named = lark(&gate(
+            json!({"type": "function", "function": {"name": "now"}}),
+            None,
+        ))
+        .unwrap();
+        assert!(accepts(&named, now) && !accepts(&named, weather));
+        assert!(lark(&gate(json!("none"), None)).is_err());
+    }
+
+    #[test]
+    fn formats_without_a_call_grammar_are_refused_by_name() {
+        let kimi = Tokenizer::load("kimi").unwrap();
+        let e = CallGrammars::new(ChatFormat::KimiK3, &kimi, 163_840, 0)
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("chatml students; this one speaks kimi_k3"),
+            "{e}"
+        );
+        let e = CallGrammars::new(ChatFormat::Chatml, &kimi, 163_840, 0)
+            .err()
+            .unwrap();
+        assert!(e.contains("tokenizer.json"), "{e}");
+    }
+}
