@@ -377,6 +377,7 @@ pub fn measure(
                 ask.params.max_tokens,
                 &settings.verify,
                 settings.constrain_calls,
+                &task.tool_choice,
             ))?
             .as_bytes(),
         );

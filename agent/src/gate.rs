@@ -12,6 +12,8 @@
 //! [gate]
 //! run_tests = false   # run the tests a completion request carries
 //! test_seconds = 10.0 # how long its program may run
+//! constrain_calls = false # decode the student's answer to a tools request under the tools'
+//!                         # grammar (chatml students; super::grammar)
 //! ```
 //!
 //! Schemas are checked by the `jsonschema` crate (drafts 4 to 2020-12, 2020-12 unless `$schema`

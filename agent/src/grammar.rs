@@ -6,20 +6,26 @@
 //! student writes `<tool_call>`; from there on only calls):
 //!
 //! ```text
-//! start: TEXT | lead call ("\n<tool_call>" call)*
+//! start: think? (TEXT | lead call ("\n<tool_call>" call)*)
+//! think[lazy]: /<think>(.|\n)*<\/think>/
 //! TEXT: any text without "<tool_call>"
-//! lead[lazy]: /(.|\n)*<tool_call>/
+//! lead[lazy]: text without "<think>" up to the first "<tool_call>"
 //! call: "\n" (fn_0 | fn_1 | …) "\n</tool_call>"
 //! fn_k: "{\"name\": \"NAME_k\", \"arguments\": " %json{SCHEMA_k} "}"
 //! ```
 //!
-//! `required` and a named function start with `<tool_call>` (no text, no lead); a named one
-//! allows only its `fn_k`; `parallel_tool_calls: false` allows one call. The arguments are JSON
-//! in `json.dumps`' spacing, as the student was trained on them. After the last call only the
-//! end of the turn may follow. The matcher is llguidance's, over the student's vocabulary, its
-//! special tokens out of reach of text.
+//! `required` and a named function start with `<tool_call>` after the reasoning (no text, no
+//! lead); a named one allows only its `fn_k`; `parallel_tool_calls: false` allows one call. The
+//! arguments are a JSON object (a schema that says nothing of its type is made one; a tool whose
+//! schema is `false` cannot be called) in `json.dumps`' spacing, as the student was trained on
+//! them. After the last call only the end of the turn may follow. Where llguidance cannot
+//! compile a tool's schema (keywords it does not implement even leniently), the tools' arguments
+//! are any JSON object instead: they still parse by construction, and the gate checks the
+//! schema. The matcher is llguidance's, over the student's vocabulary, its special tokens out of
+//! reach of text.
 
 use crate::gate::ToolGate;
+use k3mini_data::chat::{THINK_CLOSE, THINK_OPEN};
 use k3mini_data::{ChatFormat, Tokenizer};
 use k3mini_teacher::wire::openai::{ToolChoice, ToolMode};
 use llguidance::api::TopLevelGrammar;
@@ -55,6 +61,18 @@ impl CallGrammars {
             )
         })?;
         let json: Value = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+        // The grammar writes the tags as text: a vocabulary that holds one as a special token
+        // (out of text's reach) would have its own id masked out.
+        let specials = json["added_tokens"].as_array().into_iter().flatten();
+        if let Some(tag) = specials
+            .filter(|t| t["special"] == true)
+            .filter_map(|t| t["content"].as_str())
+            .find(|c| TAGS.contains(c))
+        {
+            return Err(format!(
+                "the tokenizer holds {tag} as a special token, which a grammar of text cannot write"
+            ));
+        }
         let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
             .map_err(|e| format!("the tokenizer's token bytes: {e}"))?;
         if words.len() > n_vocab {
@@ -73,19 +91,54 @@ impl CallGrammars {
         Ok(Self { factory })
     }
 
-    /// A matcher for the calls `gate` allows, fresh at the start of the reply.
+    /// A matcher for the calls `gate` allows, fresh at the start of the reply (see the module's
+    /// doc for a schema llguidance cannot compile).
     pub fn matcher(&self, gate: &ToolGate) -> Result<Matcher, String> {
-        let grammar = TopLevelGrammar::from_lark(lark(gate)?);
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| format!("the tools' grammar: {e}"))?;
+        let parser = |schemas| {
+            let grammar = TopLevelGrammar::from_lark(lark(gate, schemas)?);
+            self.factory
+                .create_parser(grammar)
+                .map_err(|e| format!("the tools' grammar: {e}"))
+        };
+        let parser = parser(Schemas::Declared).or_else(|_| parser(Schemas::AnyObject))?;
         Ok(Matcher::new(Ok(parser)))
     }
 }
 
-/// The grammar (Lark, llguidance's dialect) of the replies `gate` allows: see the module's doc.
-pub fn lark(gate: &ToolGate) -> Result<String, String> {
+/// The text tags the grammar writes.
+const TAGS: [&str; 4] = ["<tool_call>", "</tool_call>", THINK_OPEN, THINK_CLOSE];
+
+/// What a call's arguments are held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schemas {
+    /// Each tool's own JSON Schema.
+    Declared,
+    /// Any JSON object.
+    AnyObject,
+}
+
+/// A tool's schema as the grammar embeds it: an object (where the schema does not say), in
+/// `json.dumps`' spacing, lenient where llguidance is strict; None for `false` (no call can
+/// match it).
+fn embedded(schema: Option<&Value>, schemas: Schemas) -> Option<Value> {
+    let mut schema = match (schemas, schema) {
+        (Schemas::AnyObject, _) | (_, None | Some(Value::Bool(true))) => json!({}),
+        (_, Some(Value::Bool(false))) => return None,
+        (_, Some(s)) => s.clone(),
+    };
+    let o = schema.as_object_mut()?;
+    o.entry("type").or_insert(json!("object"));
+    o.insert(
+        "x-guidance".into(),
+        json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false,
+               "lenient": true, "coerce_one_of": true}),
+    );
+    Some(schema)
+}
+
+/// The grammar (Lark, llguidance's dialect) of the replies `gate` allows, the arguments held to
+/// `schemas`: see the module's doc.
+pub fn lark(gate: &ToolGate, schemas: Schemas) -> Result<String, String> {
     if gate.format != ChatFormat::Chatml {
         return Err(format!(
             "no call grammar for the {} format",
@@ -100,23 +153,25 @@ pub fn lark(gate: &ToolGate) -> Result<String, String> {
     let mut functions = Vec::new();
     let mut rules = String::new();
     for (k, (name, schema)) in gate.tools.iter().enumerate() {
-        if named.is_some_and(|n| n != name) {
+        // A name ChatML would have to escape is never written (its renderer refuses it).
+        let writable = !name
+            .chars()
+            .any(|c| c == '"' || c == '\\' || c.is_control());
+        if named.is_some_and(|n| n != name) || !writable {
             continue;
         }
-        // `json.dumps`' spacing, which the student's training data was written in.
-        let mut schema = schema.clone().unwrap_or_else(|| json!({"type": "object"}));
-        if let Value::Object(o) = &mut schema {
-            o.insert(
-                "x-guidance".into(),
-                json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
-            );
-        }
+        let Some(schema) = embedded(schema.as_ref(), schemas) else {
+            continue;
+        };
         let head = format!("{{\"name\": \"{name}\", \"arguments\": ");
         rules.push_str(&format!(
             "fn_{k}: {} %json {schema} \"}}\"\n",
             quoted(&head)
         ));
         functions.push(format!("fn_{k}"));
+    }
+    if functions.is_empty() {
+        return Err("no declared tool can be called".into());
     }
     let calls = if gate.parallel {
         "call (\"\\n<tool_call>\" call)*"
@@ -125,15 +180,18 @@ pub fn lark(gate: &ToolGate) -> Result<String, String> {
     };
     let start = match &gate.choice {
         ToolChoice::Mode(ToolMode::None) => return Err("tool_choice is \"none\"".into()),
+        // The lead never spans the reasoning: a `<tool_call>` quoted in it triggers nothing.
         ToolChoice::Mode(ToolMode::Auto) => format!(
-            "start: TEXT | lead {calls}\n\
+            "start: think? (TEXT | lead {calls})\n\
              TEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n\
-             lead[lazy]: /(.|\\n)*<tool_call>/\n"
+             lead[lazy]: /(.|\\n)*<tool_call>/ & ~/(.|\\n)*<think>(.|\\n)*/\n"
         ),
-        _ => format!("start: \"<tool_call>\" {calls}\n"),
+        _ => format!("start: think? WS? \"<tool_call>\" {calls}\nWS: /\\s+/\n"),
     };
+    // Lazy: the reasoning ends at its first `</think>` (a greedy lexeme would run past it).
     Ok(format!(
-        "{start}call: \"\\n\" ({}) \"\\n</tool_call>\"\n{rules}",
+        "{start}think[lazy]: /<think>(.|\\n)*<\\/think>/\n\
+         call: \"\\n\" ({}) \"\\n</tool_call>\"\n{rules}",
         functions.join(" | ")
     ))
 }
@@ -174,12 +232,13 @@ mod tests {
     fn the_grammar_takes_what_the_gate_passes_and_nothing_else() {
         let weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
         let now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
-        let auto = lark(&gate(json!("auto"), None)).unwrap();
+        let auto = lark(&gate(json!("auto"), None), Schemas::Declared).unwrap();
         for text in [
             "No tool needed.".to_string(),
             String::new(),
             format!("Checking.\n{weather}"),
             format!("{weather}\n{now}"),
+            format!("<think>\nWhich <tool_call>?\n</think>\n\n{now}"),
         ] {
             assert!(accepts(&auto, &text), "{text:?}");
         }
@@ -191,23 +250,37 @@ mod tests {
             weather.replace("{\"city\": \"Oslo\"}", "{\"city\": \"Oslo\", \"when\": 1}"),
             format!("{weather} and more"),
             weather[..weather.len() - 3].to_string(),
+            // A tool without a schema still takes an object, nothing else.
+            now.replace("{}", "\"x\""),
+            now.replace("{}", "[1]"),
         ] {
             assert!(!accepts(&auto, &text), "{text:?}");
         }
-        let required = lark(&gate(json!("required"), Some(false))).unwrap();
+        let required = lark(&gate(json!("required"), Some(false)), Schemas::Declared).unwrap();
         assert!(accepts(&required, weather) && accepts(&required, now));
+        assert!(accepts(
+            &required,
+            &format!("<think>Look.</think>\n\n{now}")
+        ));
         assert!(!accepts(&required, "No tool needed."));
         assert!(
             !accepts(&required, &format!("{weather}\n{now}")),
             "one call"
         );
-        let named = lark(&gate(
-            json!({"type": "function", "function": {"name": "now"}}),
-            None,
-        ))
+        let named = lark(
+            &gate(
+                json!({"type": "function", "function": {"name": "now"}}),
+                None,
+            ),
+            Schemas::Declared,
+        )
         .unwrap();
         assert!(accepts(&named, now) && !accepts(&named, weather));
-        assert!(lark(&gate(json!("none"), None)).is_err());
+        assert!(lark(&gate(json!("none"), None), Schemas::Declared).is_err());
+        // Any object, where a schema cannot be compiled: still an object.
+        let any = lark(&gate(json!("required"), None), Schemas::AnyObject).unwrap();
+        assert!(accepts(&any, &weather.replace("\"Oslo\"", "7")));
+        assert!(!accepts(&any, &now.replace("{}", "5")));
     }
 
     #[test]

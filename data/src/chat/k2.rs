@@ -14,8 +14,9 @@
 //! object, keys in the order written. A turn's header names its `name` where it has one (`ana`
 //! in `<|im_user|>ana<|im_middle|>`), else its role. A conversation that does not open with a
 //! system turn gets K2's default one. Calls are numbered across the conversation from 0 and tool
-//! results answer them in order, as the template does: a result's `tool_call_id` is read, not
-//! rendered (the template names the call it answers `functions.NAME:N`).
+//! results answer them in the order they were made, as the template does: a result's
+//! `tool_call_id` is not used (results written out of order are labelled as the template labels
+//! them, so the student sees what K2 sees).
 //!
 //! Where the template and this renderer differ, k3mini renders what the data holds: the template
 //! keeps the reasoning only of the turns after the last assistant answer without calls (it drops
@@ -23,9 +24,9 @@
 //! block, an empty one without reasoning, as the template writes. The golden cases are those on
 //! which the two agree.
 
+use super::arguments_object;
 use super::json::Json;
 use super::{Message, Part, Rendered, Reply, Role, THINK_CLOSE, THINK_OPEN, Tool, ToolCall};
-use super::{arguments_object, split_thinking};
 use crate::error::DataError;
 
 const END: &str = "<|im_end|>";
@@ -100,8 +101,10 @@ pub fn render(
                 out.push(Part::Markup, true, END);
             }
             Role::Tool => {
+                // Jinja's `get('name', 'unknown')`: an empty name stays empty here.
                 let id = pending.pop_front().unwrap_or_else(|| {
-                    format!("functions.{}:{counter}", name.unwrap_or("unknown"))
+                    let named = m.name.as_deref().unwrap_or("unknown");
+                    format!("functions.{named}:{counter}")
                 });
                 out.push(
                     Part::Prompt,
@@ -152,15 +155,20 @@ pub fn parse_reply(text: &str) -> Result<Reply, String> {
         Some((head, rest)) => (head, Some(rest)),
         None => (text, None),
     };
-    let open_think = head.trim_start().starts_with(THINK_OPEN);
-    if open_think && !head.contains(THINK_CLOSE) {
-        return Err(format!(
-            "the reasoning's {THINK_OPEN} is never closed (cut short?)"
-        ));
-    }
-    let (thinking, content) = split_thinking(head);
+    // Reasoning only where the reply opens with it; a think tag anywhere else is stray.
+    let (thinking, content) = match head.trim_start().strip_prefix(THINK_OPEN) {
+        Some(after) => {
+            let (reasoning, rest) = after.split_once(THINK_CLOSE).ok_or_else(|| {
+                format!("the reasoning's {THINK_OPEN} is never closed (cut short?)")
+            })?;
+            (Some(reasoning.trim().to_string()), rest.trim().to_string())
+        }
+        None => (None, head.trim().to_string()),
+    };
     let mut stray = MARKERS.iter().chain([&THINK_OPEN, &THINK_CLOSE]);
-    if let Some(tag) = stray.find(|t| content.contains(**t)) {
+    let held =
+        |t: &&&str| content.contains(**t) || thinking.as_ref().is_some_and(|r| r.contains(**t));
+    if let Some(tag) = stray.find(held) {
         return Err(format!("the answer holds a stray {tag}"));
     }
     let mut calls = Vec::new();
@@ -255,6 +263,12 @@ mod tests {
             (format!("{}after", call("functions.w:0", "{}")), "follows"),
             (format!("done{CALL_CLOSE}"), "stray"),
             ("<think>forever".to_string(), "never closed"),
+            ("Sure.<think>x</think>y".to_string(), "stray <think>"),
+            ("x</think>y".to_string(), "stray </think>"),
+            (
+                format!("<think>a{CALL_OPEN}</think>y"),
+                "stray <|tool_call_begin|>",
+            ),
             (
                 format!("{SECTION_OPEN}junk{CALL_OPEN}{SECTION_CLOSE}"),
                 "does not open",
