@@ -8,8 +8,8 @@
 //! ```text
 //! start: think? (TEXT | lead call ("\n<tool_call>" call)*)
 //! think[lazy]: /<think>(.|\n)*<\/think>/
-//! TEXT: any text without "<tool_call>"
-//! lead[lazy]: text without "<think>" up to the first "<tool_call>"
+//! TEXT: any text without a tag (`<tool_call>`, `</tool_call>`, `<think>`, `</think>`)
+//! lead[lazy]: text without another tag up to the first "<tool_call>"
 //! call: "\n" (fn_0 | fn_1 | …) "\n</tool_call>"
 //! fn_k: "{\"name\": \"NAME_k\", \"arguments\": " %json{SCHEMA_k} "}"
 //! ```
@@ -17,7 +17,7 @@
 //! `required` and a named function start with `<tool_call>` after the reasoning (no text, no
 //! lead); a named one allows only its `fn_k`; `parallel_tool_calls: false` allows one call. The
 //! arguments are a JSON object (a schema that says nothing of its type is made one; a tool whose
-//! schema is `false` cannot be called) in `json.dumps`' spacing, as the student was trained on
+//! schema is `false`, or typed other than an object, cannot be called) in `json.dumps`' spacing, as the student was trained on
 //! them. After the last call only the end of the turn may follow. Where llguidance cannot
 //! compile a tool's schema (keywords it does not implement even leniently), the tools' arguments
 //! are any JSON object instead: they still parse by construction, and the gate checks the
@@ -100,7 +100,9 @@ impl CallGrammars {
                 .create_parser(grammar)
                 .map_err(|e| format!("the tools' grammar: {e}"))
         };
-        let parser = parser(Schemas::Declared).or_else(|_| parser(Schemas::AnyObject))?;
+        // The first error is the one to report: the fallback's would hide it.
+        let parser = parser(Schemas::Declared)
+            .or_else(|first| parser(Schemas::AnyObject).map_err(|_| first))?;
         Ok(Matcher::new(Ok(parser)))
     }
 }
@@ -121,13 +123,20 @@ pub enum Schemas {
 /// `json.dumps`' spacing, lenient where llguidance is strict; None for `false` (no call can
 /// match it).
 fn embedded(schema: Option<&Value>, schemas: Schemas) -> Option<Value> {
-    let mut schema = match (schemas, schema) {
-        (Schemas::AnyObject, _) | (_, None | Some(Value::Bool(true))) => json!({}),
-        (_, Some(Value::Bool(false))) => return None,
-        (_, Some(s)) => s.clone(),
+    let mut schema = match (schema, schemas) {
+        (Some(Value::Bool(false)), _) => return None,
+        (_, Schemas::AnyObject) | (None | Some(Value::Bool(true)), _) => json!({}),
+        (Some(s), _) => s.clone(),
     };
     let o = schema.as_object_mut()?;
-    o.entry("type").or_insert(json!("object"));
+    // Arguments are an object: a schema typed otherwise admits no call.
+    match o.get("type") {
+        None => {}
+        Some(Value::String(t)) if t == "object" => {}
+        Some(Value::Array(ts)) if ts.iter().any(|t| t == "object") => {}
+        Some(_) => return None,
+    }
+    o.insert("type".into(), json!("object"));
     o.insert(
         "x-guidance".into(),
         json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false,
@@ -183,10 +192,10 @@ pub fn lark(gate: &ToolGate, schemas: Schemas) -> Result<String, String> {
         // The lead never spans the reasoning: a `<tool_call>` quoted in it triggers nothing.
         ToolChoice::Mode(ToolMode::Auto) => format!(
             "start: think? (TEXT | lead {calls})\n\
-             TEXT: /(.|\\n)*/ & ~/(.|\\n)*<tool_call>(.|\\n)*/\n\
-             lead[lazy]: /(.|\\n)*<tool_call>/ & ~/(.|\\n)*<think>(.|\\n)*/\n"
+             TEXT: /(.|\\n)*/ & ~/(.|\\n)*(<tool_call>|<\\/tool_call>|<think>|<\\/think>)(.|\\n)*/\n\
+             lead[lazy]: /(.|\\n)*<tool_call>/ & ~/(.|\\n)*(<think>|<\\/think>|<\\/tool_call>)(.|\\n)*/\n"
         ),
-        _ => format!("start: think? WS? \"<tool_call>\" {calls}\nWS: /\\s+/\n"),
+        _ => format!("start: think? WS? \"<tool_call>\" {calls}\nWS: /\\s{{1,4}}/\n"),
     };
     // Lazy: the reasoning ends at its first `</think>` (a greedy lexeme would run past it).
     Ok(format!(
@@ -250,6 +259,9 @@ mod tests {
             weather.replace("{\"city\": \"Oslo\"}", "{\"city\": \"Oslo\", \"when\": 1}"),
             format!("{weather} and more"),
             weather[..weather.len() - 3].to_string(),
+            // Tags the gate refuses as stray.
+            "An open <think> never closed".to_string(),
+            format!("Done.</tool_call>\n{weather}"),
             // A tool without a schema still takes an object, nothing else.
             now.replace("{}", "\"x\""),
             now.replace("{}", "[1]"),
@@ -281,6 +293,28 @@ mod tests {
         let any = lark(&gate(json!("required"), None), Schemas::AnyObject).unwrap();
         assert!(accepts(&any, &weather.replace("\"Oslo\"", "7")));
         assert!(!accepts(&any, &now.replace("{}", "5")));
+    }
+
+    #[test]
+    fn arguments_are_an_object_whatever_the_schema_says() {
+        let typed =
+            |schema: Value, schemas| embedded(Some(&schema), schemas).map(|s| s["type"].clone());
+        assert_eq!(typed(json!(false), Schemas::AnyObject), None);
+        assert_eq!(typed(json!({"type": "string"}), Schemas::Declared), None);
+        assert_eq!(typed(json!({"type": ["null"]}), Schemas::Declared), None);
+        for (schema, schemas) in [
+            (json!({"type": ["object", "null"]}), Schemas::Declared),
+            (json!({"anyOf": [{"required": ["a"]}]}), Schemas::Declared),
+            (json!(true), Schemas::Declared),
+            (json!({"type": "string"}), Schemas::AnyObject),
+        ] {
+            assert_eq!(
+                typed(schema.clone(), schemas),
+                Some(json!("object")),
+                "{schema}"
+            );
+        }
+        assert_eq!(embedded(None, Schemas::Declared).unwrap()["type"], "object");
     }
 
     #[test]

