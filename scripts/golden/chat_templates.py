@@ -4,8 +4,8 @@
 tool calls (Qwen3's).
 
 The templates are llama.cpp's copies (models/templates/) as vendored by llama-cpp-python 0.3.36, the
-llama.cpp reference scripts/golden/requirements.txt pins; they are read from its source archive, not
-committed here. Each is rendered by transformers' own Jinja machinery (`render_jinja_template`, what
+llama.cpp reference scripts/golden/requirements.txt pins; they are read from its source archive, and
+the two Kimi ones are copied into data/src/chat/templates/ (what a Kimi-format export carries). Each is rendered by transformers' own Jinja machinery (`render_jinja_template`, what
 `apply_chat_template` and vLLM's server run), with the templates' defaults (K3: thinking on, effort
 `max`). Tool calls' `arguments` arrive as OpenAI's JSON strings and are parsed into objects first, as
 vLLM's server does before it renders a conversation.
@@ -48,6 +48,9 @@ MUTABLE = {"kimi_k2"}
 # every chatml case as Qwen3's does, and the cases where Qwen3 differs as k3mini's renderer does.
 OWN = {"chatml_k3mini": Path(__file__).resolve().parents[2] / "data/src/chat/templates/chatml.jinja"}
 OWN_FORMAT = {"chatml_k3mini": "chatml"}
+# The Kimi formats' exports carry the reference templates themselves (llama.cpp picks its K2 and K3
+# tool-call parsers by the template's text), copied here next to k3mini's own.
+EXPORTED = {"kimi_k3": "Kimi-K3.jinja", "kimi_k2": "Kimi-K2-Thinking.jinja"}
 
 WEATHER = {
     "type": "function",
@@ -272,6 +275,8 @@ def main():
             for fmt, path in TEMPLATES.items()
         }
     templates.update({name: path.read_text() for name, path in OWN.items()})
+    for fmt, name in EXPORTED.items():
+        (OWN["chatml_k3mini"].parent / name).write_text(templates[fmt])
     golden = {}
     for fmt, template in templates.items():
         cases = []
@@ -289,6 +294,8 @@ def main():
         golden[fmt] = cases
     # Ties the renderings to the template they came from: editing it without rerunning this fails.
     golden["chatml_k3mini_sha256"] = hashlib.sha256(OWN["chatml_k3mini"].read_bytes()).hexdigest()
+    for fmt in EXPORTED:
+        golden[f"{fmt}_sha256"] = hashlib.sha256(templates[fmt].encode()).hexdigest()
     OUT.write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n")
     print(f"wrote {OUT}")
 

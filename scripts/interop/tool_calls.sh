@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# llama.cpp's own server returns OpenAI tool calls from a k3mini student: a tiny ChatML student
-# (a byte-level BPE of its own with ChatML's markers) learns one conversation by heart, a
-# `get_weather` call for Oslo with the tool declared, is exported to GGUF (which carries k3mini's
-# chat template) and served by stock `llama-server --jinja`; asked the question with the tool
-# declared, greedy, it must come back as one parsed `tool_calls` entry with that name and those
-# arguments and `finish_reason: "tool_calls"`. What is checked is the path (k3mini's rendering in
-# training, its template in the GGUF, llama.cpp's Hermes parser), not the student's skill: a
-# student this small does not learn to copy a city from the question in minutes of CPU.
-# Needs the llama-server that scripts/interop/llama-server.sh builds; takes about 2 minutes.
+# llama.cpp's own server returns OpenAI tool calls from a k3mini student: a tiny student learns one
+# conversation by heart, a `get_weather` call for Oslo with the tool declared, is exported to GGUF
+# (which carries its format's chat template) and served by stock `llama-server --jinja`; asked the
+# question with the tool declared, greedy, it must come back as one parsed `tool_calls` entry with
+# that name and those arguments and `finish_reason: "tool_calls"`. What is checked is the path
+# (k3mini's rendering in training, the template in the GGUF, llama.cpp's parser for the format),
+# not the student's skill: a student this small does not learn to copy a city from the question in
+# minutes of CPU.
+#   [FORMAT=chatml|kimi_k3] bash scripts/interop/tool_calls.sh
+# The student's vocabulary is a byte-level BPE of its own with the format's markers as specials.
+# chatml (default): k3mini's ChatML template, llama.cpp's Hermes parser; kimi_k3: K3's XTML,
+# llama.cpp's Kimi-K3.jinja in the GGUF and its K3 parser. About 2 minutes each.
+# Needs the llama-server that scripts/interop/llama-server.sh builds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CACHE="${K3MINI_CACHE:-${HOME:-}/.cache/k3mini}"
@@ -24,7 +28,14 @@ for _ in $(seq 8); do
   printf '{"messages": [{"role": "user", "content": "%s"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}}]}], "tools": %s}\n' \
     "$QUESTION" "$TOOLS"
 done > "$W/chats.jsonl"
-"$BIN" data tokenizer train "$W/chats.jsonl" --vocab-size 512 --special '<|im_start|>' --special '<|im_end|>' \
+# The format's markers are the BPE's specials, so each is one id (and the format is the vocabulary's).
+FORMAT="${FORMAT:-chatml}"
+case "$FORMAT" in
+  chatml) SPECIALS=('<|im_start|>' '<|im_end|>') ;;
+  kimi_k3) SPECIALS=('<|open|>' '<|sep|>' '<|close|>' '<|end_of_msg|>') ;;
+  *) echo "FORMAT must be chatml or kimi_k3, not $FORMAT"; exit 1 ;;
+esac
+"$BIN" data tokenizer train "$W/chats.jsonl" --vocab-size 512 "${SPECIALS[@]/#/--special=}" \
   --out "$W/bpe.json" > /dev/null
 cat > "$W/tools.toml" <<TOML
 [run]
@@ -41,7 +52,7 @@ seq_len = 384
 held_out_fraction = 0
 [[data.sources]]
 path = "chats.jsonl"
-chat = "chatml"
+chat = "$FORMAT"
 [optim]
 lr = 1e-2
 [schedule]
@@ -66,7 +77,7 @@ for i in $(seq 121); do
   [ "$i" -lt 121 ] || { echo "llama-server not healthy after 60 s:"; tail -20 "$W/server.log"; exit 1; }
   sleep 0.5
 done
-body=$(printf '{"messages": [{"role": "user", "content": "%s"}], "tools": %s, "temperature": 0, "max_tokens": 48}' \
+body=$(printf '{"messages": [{"role": "user", "content": "%s"}], "tools": %s, "temperature": 0, "max_tokens": 160}' \
   "$QUESTION" "$TOOLS")
 curl -sf "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' -d "$body" \
   > "$W/reply.json" || { echo "llama-server refused the request"; tail -20 "$W/server.log"; exit 1; }
@@ -83,4 +94,4 @@ print(f"llama-server --jinja: {json.dumps(choice['message'], ensure_ascii=False)
 if not ok:
     sys.exit(f"expected one get_weather call with {want} and finish_reason tool_calls")
 PY
-echo "tool calls: llama-server returns a k3mini student's calls in OpenAI's shape"
+echo "tool calls: llama-server returns a k3mini $FORMAT student's calls in OpenAI's shape"

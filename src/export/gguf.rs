@@ -34,7 +34,7 @@ pub fn export_gguf(
     // The student's chat format, where k3mini writes it as a template, replaces every copied one
     // (a teacher's named variants too: llama.cpp takes `.tool_use` for requests with tools), so a
     // client of llama.cpp renders chats, tools and calls as the student was trained on them.
-    let template = ChatFormat::of_tokenizer(&student).and_then(ChatFormat::jinja);
+    let template = ChatFormat::of_tokenizer(&student).map(ChatFormat::jinja);
     let copied = |k: &str| template.is_some() && k.starts_with("tokenizer.chat_template");
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {

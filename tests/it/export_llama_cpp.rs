@@ -89,10 +89,10 @@ fn check(tag: &str, model_table: &str, tokenizer: &str) {
     ] {
         let path = dir.join(format!("{ftype:?}.gguf"));
         export_gguf(&ck, ftype, None, &path).unwrap();
-        // The student's chat format rides along where k3mini writes it as a template (ChatML).
+        // The student's chat format rides along as its template (ChatML's, or K3's own).
         let student = k3mini::teachers::student_tokenizer(&ck.plan.data.tokenizer).unwrap();
         if let Some(template) =
-            k3mini_data::ChatFormat::of_tokenizer(&student).and_then(k3mini_data::ChatFormat::jinja)
+            k3mini_data::ChatFormat::of_tokenizer(&student).map(k3mini_data::ChatFormat::jinja)
         {
             let file = k3mini_gguf::GgufFile::open(&path).unwrap();
             assert_eq!(
@@ -269,4 +269,54 @@ pub(crate) fn served_student_scores_as_k3mini(
             "position {t}: {entry}"
         );
     }
+}
+
+/// A student whose BPE takes a chat format's markers as specials is exported with that format's
+/// template (K3's is llama.cpp's own `Kimi-K3.jinja`, which llama.cpp recognises by its text), and
+/// llama.cpp reads each marker as the one id k3mini trained it as.
+#[test]
+fn an_export_carries_its_formats_template_and_llama_cpp_reads_its_markers() {
+    use k3mini_data::ChatFormat;
+    let dir = std::env::temp_dir().join(format!("k3mini-llama-formats-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("corpus.txt");
+    std::fs::write(&corpus, TEXT.repeat(20)).unwrap();
+    for format in [ChatFormat::Chatml, ChatFormat::KimiK3] {
+        let (bpe, run) = (
+            dir.join(format!("{}.json", format.name())),
+            dir.join(format.name()),
+        );
+        let markers = k3mini_data::chat::markers(format);
+        k3mini_data::tokenizer::train_byte_level_bpe(
+            &[corpus.display().to_string()],
+            300,
+            markers,
+            &bpe,
+        )
+        .unwrap();
+        let tok = k3mini_data::tokenizer::Tokenizer::load(bpe.to_str().unwrap()).unwrap();
+        checkpoint_with(
+            &run,
+            "preset = \"tiny\"\nvocab_size = 300\nd_model = 64",
+            bpe.to_str().unwrap(),
+        );
+        let path = dir.join(format!("{}.gguf", format.name()));
+        export_gguf(&open_checkpoint(&run).unwrap(), FileType::F32, None, &path).unwrap();
+        let file = k3mini_gguf::GgufFile::open(&path).unwrap();
+        assert_eq!(
+            file.get("tokenizer.chat_template"),
+            Some(&k3mini_gguf::Value::String(format.jinja().into())),
+            "{format:?}"
+        );
+        let cpp = LlamaCppModel::load(&path, Placement::Cpu { threads: 2 }).unwrap();
+        for m in markers {
+            assert_eq!(
+                cpp.tokenize(m).unwrap(),
+                [tok.token_id(m).unwrap()],
+                "{format:?}: {m}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -538,14 +538,17 @@ impl ChatFormat {
         }
     }
 
-    /// The format as a Jinja chat template (`tokenizer.chat_template` of an exported GGUF, so
-    /// llama.cpp renders chats and tools as k3mini does), where k3mini writes one: ChatML's
-    /// (`templates/chatml.jinja`, held to this renderer by the golden cases). None for the Kimi
-    /// formats yet.
-    pub fn jinja(self) -> Option<&'static str> {
+    /// The format as a Jinja chat template: `tokenizer.chat_template` of an exported GGUF, so
+    /// llama.cpp renders chats and tools as the student was trained on them, and picks the
+    /// format's tool-call parser. ChatML's is k3mini's own (`templates/chatml.jinja`); the Kimi
+    /// formats' are the reference templates themselves (llama.cpp's `Kimi-K3.jinja`, Moonshot's
+    /// `Kimi-K2-Thinking.jinja`, copied by `scripts/golden/chat_templates.py`), which llama.cpp
+    /// recognises by their text. Each is held to this renderer by the golden cases.
+    pub fn jinja(self) -> &'static str {
         match self {
-            ChatFormat::Chatml => Some(include_str!("templates/chatml.jinja")),
-            ChatFormat::KimiK2 | ChatFormat::KimiK3 => None,
+            ChatFormat::Chatml => include_str!("templates/chatml.jinja"),
+            ChatFormat::KimiK2 => include_str!("templates/Kimi-K2-Thinking.jinja"),
+            ChatFormat::KimiK3 => include_str!("templates/Kimi-K3.jinja"),
         }
     }
 

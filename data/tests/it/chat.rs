@@ -181,23 +181,39 @@ fn each_format_renders_as_its_reference_template_and_reads_its_replies_back() {
 }
 
 #[test]
-fn the_chatml_template_an_export_carries_renders_as_k3mini_does() {
-    let template = ChatFormat::Chatml.jinja().unwrap();
-    let file = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/chat/templates/chatml.jinja"),
-    )
-    .unwrap();
-    assert_eq!(template, file);
-    // The renderings below are of this template (the script records its hash).
+fn the_template_an_export_carries_renders_as_k3mini_does() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
     let fixture = Json::parse(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert_eq!(
-        fixture.get("chatml_k3mini_sha256"),
-        Some(&Json::String(k3mini_data::digest::sha256_hex(
-            template.as_bytes()
-        ))),
-        "chatml.jinja changed: rerun scripts/golden/chat_templates.py"
-    );
+    // ChatML's is k3mini's own; the Kimi formats' are the reference templates the golden cases
+    // were rendered with (the script copies them and records their hashes).
+    for (format, file, hash) in [
+        (ChatFormat::Chatml, "chatml.jinja", "chatml_k3mini_sha256"),
+        (ChatFormat::KimiK3, "Kimi-K3.jinja", "kimi_k3_sha256"),
+        (
+            ChatFormat::KimiK2,
+            "Kimi-K2-Thinking.jinja",
+            "kimi_k2_sha256",
+        ),
+    ] {
+        let template = format.jinja();
+        let on_disk = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("src/chat/templates")
+                .join(file),
+        )
+        .unwrap();
+        assert_eq!(template, on_disk, "{file}");
+        assert_eq!(
+            fixture.get(hash),
+            Some(&Json::String(k3mini_data::digest::sha256_hex(
+                template.as_bytes()
+            ))),
+            "{file} is not the template the golden cases were rendered with: rerun \
+             scripts/golden/chat_templates.py"
+        );
+    }
+    // ChatML's own template renders every case as Qwen3's does, and the cases where Qwen3
+    // differs as k3mini's renderer does.
     let cases = golden_of("chatml_k3mini");
     assert!(cases.len() > golden(ChatFormat::Chatml).len());
     for (name, chat, prompt, want) in cases {
