@@ -317,6 +317,48 @@ mod tests {
         assert_eq!(embedded(None, Schemas::Declared).unwrap()["type"], "object");
     }
 
+    /// Schemas a hostile client could send (deep nesting, a pattern with nested counts, a huge
+    /// enum, a huge array minimum) compile within llguidance's default limits or fall back to
+    /// any object, and the first token's mask comes out: the gateway neither hangs nor panics.
+    #[test]
+    fn hostile_schemas_compile_within_limits_or_fall_back() {
+        let bpe = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../recipes/corpus/shakespeare-bpe4k.json"
+        );
+        let tok = Tokenizer::load(bpe).unwrap();
+        let grammars = CallGrammars::new(ChatFormat::Chatml, &tok, tok.vocab_size(), 0).unwrap();
+        let nested = (0..200).fold(
+            json!({"type": "string"}),
+            |s, _| json!({"type": "object", "properties": {"a": s}, "required": ["a"]}),
+        );
+        let enumerated: Vec<String> = (0..20_000).map(|i| format!("value-{i}")).collect();
+        let prefix = tok
+            .encode("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"")
+            .unwrap();
+        for schema in [
+            nested,
+            json!({"type": "object", "properties": {"s": {"type": "string",
+                "pattern": "^((a|aa){1,200}(b{1,200}){1,200})+$"}}}),
+            json!({"type": "object", "properties": {"e": {"enum": enumerated}}}),
+            json!({"type": "object", "properties": {"n": {"type": "array", "minItems": 100_000,
+                "maxItems": 200_000, "items": {"type": "integer"}}}, "required": ["n"]}),
+        ] {
+            let tools: Vec<Tool> = serde_json::from_value(json!([{"type": "function",
+                "function": {"name": "f", "parameters": schema}}]))
+            .unwrap();
+            let choice: ToolChoice = serde_json::from_value(json!("required")).unwrap();
+            let Ok(gate) = ToolGate::of(ChatFormat::Chatml, &tools, Some(&choice), None) else {
+                continue; // the gate refuses it with the request
+            };
+            // Into the arguments, where the schema's lexer is built.
+            let mut m = grammars.matcher(&gate).unwrap();
+            m.consume_tokens(&prefix).unwrap();
+            let mask = m.compute_mask().unwrap();
+            assert!(mask.num_set() > 0);
+        }
+    }
+
     #[test]
     fn formats_without_a_call_grammar_are_refused_by_name() {
         let kimi = Tokenizer::load("kimi").unwrap();
