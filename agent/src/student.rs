@@ -75,10 +75,16 @@ impl Student {
             .map_err(Clone::clone)
     }
 
-    /// The chat format the student speaks: the one its vocabulary's markers name (ChatML where
-    /// they name none).
+    /// The chat format the student speaks: the one whose template its GGUF carries (k3mini's
+    /// exports write it), else the one its vocabulary's markers name (ChatML where they name
+    /// none).
     pub fn format(&self) -> ChatFormat {
-        ChatFormat::of_tokenizer(&self.model.tokenizer).unwrap_or(ChatFormat::Chatml)
+        let meta = &self.model.meta;
+        meta.chat_template
+            .as_deref()
+            .and_then(ChatFormat::of_template)
+            .or_else(|| ChatFormat::of_tokenizer(&self.model.tokenizer))
+            .unwrap_or(ChatFormat::Chatml)
     }
 
     /// The ids an answer ends at unless the request ignores them: the end of a turn and of

@@ -31,10 +31,16 @@ pub fn export_gguf(
     };
     let tokenizer =
         gguf_tokenizer_metadata(&ck.plan.data.tokenizer, tokenizer, ck.plan.model.vocab_size)?;
-    // The student's chat format, where k3mini writes it as a template, replaces every copied one
-    // (a teacher's named variants too: llama.cpp takes `.tool_use` for requests with tools), so a
-    // client of llama.cpp renders chats, tools and calls as the student was trained on them.
-    let template = ChatFormat::of_tokenizer(&student).map(ChatFormat::jinja);
+    // The student's chat format (its chat sources', else the one its vocabulary's markers name)
+    // replaces every copied template (a teacher's named variants too: llama.cpp takes
+    // `.tool_use` for requests with tools), so a client of llama.cpp renders chats, tools and
+    // calls as the student was trained on them; the agent reads the format back from it.
+    let template = ck
+        .plan
+        .data
+        .chat_format()
+        .or_else(|| ChatFormat::of_tokenizer(&student))
+        .map(ChatFormat::jinja);
     let copied = |k: &str| template.is_some() && k.starts_with("tokenizer.chat_template");
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {

@@ -704,7 +704,10 @@ fn agent_bench_scores_bfcl_tasks_by_their_calls() {
         ),
     );
     let (runs, out) = (scratch.path("runs"), scratch.path("report"));
-    let bench = scratch.write("bench.toml", "[verify]\ndraft = 32\nmax_draft = 32\n");
+    let bench = scratch.write(
+        "bench.toml",
+        "max_tokens = 32\n[verify]\ndraft = 32\nmax_draft = 32\n",
+    );
     let local = smollm2();
     let printed = String::from_utf8(
         k3mini_ok(&[

@@ -272,26 +272,55 @@ pub(crate) fn served_student_scores_as_k3mini(
 }
 
 /// A student whose BPE takes a chat format's markers as specials is exported with that format's
-/// template (K3's is llama.cpp's own `Kimi-K3.jinja`, which llama.cpp recognises by its text), and
-/// llama.cpp reads each marker as the one id k3mini trained it as.
+/// template (K3's and K2's are the reference templates, which llama.cpp recognises by their text),
+/// and llama.cpp reads each marker as the one id k3mini trained it as. A vocabulary holding two
+/// formats' markers takes the format its chat sources were rendered in.
 #[test]
 fn an_export_carries_its_formats_template_and_llama_cpp_reads_its_markers() {
     use k3mini_data::ChatFormat;
+    use k3mini_data::chat::markers;
     let dir = std::env::temp_dir().join(format!("k3mini-llama-formats-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).unwrap();
     let corpus = dir.join("corpus.txt");
     std::fs::write(&corpus, TEXT.repeat(20)).unwrap();
-    for format in [ChatFormat::Chatml, ChatFormat::KimiK3] {
-        let (bpe, run) = (
-            dir.join(format!("{}.json", format.name())),
-            dir.join(format.name()),
-        );
-        let markers = k3mini_data::chat::markers(format);
+    let both: Vec<&str> = [ChatFormat::Chatml, ChatFormat::KimiK3]
+        .into_iter()
+        .flat_map(|f| markers(f).iter().copied())
+        .collect();
+    // (the vocabulary's specials, the format its chat sources name, the template expected)
+    for (name, specials, sources, want) in [
+        (
+            "chatml",
+            markers(ChatFormat::Chatml),
+            None,
+            ChatFormat::Chatml,
+        ),
+        (
+            "kimi_k3",
+            markers(ChatFormat::KimiK3),
+            None,
+            ChatFormat::KimiK3,
+        ),
+        (
+            "kimi_k2",
+            markers(ChatFormat::KimiK2),
+            None,
+            ChatFormat::KimiK2,
+        ),
+        ("both", &both[..], None, ChatFormat::KimiK3),
+        (
+            "both-chatml",
+            &both[..],
+            Some(ChatFormat::Chatml),
+            ChatFormat::Chatml,
+        ),
+    ] {
+        let (bpe, run) = (dir.join(format!("{name}.json")), dir.join(name));
         k3mini_data::tokenizer::train_byte_level_bpe(
             &[corpus.display().to_string()],
             300,
-            markers,
+            specials,
             &bpe,
         )
         .unwrap();
@@ -301,20 +330,22 @@ fn an_export_carries_its_formats_template_and_llama_cpp_reads_its_markers() {
             "preset = \"tiny\"\nvocab_size = 300\nd_model = 64",
             bpe.to_str().unwrap(),
         );
-        let path = dir.join(format!("{}.gguf", format.name()));
-        export_gguf(&open_checkpoint(&run).unwrap(), FileType::F32, None, &path).unwrap();
+        let mut ck = open_checkpoint(&run).unwrap();
+        ck.plan.data.sources[0].chat = sources;
+        let path = dir.join(format!("{name}.gguf"));
+        export_gguf(&ck, FileType::F32, None, &path).unwrap();
         let file = k3mini_gguf::GgufFile::open(&path).unwrap();
         assert_eq!(
             file.get("tokenizer.chat_template"),
-            Some(&k3mini_gguf::Value::String(format.jinja().into())),
-            "{format:?}"
+            Some(&k3mini_gguf::Value::String(want.jinja().into())),
+            "{name}"
         );
         let cpp = LlamaCppModel::load(&path, Placement::Cpu { threads: 2 }).unwrap();
-        for m in markers {
+        for m in specials {
             assert_eq!(
                 cpp.tokenize(m).unwrap(),
                 [tok.token_id(m).unwrap()],
-                "{format:?}: {m}"
+                "{name}: {m}"
             );
         }
     }

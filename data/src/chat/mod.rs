@@ -500,6 +500,14 @@ impl ChatFormat {
         }
     }
 
+    /// The format whose template (as [`ChatFormat::jinja`] writes it) `template` is: an exported
+    /// GGUF's `tokenizer.chat_template`.
+    pub fn of_template(template: &str) -> Option<ChatFormat> {
+        [ChatFormat::Chatml, ChatFormat::KimiK2, ChatFormat::KimiK3]
+            .into_iter()
+            .find(|f| f.jinja() == template)
+    }
+
     /// The format whose markers are all single tokens of `tokenizer`: K3's, K2's (the two name
     /// the same reserved ids otherwise), then ChatML; None when no format's are.
     pub fn of_tokenizer(tokenizer: &Tokenizer) -> Option<ChatFormat> {
@@ -543,7 +551,8 @@ impl ChatFormat {
     /// format's tool-call parser. ChatML's is k3mini's own (`templates/chatml.jinja`); the Kimi
     /// formats' are the reference templates themselves (llama.cpp's `Kimi-K3.jinja`, Moonshot's
     /// `Kimi-K2-Thinking.jinja`, copied by `scripts/golden/chat_templates.py`), which llama.cpp
-    /// recognises by their text. Each is held to this renderer by the golden cases.
+    /// recognises by their text. Each is held to this renderer by the golden cases (K2's where it
+    /// keeps the reasoning k3mini keeps; see docs/export.md for what the Kimi ones render beyond).
     pub fn jinja(self) -> &'static str {
         match self {
             ChatFormat::Chatml => include_str!("templates/chatml.jinja"),

@@ -196,6 +196,7 @@ fn the_template_an_export_carries_renders_as_k3mini_does() {
         ),
     ] {
         let template = format.jinja();
+        assert_eq!(ChatFormat::of_template(template), Some(format));
         let on_disk = std::fs::read_to_string(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("src/chat/templates")
