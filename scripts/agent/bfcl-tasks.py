@@ -47,12 +47,16 @@ def schema(node):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--limit", type=int, default=20, help="the first N tasks of each category")
+    ap.add_argument("--limit", type=int, default=20, help="N tasks of each category")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="from the category's task SKIP on (training prompts disjoint from a bench's first ones)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
     ap.add_argument("--required", action="store_true",
                     help="tasks that expect calls carry tool_choice \"required\" (irrelevance stays auto)")
     a = ap.parse_args()
+    if a.limit < 0 or a.skip < 0:
+        ap.error("--limit and --skip must be ≥ 0")
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d,
                         f"bfcl-eval=={VERSION}"], check=True)
@@ -66,7 +70,7 @@ def main():
     n = 0
     with open(a.out, "w") as f:
         for category, tasks in data.items():
-            for t in tasks[:a.limit]:
+            for t in tasks[a.skip:a.skip + a.limit]:
                 if len(t["question"]) != 1:
                     sys.exit(f"{t['id']}: a multi-turn question in a single-turn category")
                 tools = [{"type": "function", "function": {
@@ -80,7 +84,7 @@ def main():
                     task["tool_choice"] = "required"
                 f.write(json.dumps(task, ensure_ascii=False) + "\n")
                 n += 1
-    print(f"{a.out}: {n} BFCL tasks ({', '.join(CATEGORIES)}; up to {a.limit} each)")
+    print(f"{a.out}: {n} BFCL tasks ({', '.join(CATEGORIES)}; up to {a.limit} each from task {a.skip})")
 
 
 if __name__ == "__main__":

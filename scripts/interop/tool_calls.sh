@@ -7,10 +7,11 @@
 # (k3mini's rendering in training, the template in the GGUF, llama.cpp's parser for the format),
 # not the student's skill: a student this small does not learn to copy a city from the question in
 # minutes of CPU.
-#   [FORMAT=chatml|kimi_k3] bash scripts/interop/tool_calls.sh
+#   [FORMAT=chatml|kimi_k3|kimi_k2] bash scripts/interop/tool_calls.sh
 # The student's vocabulary is a byte-level BPE of its own with the format's markers as specials.
 # chatml (default): k3mini's ChatML template, llama.cpp's Hermes parser; kimi_k3: K3's XTML,
-# llama.cpp's Kimi-K3.jinja in the GGUF and its K3 parser. About 2 minutes each.
+# llama.cpp's Kimi-K3.jinja in the GGUF and its K3 parser; kimi_k2: Moonshot's
+# Kimi-K2-Thinking.jinja and llama.cpp's K2 parser. About 2 minutes each.
 # Needs the llama-server that scripts/interop/llama-server.sh builds.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +34,10 @@ FORMAT="${FORMAT:-chatml}"
 case "$FORMAT" in
   chatml) SPECIALS=('<|im_start|>' '<|im_end|>') ;;
   kimi_k3) SPECIALS=('<|open|>' '<|sep|>' '<|close|>' '<|end_of_msg|>') ;;
-  *) echo "FORMAT must be chatml or kimi_k3, not $FORMAT"; exit 1 ;;
+  kimi_k2) SPECIALS=('<|im_system|>' '<|im_user|>' '<|im_assistant|>' '<|im_middle|>' '<|im_end|>'
+    '<|tool_calls_section_begin|>' '<|tool_calls_section_end|>' '<|tool_call_begin|>'
+    '<|tool_call_argument_begin|>' '<|tool_call_end|>') ;;
+  *) echo "FORMAT must be chatml, kimi_k3 or kimi_k2, not $FORMAT"; exit 1 ;;
 esac
 "$BIN" data tokenizer train "$W/chats.jsonl" --vocab-size 512 "${SPECIALS[@]/#/--special=}" \
   --out "$W/bpe.json" > /dev/null
