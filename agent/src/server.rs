@@ -5,7 +5,7 @@
 //!
 //! - `GET /health`, `GET /v1/models`
 //! - `POST /v1/completions` (`prompt` as text or ids) and `POST /v1/chat/completions`
-//!   (`messages` in the student's chat format, [`ChatFormat::of_tokenizer`]): `max_tokens`,
+//!   (`messages` in the student's chat format, [`super::student::Student::format`]): `max_tokens`,
 //!   `temperature`, `top_p`, `seed`, `stop_token_ids`, `ignore_eos`, `stream`, `response_format`,
 //!   and `tools` with `tool_choice` and `parallel_tool_calls`.
 //!

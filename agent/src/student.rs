@@ -4,6 +4,7 @@
 
 use crate::grammar::CallGrammars;
 use k3mini_data::ChatFormat;
+use k3mini_data::chat::check_markers;
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::sampling::{Dist, Sampling, draw, sampling_dist};
 use k3mini_teacher::{Interrupt, TeacherError, log_softmax};
@@ -76,21 +77,28 @@ impl Student {
     }
 
     /// The chat format the student speaks: the one whose template its GGUF carries (k3mini's
-    /// exports write it), else the one its vocabulary's markers name (ChatML where they name
-    /// none).
+    /// exports write it) where its vocabulary holds that format's markers, else the one its
+    /// vocabulary's markers name (ChatML where they name none).
     pub fn format(&self) -> ChatFormat {
+        let tokenizer = &self.model.tokenizer;
         let meta = &self.model.meta;
         meta.chat_template
             .as_deref()
             .and_then(ChatFormat::of_template)
-            .or_else(|| ChatFormat::of_tokenizer(&self.model.tokenizer))
+            .filter(|&f| check_markers(f, tokenizer).is_ok())
+            .or_else(|| ChatFormat::of_tokenizer(tokenizer))
             .unwrap_or(ChatFormat::Chatml)
     }
 
-    /// The ids an answer ends at unless the request ignores them: the end of a turn and of
-    /// text, as the tokenizer and the GGUF name them.
+    /// The ids an answer ends at unless the request ignores them: the end of a turn in the
+    /// student's format and the end of text, as the tokenizer and the GGUF name them.
     pub fn stops(&self) -> Vec<u32> {
-        let mut stops = self.model.tokenizer.special_ids().stops();
+        let tokenizer = &self.model.tokenizer;
+        let turn = tokenizer.token_id(self.format().end_of_turn());
+        let mut stops: Vec<u32> = turn
+            .into_iter()
+            .chain(tokenizer.special_ids().eos)
+            .collect();
         stops.extend(self.model.meta.eos.filter(|id| !stops.contains(id)));
         stops
     }

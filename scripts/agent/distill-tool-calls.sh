@@ -18,7 +18,7 @@ source scripts/agent/common.sh
 [ "$N_BENCH" -le 20 ] || { echo "N_BENCH must be ≤ 20: the training prompts start at task 20"; exit 1; }
 # What is in OUT was made with these parameters, or the stages that are there would be reused
 # under the wrong label.
-stamp="n_train=$N_TRAIN steps=$STEPS"
+stamp="n_train=$N_TRAIN steps=$STEPS n_bench=$N_BENCH"
 [ ! -f "$OUT/params" ] || [ "$(cat "$OUT/params")" = "$stamp" ] ||
   { echo "$OUT was made with $(cat "$OUT/params"), not $stamp: use another OUT_DIR"; exit 1; }
 echo "$stamp" > "$OUT/params"
@@ -37,7 +37,7 @@ serve_remote "$K3" "$OUT"
 gateway() {
   "$K3" agent serve --local smollm2 --remote "$URL" --policy "$1" --port 0 > "$2" 2>&1 &
   GW=$!
-  trap 'kill $TEACHER $GW 2>/dev/null' EXIT
+  trap 'kill $TEACHER ${GW:-} 2>/dev/null' EXIT
   for _ in $(seq 300); do grep -q "^listening on" "$2" && break; sleep 0.2; done
   GATEWAY=$(awk '/^listening on/ {print $3; exit}' "$2")
   [ -n "$GATEWAY" ] || { cat "$2"; exit 1; }
@@ -57,6 +57,7 @@ for side in with without; do
       --max-tokens 160 --single "${ask[@]}" --out "$S/chats.jsonl"
     kill "$GW"
     wait "$GW" 2>/dev/null || true
+    GW=
   fi
   # One recipe per side: only the chats differ (the same student, seed, objectives and steps).
   cat > "$S/recipe.toml" <<TOML

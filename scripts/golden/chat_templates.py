@@ -276,7 +276,7 @@ def main():
         }
     templates.update({name: path.read_text() for name, path in OWN.items()})
     for fmt, name in EXPORTED.items():
-        (OWN["chatml_k3mini"].parent / name).write_text(templates[fmt], encoding="utf-8")
+        (OWN["chatml_k3mini"].parent / name).write_bytes(templates[fmt].encode())
     golden = {}
     for fmt, template in templates.items():
         cases = []

@@ -29,7 +29,7 @@ for _ in $(seq 8); do
   printf '{"messages": [{"role": "user", "content": "%s"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}}]}], "tools": %s}\n' \
     "$QUESTION" "$TOOLS"
 done > "$W/chats.jsonl"
-# The format's markers are the BPE's specials, so each is one id (and the format is the vocabulary's).
+# The format's markers are the BPE's specials, so each is one id; the chats are rendered in it.
 FORMAT="${FORMAT:-chatml}"
 case "$FORMAT" in
   chatml) SPECIALS=('<|im_start|>' '<|im_end|>') ;;

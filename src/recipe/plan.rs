@@ -316,6 +316,16 @@ impl RunPlan {
         self.recipe.display().to_string()
     }
 
+    /// The chat format the student is trained to speak: its chat sources' where they name one,
+    /// else the template `teacher generate`'s trajectories are rendered in (a sequence or
+    /// on-policy run trains on those); None where neither says (the vocabulary decides).
+    pub fn chat_format(&self) -> Option<ChatFormat> {
+        self.data.chat_format().or_else(|| {
+            let generate = self.distill.as_ref()?.teacher.generate.as_ref()?;
+            Some(generate.prompts.template)
+        })
+    }
+
     /// The plan as TOML (what `recipe check` prints and checkpoints store).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("a plan serialises to TOML")

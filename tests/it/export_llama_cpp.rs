@@ -348,6 +348,14 @@ fn an_export_carries_its_formats_template_and_llama_cpp_reads_its_markers() {
                 "{name}: {m}"
             );
         }
+        // The agent reads the format back, and stops at that format's end of turn.
+        let spec = k3mini_teacher::local::EngineSpec::LlamaCpp(Placement::Cpu { threads: 2 });
+        let student = k3mini::agent::student::Student::new(
+            k3mini_teacher::local::LocalTeacher::open(&path, spec).unwrap(),
+        );
+        assert_eq!(student.format(), want, "{name}");
+        let end = tok.token_id(want.end_of_turn()).unwrap();
+        assert_eq!(student.stops()[0], end, "{name}");
     }
     std::fs::remove_dir_all(&dir).ok();
 }
