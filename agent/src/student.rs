@@ -4,7 +4,6 @@
 
 use crate::grammar::CallGrammars;
 use k3mini_data::ChatFormat;
-use k3mini_data::chat::check_markers;
 use k3mini_teacher::local::LocalTeacher;
 use k3mini_teacher::sampling::{Dist, Sampling, draw, sampling_dist};
 use k3mini_teacher::{Interrupt, TeacherError, log_softmax};
@@ -80,14 +79,12 @@ impl Student {
     /// exports write it) where its vocabulary holds that format's markers, else the one its
     /// vocabulary's markers name (ChatML where they name none).
     pub fn format(&self) -> ChatFormat {
-        let tokenizer = &self.model.tokenizer;
-        let meta = &self.model.meta;
-        meta.chat_template
-            .as_deref()
-            .and_then(ChatFormat::of_template)
-            .filter(|&f| check_markers(f, tokenizer).is_ok())
-            .or_else(|| ChatFormat::of_tokenizer(tokenizer))
-            .unwrap_or(ChatFormat::Chatml)
+        let template = self.model.meta.chat_template.as_deref();
+        ChatFormat::spoken(
+            template.and_then(ChatFormat::of_template),
+            &self.model.tokenizer,
+        )
+        .unwrap_or(ChatFormat::Chatml)
     }
 
     /// The ids an answer ends at unless the request ignores them: the end of a turn in the

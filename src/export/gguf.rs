@@ -7,7 +7,6 @@ use super::tokenizer::gguf_tokenizer_metadata;
 use crate::error::Result;
 use crate::run_dir::Checkpoint;
 use burn::tensor::Device;
-use k3mini_data::chat::check_markers;
 use k3mini_data::pool::run_many;
 use k3mini_data::{ChatFormat, Tokenizer};
 use k3mini_gguf::Value;
@@ -36,13 +35,7 @@ pub fn export_gguf(
     // replaces every copied template (a teacher's named variants too: llama.cpp takes
     // `.tool_use` for requests with tools), so a client of llama.cpp renders chats, tools and
     // calls as the student was trained on them; the agent reads the format back from it.
-    let format = ck
-        .plan
-        .chat_format()
-        .filter(|&f| check_markers(f, &student).is_ok());
-    let template = format
-        .or_else(|| ChatFormat::of_tokenizer(&student))
-        .map(ChatFormat::jinja);
+    let template = ChatFormat::spoken(ck.plan.chat_format(), &student).map(ChatFormat::jinja);
     let copied = |k: &str| template.is_some() && k.starts_with("tokenizer.chat_template");
     let mut w = GgufWriter::new();
     for (k, v) in metadata.into_iter().chain(tokenizer) {

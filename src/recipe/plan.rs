@@ -83,6 +83,7 @@ impl DataPlan {
     pub fn holds_out(&self) -> bool {
         self.held_out_fraction > 0.0 || self.sources.iter().any(|s| s.held_out)
     }
+
     /// The chat format the student is trained to speak: the one its chat sources are rendered
     /// in, where they name one (None for plain text, or for sources in several).
     pub fn chat_format(&self) -> Option<ChatFormat> {

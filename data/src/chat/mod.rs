@@ -508,6 +508,14 @@ impl ChatFormat {
             .find(|f| f.jinja() == template)
     }
 
+    /// The format a model with `tokenizer` speaks: `named` (its plan's, or its GGUF template's)
+    /// where the vocabulary holds that format's markers, else the one its markers name.
+    pub fn spoken(named: Option<ChatFormat>, tokenizer: &Tokenizer) -> Option<ChatFormat> {
+        named
+            .filter(|&f| check_markers(f, tokenizer).is_ok())
+            .or_else(|| ChatFormat::of_tokenizer(tokenizer))
+    }
+
     /// The format whose markers are all single tokens of `tokenizer`: K3's, K2's (the two name
     /// the same reserved ids otherwise), then ChatML; None when no format's are.
     pub fn of_tokenizer(tokenizer: &Tokenizer) -> Option<ChatFormat> {
