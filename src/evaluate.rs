@@ -140,6 +140,7 @@ pub fn evaluate(
         exact_match: answers,
         memory,
         decode_tokens_per_s: decode,
+        tokenizer_sha256: tokenizer.fingerprint(),
     };
     Ok((report, curves(&run)))
 }

@@ -6,12 +6,13 @@ use crate::device::DeviceList;
 use crate::error::{Error, Result};
 use crate::recipe::{
     DistillPlan, GeneratePlan, LocalModel, PromptPlan, PromptSet, RoutingPlan, RunPlan,
-    TeacherSource, TokenizerSpec,
+    TeacherSource, TokenizerSpec, Vocabulary,
 };
 use k3mini_data::Tokenizer;
+use k3mini_data::align::Aligner;
 use k3mini_data::chat::{Message, Role, check_markers, render};
 use k3mini_data::prompts::{read_champ, read_prompts};
-use k3mini_data::shards::ShardMeta;
+use k3mini_data::shards::{ShardMeta, Storage};
 use k3mini_teacher::GenerateParams;
 use k3mini_teacher::client::{Api, ClientOptions, HttpTeacher, piece_map};
 use k3mini_teacher::fetch::{self, Kind};
@@ -109,21 +110,18 @@ pub fn plan_teacher(
     student: &Tokenizer,
     routing: Option<&RoutingPlan>,
 ) -> Result<Arc<dyn Teacher + Send + Sync>> {
-    let mismatch = |what: &str| {
-        crate::refused!(
-            "data.tokenizer and the teacher's tokenizer differ ({what}): the teacher's ids would \
-             mean other tokens to the student. Use the teacher's tokenizer (cross-tokenizer \
-             distillation is not supported yet)."
-        )
-    };
+    let cross = distill.vocabulary == Vocabulary::Cross;
     Ok(match &distill.teacher.source {
         TeacherSource::Local { model, engine } => {
             let file = local_model_path(model)?;
             // A local teacher runs on the stage's main device.
             let mut local = open_local(&file, *engine, devices)?;
-            if student.fingerprint() != local.tokenizer.fingerprint() {
-                return Err(mismatch(
-                    "their id → token tables have different fingerprints",
+            if !cross && student.fingerprint() != local.tokenizer.fingerprint() {
+                return Err(crate::refused!(
+                    "data.tokenizer and the teacher's tokenizer differ (their id → token tables \
+                     have different fingerprints): the teacher's ids would mean other tokens to \
+                     the student. Use the teacher's tokenizer, or distil across vocabularies \
+                     with the `alm` / `xtoken` objectives."
                 ));
             }
             if routing.is_some() {
@@ -135,6 +133,7 @@ pub fn plan_teacher(
             endpoints,
             api,
             api_key_env,
+            ..
         } => {
             let api_key = match api_key_env {
                 Some(name) => Some(std::env::var(name).map_err(|_| {
@@ -154,9 +153,32 @@ pub fn plan_teacher(
                 api_key,
                 ..Default::default()
             };
-            Arc::new(connect_served(endpoints, student, opts)?)
+            // Across vocabularies the server must tokenize as the teacher's own tokenizer does.
+            let tokenizer = match cross {
+                true => &teacher_tokenizer(distill)?,
+                false => student,
+            };
+            Arc::new(connect_served(endpoints, tokenizer, opts)?)
         }
     })
+}
+
+/// The teacher's own tokenizer: a local teacher's GGUF's, or the one a served teacher's
+/// `teacher.tokenizer` names.
+pub fn teacher_tokenizer(distill: &DistillPlan) -> Result<Tokenizer> {
+    match &distill.teacher.source {
+        TeacherSource::Local { model, .. } => gguf_tokenizer(&local_model_path(model)?),
+        TeacherSource::Served {
+            tokenizer: Some(spec),
+            ..
+        } => Ok(Tokenizer::load(spec)?),
+        TeacherSource::Served {
+            tokenizer: None, ..
+        } => Err(crate::refused!(
+            "teacher.tokenizer: a served teacher of another vocabulary needs its tokenizer named \
+             (a tokenizer.json or a built-in vocabulary)"
+        )),
+    }
 }
 
 /// A served teacher at `endpoints` whose ids mean what they mean to `student` (checked: the
@@ -176,8 +198,8 @@ pub fn connect_served(
     if remote.token_ids(PROBE)? != student.encode(PROBE)? {
         return Err(crate::refused!(
             "the served model at {} and the student tokenize a probe text differently: their \
-             ids would mean other tokens (use the teacher's tokenizer; cross-tokenizer \
-             distillation is not supported yet)",
+             ids would mean other tokens (use its tokenizer, or distil across vocabularies \
+             with `alm` / `xtoken` and name its tokenizer in teacher.tokenizer)",
             endpoints.join(", ")
         ));
     }
@@ -240,6 +262,14 @@ pub fn score_plan(
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
     let t = &distill.teacher;
     let teacher = plan_teacher(distill, &plan.devices, &tokenizer, t.routing.as_ref())?;
+    // Across vocabularies the shards hold the student's ids, aligned once here.
+    let cross = match distill.vocabulary {
+        Vocabulary::Cross => Some(Arc::new(Aligner::new(
+            &tokenizer,
+            &teacher_tokenizer(distill)?,
+        )?)),
+        Vocabulary::Same => None,
+    };
     let job = ScoreJob {
         out_dir: out.unwrap_or_else(|| t.shards_dir.clone()),
         meta: ShardMeta {
@@ -247,14 +277,22 @@ pub fn score_plan(
             tokenizer_sha256: tokenizer.fingerprint(),
             k: t.k,
             temperature: t.logprob_temperature,
-            vocab: Some(teacher.vocab_size()),
+            vocab: Some(match cross {
+                Some(_) => tokenizer.vocab_size(),
+                None => teacher.vocab_size(),
+            }),
         },
-        storage: t.logprob_step,
+        // Aligned shards have their own schema, exact f32 (the v2 codec is per position).
+        storage: match cross {
+            Some(_) => Storage::Exact,
+            None => t.logprob_step,
+        },
         seq_len: plan.data.seq_len,
         segments_per_shard: t.segments_per_shard,
         concurrency: t.concurrency,
         sources_sha256: crate::corpus::sources_sha256(&plan.data)?,
         sources: crate::corpus::source_names(&plan.data),
+        cross,
     };
     let open = || {
         crate::corpus::scoring_corpus(&plan.data, &tokenizer)
@@ -274,6 +312,13 @@ pub fn generate_plan(
     limit: Option<usize>,
     on_progress: &mut dyn FnMut(GenerateProgress),
 ) -> Result<(Manifest<GenerateManifestJob>, PathBuf)> {
+    if distill.vocabulary == Vocabulary::Cross {
+        return Err(crate::refused!(
+            "{}: its teacher has another vocabulary (alm / xtoken), so its completions would be \
+             in the teacher's ids: cross-vocabulary recipes train from `teacher score`'s shards",
+            plan.recipe_name()
+        ));
+    }
     let tokenizer = student_tokenizer(&plan.data.tokenizer)?;
     let teacher = plan_teacher(distill, &plan.devices, &tokenizer, None)?;
     let prompts = plan_prompts(&generate.prompts, &tokenizer, limit)?;

@@ -4,6 +4,8 @@
 //! per-token parts for loss masks, resumable sequence packing, and the teacher-signal shard
 //! schemas with their compact top-k codec.
 
+pub mod align;
+pub mod aligned;
 pub mod chat;
 pub mod corpus;
 pub mod design;

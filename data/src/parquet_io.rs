@@ -6,7 +6,7 @@ use crate::error::DataError;
 use arrow_array::builder::{FixedSizeListBuilder, Float32Builder, Int32Builder, ListBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Int32Type};
-use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -17,6 +17,25 @@ use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+
+/// The `doc_id` (int64, the key as two's complement) and `segment` (int32) columns every
+/// per-segment file begins with.
+pub(crate) fn segment_columns(
+    keys: impl Iterator<Item = (u64, u32)> + Clone,
+) -> [(&'static str, ArrayRef); 2] {
+    [
+        (
+            "doc_id",
+            Arc::new(Int64Array::from_iter_values(
+                keys.clone().map(|k| k.0 as i64),
+            )),
+        ),
+        (
+            "segment",
+            Arc::new(Int32Array::from_iter_values(keys.map(|k| k.1 as i32))),
+        ),
+    ]
+}
 
 /// `list<int32>`, one list per item.
 pub(crate) fn int_lists<'a>(lists: impl Iterator<Item = &'a [u32]>) -> ArrayRef {

@@ -26,7 +26,8 @@
 
 use crate::error::DataError;
 use crate::parquet_io::{
-    Col, Opened, column, f32s, file_err, float_lists, int_lists, u32s, write_parquet,
+    Col, Opened, column, f32s, file_err, float_lists, int_lists, segment_columns, u32s,
+    write_parquet,
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
@@ -314,33 +315,20 @@ pub fn write_routing_shard(
         .iter()
         .map(|r| layer_major(&r.routing, |l| &l.experts))
         .collect();
-    let mut columns: Vec<(&str, ArrayRef)> = vec![
-        (
-            "doc_id",
-            Arc::new(Int64Array::from_iter_values(
-                rows.iter().map(|r| r.doc_id as i64),
-            )),
-        ),
-        (
-            "segment",
-            Arc::new(Int32Array::from_iter_values(
-                rows.iter().map(|r| r.segment as i32),
-            )),
-        ),
+    let mut columns: Vec<(&str, ArrayRef)> =
+        segment_columns(rows.iter().map(|r| (r.doc_id, r.segment))).into();
+    let int32 = |v: Vec<i32>| -> ArrayRef { Arc::new(Int32Array::from(v)) };
+    columns.extend([
         (
             "source",
-            Arc::new(Int32Array::from_iter_values(
-                rows.iter().map(|r| r.source as i32),
-            )),
+            int32(rows.iter().map(|r| r.source as i32).collect()),
         ),
         (
             "tokens",
-            Arc::new(Int32Array::from_iter_values(
-                rows.iter().map(|r| r.routing.tokens() as i32),
-            )),
+            int32(rows.iter().map(|r| r.routing.tokens() as i32).collect()),
         ),
         ("experts", int_lists(experts.iter().map(Vec::as_slice))),
-    ];
+    ]);
     if meta.white_box {
         columns.push((
             "weights",

@@ -44,14 +44,14 @@
 use crate::chat::Part;
 use crate::error::DataError;
 use crate::parquet_io::{
-    Col, Opened, column, f32s, file_err, float_lists, int_lists, topk_float_lists, topk_int_lists,
-    u32s, write_parquet,
+    Col, Opened, column, f32s, file_err, float_lists, int_lists, segment_columns, topk_float_lists,
+    topk_int_lists, u32s, write_parquet,
 };
 use crate::tokenizer::MAX_VOCAB;
 use crate::topk_codec::{self, ID_TABLE_MAX, IdTable};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
-use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch};
+use arrow_array::{ArrayRef, BinaryArray, RecordBatch};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use std::path::Path;
@@ -225,9 +225,9 @@ pub struct ShardRow {
 
 /// `1 − Σ_k exp(logprob)` for each row of `k` top logprobs, clamped at 0: the mass outside the top-k.
 /// How far above 0 a stored log-probability may be (f32 rounding of `log_softmax`).
-const LOGPROB_SLACK: f32 = 1e-6;
+pub(crate) const LOGPROB_SLACK: f32 = 1e-6;
 /// How far above 1 a top-k's summed probabilities may be (f32 rounding).
-const MASS_SLACK: f64 = 1e-4;
+pub(crate) const MASS_SLACK: f64 = 1e-4;
 
 /// Refuses a value of `column` that cannot be a log-probability (NaN, infinite, above 0).
 pub(crate) fn check_logprobs(at: &str, column: &str, values: &[f32]) -> Result<(), String> {
@@ -462,12 +462,12 @@ pub fn write_shard(
 const PART_CODES: [Part; 4] = [Part::Markup, Part::Prompt, Part::Thinking, Part::Answer];
 
 /// The optional `parts` column, when a row is a conversation.
-fn parts_column(rows: &[ShardRow]) -> Option<(&'static str, ArrayRef)> {
-    rows.iter().any(|r| r.parts.is_some()).then(|| {
+pub(crate) fn parts_column<'a>(
+    parts: impl Iterator<Item = Option<&'a [Part]>> + Clone,
+) -> Option<(&'static str, ArrayRef)> {
+    parts.clone().any(|p| p.is_some()).then(|| {
         let code = |p: &Part| PART_CODES.iter().position(|c| c == p).expect("a part") as u8;
-        let bytes = rows
-            .iter()
-            .map(|r| r.parts.iter().flatten().map(code).collect::<Vec<u8>>());
+        let bytes = parts.map(|p| p.iter().copied().flatten().map(code).collect::<Vec<u8>>());
         let array: ArrayRef = Arc::new(BinaryArray::from_iter_values(bytes));
         ("parts", array)
     })
@@ -475,7 +475,11 @@ fn parts_column(rows: &[ShardRow]) -> Option<(&'static str, ArrayRef)> {
 
 /// Row `i`'s parts from the `parts` column of `batch` (when the file has one), checked to cover
 /// its `n` ids.
-fn read_parts(batch: &RecordBatch, i: usize, n: usize) -> Result<Option<Vec<Part>>, String> {
+pub(crate) fn read_parts(
+    batch: &RecordBatch,
+    i: usize,
+    n: usize,
+) -> Result<Option<Vec<Part>>, String> {
     let Some(column) = batch.column_by_name("parts") else {
         return Ok(None);
     };
@@ -505,18 +509,19 @@ fn record_batch(
     rows: &[ShardRow],
     columns: Vec<(&'static str, ArrayRef)>,
 ) -> Result<RecordBatch, DataError> {
-    let doc_ids = Int64Array::from_iter_values(rows.iter().map(|r| r.doc_id as i64));
-    let segments = Int32Array::from_iter_values(rows.iter().map(|r| r.segment as i32));
-    let first: [(&'static str, ArrayRef); 3] = [
-        ("doc_id", Arc::new(doc_ids)),
-        ("segment", Arc::new(segments)),
-        (
-            "input_ids",
-            int_lists(rows.iter().map(|r| &r.input_ids[..])),
-        ),
-    ];
-    RecordBatch::try_from_iter(first.into_iter().chain(columns).chain(parts_column(rows)))
-        .map_err(|e| file_err(path, WHAT, e))
+    let ids = (
+        "input_ids",
+        int_lists(rows.iter().map(|r| &r.input_ids[..])),
+    );
+    let parts = parts_column(rows.iter().map(|r| r.parts.as_deref()));
+    RecordBatch::try_from_iter(
+        segment_columns(rows.iter().map(|r| (r.doc_id, r.segment)))
+            .into_iter()
+            .chain([ids])
+            .chain(columns)
+            .chain(parts),
+    )
+    .map_err(|e| file_err(path, WHAT, e))
 }
 
 /// Schema v1 (rows already checked).

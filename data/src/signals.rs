@@ -15,6 +15,8 @@
 //! student's vocabulary (a padded teacher vocabulary) are given logprob −10⁴: their mass goes to the
 //! tail bucket, where a token the student cannot produce belongs.
 
+use crate::align::{ChunkSignals, merge_projected};
+use crate::aligned::{AlignedRow, read_aligned_shard};
 use crate::chat::{LossParts, ThinkingEnd};
 use crate::error::DataError;
 use crate::pack::epoch_order;
@@ -70,6 +72,22 @@ pub struct SignalBatch {
     /// Per row, the teacher's routing of its `n − 1` scored positions, when the stream reads the
     /// routing shards (router distillation).
     pub routing: Vec<Option<Routing>>,
+    /// Cross-tokenizer batches: `[rows, seq_len]`, 1 where the top-k is the teacher's projected
+    /// onto the student's vocabulary (a chunk's first position, and a target); `None`: the
+    /// top-k is the teacher's wherever the loss mask is 1.
+    pub teacher_mask: Option<Vec<f32>>,
+    /// Cross-tokenizer batches: the chunks whose positions are all targets.
+    pub chunks: Vec<BatchChunk>,
+}
+
+/// A chunk of a cross-tokenizer batch: positions `[first, last]` of `row` predict its tokens
+/// (position `t` predicts token `t + 1`), whose bytes the teacher gives log-likelihood `logprob`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchChunk {
+    pub row: usize,
+    pub first: usize,
+    pub last: usize,
+    pub logprob: f32,
 }
 
 /// One training row: `n` ids and, at each of the `n − 1` positions, whether it is a target and the
@@ -84,6 +102,9 @@ pub struct SignalRow {
     pub top_logprobs: Vec<f32>,
     /// The teacher's routing of the `n − 1` positions (scored segments, when read).
     pub routing: Option<Routing>,
+    /// A cross-tokenizer row's chunks; its top-k holds their projected top-k at each chunk's
+    /// first position (`start − 1`) and a placeholder elsewhere.
+    pub chunks: Option<Vec<ChunkSignals>>,
 }
 
 impl SignalRow {
@@ -101,6 +122,43 @@ impl SignalRow {
             top_logprobs: top_prefix(&row.top_logprobs, from, to),
             ids: row.input_ids,
             routing: None,
+            chunks: None,
+        }
+    }
+
+    /// A cross-tokenizer segment: targets as [`Self::from_scores`]; at each chunk's first
+    /// position the first `k` entries of its projected top-k merged into distinct student ids
+    /// ([`merge_projected`]), padded with ids of no teacher mass; a placeholder elsewhere.
+    pub fn from_aligned(row: AlignedRow, k: usize, train_on: &LossParts) -> Self {
+        let n = row.input_ids.len();
+        let targets = match &row.parts {
+            None => vec![true; n - 1],
+            Some(parts) => parts[1..].iter().map(|&p| train_on.trains(p)).collect(),
+        };
+        let mut top_ids: Vec<u32> = (0..n - 1).flat_map(|_| 0..k as u32).collect();
+        let mut top_logprobs = vec![-(k as f32).ln(); (n - 1) * k];
+        for c in &row.chunks {
+            let at = (c.start as usize - 1) * k;
+            let merged = merge_projected(&c.top_ids[..k], &c.top_logprobs[..k]);
+            let used: Vec<u32> = merged.iter().map(|m| m.0).collect();
+            let pads = (0u32..).filter(|id| !used.contains(id));
+            let entries = merged
+                .into_iter()
+                .chain(pads.map(|id| (id, OUT_OF_VOCAB_LOGPROB)))
+                .take(k);
+            for (j, (id, l)) in entries.enumerate() {
+                top_ids[at + j] = id;
+                top_logprobs[at + j] = l;
+            }
+        }
+        Self {
+            doc: row.doc_id,
+            ids: row.input_ids,
+            targets,
+            top_ids,
+            top_logprobs,
+            routing: None,
+            chunks: Some(row.chunks),
         }
     }
 
@@ -146,6 +204,7 @@ impl SignalRow {
             top_ids,
             top_logprobs,
             routing: None,
+            chunks: None,
         })
     }
 }
@@ -162,8 +221,32 @@ pub fn assemble(rows: &[&SignalRow], seq_len: usize, k: usize, vocab: usize) -> 
         top_ids: vec![0; rows.len() * t * k],
         top_logprobs: vec![-(k as f32).ln(); rows.len() * t * k],
         routing: rows.iter().map(|r| r.routing.clone()).collect(),
+        teacher_mask: rows
+            .iter()
+            .any(|r| r.chunks.is_some())
+            .then(|| vec![0.0; rows.len() * t]),
+        chunks: Vec::new(),
     };
     for (r, row) in rows.iter().enumerate() {
+        for c in row.chunks.iter().flatten() {
+            let (first, last) = (c.start as usize - 1, c.end as usize - 2);
+            if !row.targets[first..=last].iter().all(|&x| x) {
+                continue; // a chunk part of which does not train
+            }
+            // A chunk start whose projected top-k is all tail (nothing mapped: its first entry is
+            // a pad) has no teacher distribution over the student's ids to learn or agree with.
+            if let Some(m) = &mut b.teacher_mask
+                && row.top_logprobs[first * k] > OUT_OF_VOCAB_LOGPROB
+            {
+                m[r * t + first] = 1.0;
+            }
+            b.chunks.push(BatchChunk {
+                row: r,
+                first,
+                last,
+                logprob: c.logprob,
+            });
+        }
         for (i, &id) in row.ids.iter().enumerate() {
             b.tokens[r * t + i] = id as i64;
         }
@@ -202,6 +285,9 @@ pub enum SignalSource {
     /// --traffic`): read as scores, a request longer than `seq_len` cut into segments with
     /// context ([`ShardRow::windows`]), segments with no target dropped.
     Traffic { train_on: LossParts },
+    /// Cross-tokenizer shards (`k3mini teacher score` with a teacher of another vocabulary):
+    /// chunks and projected top-k ([`crate::aligned`]); conversations train on `train_on`.
+    Aligned { train_on: LossParts },
     /// Trajectory shards (`k3mini teacher generate`): sequence-level distillation.
     Trajectories {
         thinking_end: Option<ThinkingEnd>,
@@ -256,18 +342,7 @@ impl SignalSpec {
                         Some(it) => Some(aligned(path, &row, it.next())?),
                         None => None,
                     };
-                    if row.input_ids.len() > self.seq_len {
-                        return Err(DataError::io(
-                            path,
-                            format!(
-                                "document {} segment {} has {} ids, more than seq_len {}",
-                                row.doc_id,
-                                row.segment,
-                                row.input_ids.len(),
-                                self.seq_len
-                            ),
-                        ));
-                    }
+                    self.check_len(path, row.doc_id, row.segment, row.input_ids.len())?;
                     if keep(row.doc_id) {
                         kept.push(SignalRow {
                             routing: row_routing,
@@ -291,6 +366,18 @@ impl SignalSpec {
                         r.targets.contains(&true).then_some(r)
                     })
                     .collect())
+            }
+            SignalSource::Aligned { train_on } => {
+                let (meta, rows) = read_aligned_shard(path, Some(&file.sha256))?;
+                self.check(path, &meta.signals)?;
+                let mut kept = Vec::new();
+                for row in rows {
+                    self.check_len(path, row.doc_id, row.segment, row.input_ids.len())?;
+                    if keep(row.doc_id) {
+                        kept.push(SignalRow::from_aligned(row, self.k, train_on));
+                    }
+                }
+                Ok(kept)
             }
             SignalSource::Trajectories {
                 thinking_end,
@@ -352,6 +439,26 @@ impl SignalSpec {
             ));
         }
         Ok(Some(shard.rows))
+    }
+
+    /// A scored segment fits a row of `seq_len` (the job scored `seq_len`-id windows).
+    fn check_len(
+        &self,
+        path: &std::path::Path,
+        doc: u64,
+        segment: u32,
+        n: usize,
+    ) -> Result<(), DataError> {
+        match n > self.seq_len {
+            true => Err(DataError::io(
+                path,
+                format!(
+                    "document {doc} segment {segment} has {n} ids, more than seq_len {}",
+                    self.seq_len
+                ),
+            )),
+            false => Ok(()),
+        }
     }
 
     fn check(&self, path: &std::path::Path, meta: &ShardMeta) -> Result<(), DataError> {

@@ -354,6 +354,73 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes each id spells, `None` for a special token (which spells no text): what
+    /// cross-tokenizer alignment compares. Tiktoken ranks are bytes already; a byte-level BPE's
+    /// token strings map back through GPT-2's byte ↔ character table; a SentencePiece-style
+    /// vocabulary's `<0xHH>` byte-fallback tokens are their byte and `▁` is a space. Any other
+    /// `tokenizer.json` is refused by name (its tokens do not say which bytes they are).
+    pub fn token_bytes(&self) -> Result<Vec<Option<Vec<u8>>>, DataError> {
+        match self {
+            Self::Tiktoken { bpe, .. } => {
+                let ranks = bpe.vocab_size() as u32;
+                Ok((0..self.vocab_size() as u32)
+                    .map(|id| (id < ranks).then(|| bpe.decode(&[id])))
+                    .collect())
+            }
+            Self::Hf {
+                tokenizer, source, ..
+            } => {
+                let specials: std::collections::HashSet<u32> = tokenizer
+                    .get_added_tokens_decoder()
+                    .into_iter()
+                    .filter(|(_, t)| t.special)
+                    .map(|(id, _)| id)
+                    .collect();
+                let byte_level =
+                    matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
+                let sentencepiece = matches!(
+                    tokenizer.get_decoder(),
+                    Some(
+                        DecoderWrapper::Sequence(_)
+                            | DecoderWrapper::Metaspace(_)
+                            | DecoderWrapper::ByteFallback(_)
+                    )
+                );
+                if !(byte_level || sentencepiece) {
+                    return Err(DataError::Tokenizer {
+                        source_name: source.clone(),
+                        message: "its decoder is neither byte-level nor SentencePiece-style, so \
+                                  its tokens do not say which bytes they spell (cross-tokenizer \
+                                  alignment needs that)"
+                            .into(),
+                    });
+                }
+                let unicode_byte = gpt2_char_bytes();
+                Ok((0..self.vocab_size() as u32)
+                    .map(|id| {
+                        if specials.contains(&id) {
+                            return None;
+                        }
+                        let token = tokenizer.id_to_token(id)?;
+                        Some(if byte_level {
+                            // A character outside the table is not byte-level output: take its
+                            // UTF-8 (an added token written as plain text).
+                            token
+                                .chars()
+                                .flat_map(|c| match unicode_byte.get(&c) {
+                                    Some(&b) => vec![b],
+                                    None => c.to_string().into_bytes(),
+                                })
+                                .collect()
+                        } else {
+                            sentencepiece_bytes(&token)
+                        })
+                    })
+                    .collect())
+            }
+        }
+    }
+
     /// SHA-256 (hex) of the id → token table: equal fingerprints mean the same ids for the same
     /// strings, which is what a teacher and its student must share.
     pub fn fingerprint(&self) -> String {
@@ -392,6 +459,35 @@ impl Tokenizer {
             },
         }
     }
+}
+
+/// GPT-2's byte-level table inverted: the printable character each byte is written as → the byte
+/// (bytes that print as themselves keep their character; the rest map to U+0100 onwards in order).
+fn gpt2_char_bytes() -> std::collections::HashMap<char, u8> {
+    let prints = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut shifted = 0u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = if prints(b) {
+                char::from(b)
+            } else {
+                shifted += 1;
+                char::from_u32(255 + shifted).expect("U+0100..U+0143 are characters")
+            };
+            (c, b)
+        })
+        .collect()
+}
+
+/// A SentencePiece token's bytes: `<0xHH>` is the byte, `▁` a space, the rest its UTF-8.
+fn sentencepiece_bytes(token: &str) -> Vec<u8> {
+    if let Some(hex) = token.strip_prefix("<0x").and_then(|t| t.strip_suffix('>'))
+        && hex.len() == 2
+        && let Ok(b) = u8::from_str_radix(hex, 16)
+    {
+        return vec![b];
+    }
+    token.replace('\u{2581}', " ").into_bytes()
 }
 
 /// A byte-level BPE tokenizer (GPT-2 style: no normaliser, byte-level post-processing and decoding).

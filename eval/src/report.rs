@@ -28,6 +28,10 @@ pub struct EvalReport {
     pub exact_match: Vec<ExactMatchCase>,
     pub memory: Vec<MemoryRow>,
     pub decode_tokens_per_s: f64,
+    /// The student tokenizer's fingerprint: runs of different vocabularies compare in bits per
+    /// byte only (reports from before it was recorded have none).
+    #[serde(default)]
+    pub tokenizer_sha256: String,
 }
 
 impl EvalReport {
@@ -72,6 +76,19 @@ pub fn summary_table(reports: &[EvalReport]) -> String {
             pct(r.passkey_accuracy()),
             pct(r.exact_match_accuracy()),
             r.decode_tokens_per_s
+        );
+    }
+    let vocabularies: std::collections::BTreeSet<&str> = reports
+        .iter()
+        .map(|r| r.tokenizer_sha256.as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if vocabularies.len() > 1 {
+        let _ = writeln!(
+            s,
+            "\nThese runs tokenize text with {} different vocabularies: held-out perplexity counts \
+             each vocabulary's own tokens, so only bits per byte compares them.",
+            vocabularies.len()
         );
     }
     s
@@ -190,4 +207,36 @@ pub fn write_report(
     let path = dir.join("report.md");
     k3mini_durable::write(&path, md.as_bytes())?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(run: &str, tokenizer: &str) -> EvalReport {
+        EvalReport {
+            run: run.into(),
+            step: 1,
+            suite: "quick".into(),
+            params: 1,
+            ppl: 10.0,
+            loss: 10f64.ln(),
+            bits_per_byte: 1.0,
+            teacher_top1: None,
+            teacher_kl: None,
+            passkey: Vec::new(),
+            exact_match: Vec::new(),
+            memory: Vec::new(),
+            decode_tokens_per_s: 1.0,
+            tokenizer_sha256: tokenizer.into(),
+        }
+    }
+
+    #[test]
+    fn runs_of_different_vocabularies_are_compared_in_bits_per_byte() {
+        let same = summary_table(&[report("a", "x"), report("b", "x")]);
+        assert!(!same.contains("vocabularies"), "{same}");
+        let cross = summary_table(&[report("a", "x"), report("b", "y")]);
+        assert!(cross.contains("2 different vocabularies") && cross.contains("only bits per byte"));
+    }
 }

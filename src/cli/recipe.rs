@@ -36,6 +36,19 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                 plan.data.seq_len,
                 plan.out_dir.display()
             );
+            if let Some(d) = &plan.distill {
+                eprintln!(
+                    "distillation: the teacher has {}",
+                    match d.vocabulary {
+                        recipe::Vocabulary::Same => "the student's vocabulary",
+                        recipe::Vocabulary::Cross =>
+                            "its own vocabulary (`teacher score` aligns it to the student's by bytes)",
+                    }
+                );
+                for line in d.objective_lines() {
+                    eprintln!("  {line}");
+                }
+            }
             if let Some(l) = launched {
                 let r = &l.rendezvous;
                 eprintln!(

@@ -187,6 +187,10 @@ pub enum TeacherSource {
         api: Api,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         api_key_env: Option<String>,
+        /// Its own tokenizer (a built-in name or an absolute `tokenizer.json` path), for
+        /// cross-vocabulary distillation.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokenizer: Option<String>,
     },
 }
 
@@ -252,7 +256,34 @@ pub struct DistillPlan {
     /// `router_kl`, when weighted: added to the token objectives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub router_kl: Option<RouterKlPlan>,
+    /// `alm`, when weighted: added to the token objectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alm: Option<AlmPlan>,
+    /// Whether the objectives read a teacher of the student's vocabulary or of its own.
+    #[serde(default)]
+    pub vocabulary: Vocabulary,
     pub teacher: TeacherPlan,
+}
+
+/// Which vocabulary a distillation's teacher has, as its objectives need it.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Vocabulary {
+    /// The student's: the teacher's ids are the student's (top-k divergences, id by id).
+    #[default]
+    Same,
+    /// Its own (`alm`, `xtoken`): the corpus is retokenized for the teacher and its signals
+    /// aligned to the student's tokens by byte offsets; `teacher score` writes aligned shards.
+    Cross,
+}
+
+/// Approximate likelihood matching (`k3mini_student::distill::alm_chunk`): `weight` times the
+/// mean over a micro-batch's aligned chunks of the binarised chunk divergence at `temperature`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AlmPlan {
+    pub weight: f64,
+    pub temperature: f64,
 }
 
 /// Router distillation: at each student MoE layer the design maps, `weight · KL(r ‖ π)` between the
@@ -807,6 +838,11 @@ fn teacher_plan(
             endpoints: t.endpoints.clone(),
             api: t.api,
             api_key_env: t.api_key_env.clone(),
+            tokenizer: match &t.tokenizer {
+                Some(name) if Tokenizer::builtin(name).is_some() => Some(name.clone()),
+                Some(path) => Some(at(Path::new(path)).display().to_string()),
+                None => None,
+            },
         },
         _ => {
             return refuse(
@@ -815,6 +851,12 @@ fn teacher_plan(
             );
         }
     };
+    if t.tokenizer.is_some() && t.model.is_some() {
+        return refuse(
+            "teacher.tokenizer",
+            "a local teacher's tokenizer is the one in its GGUF (this is for served `endpoints`)",
+        );
+    }
     if let Some(name) = &t.api_key_env {
         if t.model.is_some() {
             return refuse(
@@ -1044,22 +1086,53 @@ fn distill_plan(
         );
     }
     let mut objectives = Vec::new();
-    let mut router_kl = None;
+    let (mut router_kl, mut alm) = (None, None);
     for (i, o) in d.objectives.iter().enumerate() {
         check_objective(i, o)?;
         if o.weight == 0.0 {
             continue;
         }
-        match o.objective() {
-            Some(objective) => objectives.push(WeightedObjective {
+        match (o.kind, o.objective()) {
+            (_, Some(objective)) => objectives.push(WeightedObjective {
                 weight: o.weight,
                 objective,
             }),
-            None => router_kl = Some(router_kl_plan(i, o, d.mode, &teacher, model, at)?),
+            (ObjectiveKind::Alm, None) => {
+                alm = Some(AlmPlan {
+                    weight: o.weight,
+                    temperature: o
+                        .binarization_temperature
+                        .unwrap_or(DEFAULT_ALM_TEMPERATURE),
+                })
+            }
+            (_, None) => router_kl = Some(router_kl_plan(i, o, d.mode, &teacher, model, at)?),
         }
     }
-    if objectives.is_empty() && router_kl.is_none() {
+    if objectives.is_empty() && router_kl.is_none() && alm.is_none() {
         return refuse("distill.objectives", "every weight is 0");
+    }
+    let vocabulary = cross_vocabulary(d)?;
+    if vocabulary == Vocabulary::Cross && teacher.routing.is_some() {
+        return refuse(
+            "teacher.routing",
+            "aligned shards (alm / xtoken) carry no routing: router distillation needs a teacher \
+             of the student's vocabulary",
+        );
+    }
+    if vocabulary == Vocabulary::Cross
+        && matches!(
+            teacher.source,
+            TeacherSource::Served {
+                tokenizer: None,
+                ..
+            }
+        )
+    {
+        return refuse(
+            "teacher.tokenizer",
+            "a served teacher distilled across vocabularies (alm / xtoken) needs its own \
+             tokenizer named: a tokenizer.json or a built-in vocabulary",
+        );
     }
     let needs_prompts = || {
         teacher.generate.as_ref().ok_or((
@@ -1134,8 +1207,94 @@ fn distill_plan(
         mode,
         objectives,
         router_kl,
+        alm,
+        vocabulary,
         teacher,
     })
+}
+
+impl DistillPlan {
+    /// Each weighted objective and what its teacher must be, one line each (`recipe check`).
+    pub fn objective_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .objectives
+            .iter()
+            .map(|o| {
+                let needs = match o.objective {
+                    Objective::CrossEntropy => "hard labels: any teacher",
+                    Objective::Xtoken => {
+                        "cross-vocabulary: the teacher's top-k projected onto the student's ids"
+                    }
+                    _ => "same vocabulary: compares the teacher's ids with the student's",
+                };
+                format!("{} × {} ({needs})", o.weight, o.objective.name())
+            })
+            .collect();
+        if let Some(a) = &self.alm {
+            lines.push(format!(
+                "{} × alm (cross-vocabulary: aligned chunks' likelihoods, binarised at T = {})",
+                a.weight, a.temperature
+            ));
+        }
+        if let Some(rk) = &self.router_kl {
+            lines.push(format!(
+                "{} × router_kl (the teacher's MoE routing)",
+                rk.weight
+            ));
+        }
+        lines
+    }
+}
+
+/// tokenkit's default binarisation temperature for ALM's chunk divergence.
+const DEFAULT_ALM_TEMPERATURE: f64 = 100.0;
+
+/// The vocabulary the objectives need the teacher in: its own where `alm` or `xtoken` is
+/// weighted, which only `ce` may join (the other objectives compare distributions id by id),
+/// from `teacher score` shards (mode `offline`).
+fn cross_vocabulary(d: &DistillConfig) -> Result<Vocabulary, Refusal> {
+    let weighted = || {
+        d.objectives
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| o.weight > 0.0)
+    };
+    let Some((_, cross)) = weighted().find(|(_, o)| o.kind.cross_vocabulary()) else {
+        return Ok(Vocabulary::Same);
+    };
+    if let Some((i, o)) =
+        weighted().find(|(_, o)| o.kind.needs_one_vocabulary() || o.kind == ObjectiveKind::RouterKl)
+    {
+        return refuse(
+            &format!("distill.objectives.{i}.kind"),
+            format!(
+                "{} needs a teacher of the student's vocabulary (it compares the two \
+                 distributions id by id), but {} reads a teacher of its own: a cross-vocabulary \
+                 recipe weights `ce`, `alm` and `xtoken` only",
+                kind_name(o.kind),
+                kind_name(cross.kind)
+            ),
+        );
+    }
+    if d.mode != DistillMode::Offline {
+        return refuse(
+            "distill.mode",
+            format!(
+                "{} (cross-vocabulary) trains from `teacher score`'s aligned shards: mode = \
+                 \"offline\"",
+                kind_name(cross.kind)
+            ),
+        );
+    }
+    Ok(Vocabulary::Cross)
+}
+
+/// An objective as a recipe spells it.
+fn kind_name(kind: ObjectiveKind) -> String {
+    toml::Value::try_from(kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{kind:?}"))
 }
 
 /// `router_kl`'s design, read and matched against the student and the teacher.
@@ -1240,6 +1399,18 @@ fn check_objective(i: usize, o: &ObjectiveConfig) -> Result<(), Refusal> {
             }
             _ => {}
         }
+    }
+    match o.binarization_temperature {
+        Some(_) if o.kind != ObjectiveKind::Alm => {
+            return refuse(&key("binarization_temperature"), "applies to `alm` only");
+        }
+        Some(t) if !(t > 0.0 && t.is_finite()) => {
+            return refuse(
+                &key("binarization_temperature"),
+                format!("must be positive, got {t}"),
+            );
+        }
+        _ => {}
     }
     if o.design.is_some() && o.kind != ObjectiveKind::RouterKl {
         return refuse(&key("design"), "applies to `router_kl` only");

@@ -11,10 +11,10 @@
 //! [train]     steps, batch_tokens, micro_batch, log/eval/checkpoint intervals, keep_checkpoints, max_bad_steps,
 //!             weights_shard_bytes, reduction = "ring" | "ordered", collective_timeout_s
 //! [train.qat] format = "q4_0" | "mxfp4", start_step
-//! [teacher]   model + engine | endpoints + api + api_key_env, concurrency, k, temperature, segments_per_shard,
+//! [teacher]   model + engine | endpoints + api + api_key_env + tokenizer, concurrency, k, temperature, segments_per_shard,
 //!             logprob_step, shards_dir, routing, routing_shape = {layers, k, experts, moe_layers}
 //! [distill]   mode = "offline" | "online" | "sequence" | "on_policy",
-//!             objectives = [{kind, weight, beta | alpha | samples}], temperature
+//!             objectives = [{kind, weight, beta | alpha | samples | binarization_temperature}], temperature
 //! [distill.on_policy]  mix, max_tokens, temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
@@ -134,6 +134,10 @@ pub struct ObjectiveConfig {
     /// `router_kl`: the `routing design` map (`design.json`), relative to the recipe.
     #[serde(default)]
     pub design: Option<PathBuf>,
+    /// `alm`: the binarisation temperature `T` chunk log-likelihoods are divided by before they
+    /// are read as Bernoulli probabilities (default 100, as tokenkit's ALM).
+    #[serde(default)]
+    pub binarization_temperature: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -150,13 +154,33 @@ pub enum ObjectiveKind {
     Sampled,
     /// Router distillation (MoE students; not a token objective: see `RouterKlPlan`).
     RouterKl,
+    /// Cross-vocabulary: approximate likelihood matching over aligned chunks (ALM; not a
+    /// per-position objective: see `AlmPlan`).
+    Alm,
+    /// Cross-vocabulary: forward KL to the teacher's top-k projected onto the student's
+    /// vocabulary at each chunk's first position (X-Token style).
+    Xtoken,
+}
+
+impl ObjectiveKind {
+    /// Whether it compares the teacher's and the student's distributions id by id, and so needs
+    /// one vocabulary (`ce` needs no teacher; `alm` and `xtoken` work across vocabularies).
+    pub fn needs_one_vocabulary(self) -> bool {
+        !matches!(self, Self::Ce | Self::Alm | Self::Xtoken | Self::RouterKl)
+    }
+
+    /// Whether it reads a teacher of another vocabulary (a cross-tokenizer job's shards).
+    pub fn cross_vocabulary(self) -> bool {
+        matches!(self, Self::Alm | Self::Xtoken)
+    }
 }
 
 impl ObjectiveConfig {
-    /// The token objective, `None` for `router_kl`.
+    /// The per-position objective, `None` for `router_kl` and `alm`.
     pub fn objective(&self) -> Option<Objective> {
         Some(match self.kind {
-            ObjectiveKind::RouterKl => return None,
+            ObjectiveKind::RouterKl | ObjectiveKind::Alm => return None,
+            ObjectiveKind::Xtoken => Objective::Xtoken,
             ObjectiveKind::Ce => Objective::CrossEntropy,
             ObjectiveKind::ForwardKl => Objective::ForwardKl,
             ObjectiveKind::TopkKl => Objective::TopkKl,
@@ -195,6 +219,11 @@ pub struct TeacherConfig {
     /// The served teacher's API.
     #[serde(default = "default_api")]
     pub api: Api,
+    /// A served teacher's own tokenizer (a `tokenizer.json`, relative to the recipe, or a
+    /// built-in vocabulary) when it is not the student's: cross-vocabulary objectives (`alm`,
+    /// `xtoken`) retokenize the corpus with it. A local teacher's comes from its GGUF.
+    #[serde(default)]
+    pub tokenizer: Option<String>,
     /// The environment variable holding the served teacher's API key (sent as `Authorization:
     /// Bearer …`); the key itself never goes in a recipe.
     #[serde(default)]

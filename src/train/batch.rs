@@ -23,6 +23,8 @@ pub struct Flat {
     pub tokens: Tensor<2, Int>,
     pub targets: Tensor<1, Int>,
     pub mask: Tensor<1>,
+    /// Where the top-k is the teacher's: `mask`, or a cross-tokenizer batch's chunk starts.
+    pub teacher_mask: Tensor<1>,
     pub teacher: TeacherTopK,
 }
 
@@ -32,9 +34,13 @@ pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
     let tokens: Tensor<2, Int> =
         Tensor::from_data(TensorData::new(b.tokens.clone(), [rows, t]), device);
     let targets = tokens.clone().narrow(1, 1, t - 1).reshape([n]);
-    let mask = Tensor::<2>::from_data(TensorData::new(b.loss_mask.clone(), [rows, t]), device)
-        .narrow(1, 0, t - 1)
-        .reshape([n]);
+    let positions = |m: &[f32]| {
+        Tensor::<2>::from_data(TensorData::new(m.to_vec(), [rows, t]), device)
+            .narrow(1, 0, t - 1)
+            .reshape([n])
+    };
+    let mask = positions(&b.loss_mask);
+    let teacher_mask = b.teacher_mask.as_deref().map_or(mask.clone(), positions);
     let ids = Tensor::<3, Int>::from_data(TensorData::new(b.top_ids.clone(), [rows, t, k]), device)
         .narrow(1, 0, t - 1)
         .reshape([n, k]);
@@ -48,6 +54,7 @@ pub fn flatten(b: &SignalBatch, device: &Device) -> Flat {
         tokens,
         targets,
         mask,
+        teacher_mask,
         teacher: TeacherTopK {
             ids,
             logprobs,

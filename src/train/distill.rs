@@ -12,7 +12,7 @@
 
 use crate::bail;
 use crate::error::{Context, Result};
-use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan};
+use crate::recipe::{DistillPlan, ModePlan, RouterKlPlan, RunPlan, Vocabulary};
 use crate::run_dir::DataCursor;
 use crate::train::batch::{flatten, position_hidden};
 use crate::train::held_out::HeldOut;
@@ -28,10 +28,10 @@ use k3mini_data::signals::{
 use k3mini_data::stream::is_held_out;
 use k3mini_student::K3Mini;
 use k3mini_student::distill::{
-    Objective, masked_count, masked_mean, masked_share, objective_per_position, router_kl,
-    sample_targets, teacher_buckets,
+    Objective, alm_chunk, masked_count, masked_mean, masked_share, objective_per_position,
+    router_kl, sample_targets, teacher_buckets,
 };
-use k3mini_student::head::{HeadChunks, head_loss};
+use k3mini_student::head::{HeadChunks, head_loss, target_logprobs};
 use k3mini_student::moe::Route;
 use k3mini_teacher::LOGPROB_TEMPERATURE;
 use k3mini_teacher::generate::GenerateManifestJob;
@@ -225,14 +225,39 @@ fn open_scores(plan: &RunPlan, distill: &DistillPlan) -> Result<Opened> {
             Some(_) => {}
         }
     }
+    let train_on = data.train_on.clone();
+    let source = match (&m.job.teacher_tokenizer_sha256, distill.vocabulary) {
+        (None, Vocabulary::Same) => SignalSource::Scores { train_on },
+        (Some(_), _) => {
+            if let Some(o) = distill
+                .objectives
+                .iter()
+                .find(|o| !matches!(o.objective, Objective::CrossEntropy | Objective::Xtoken))
+            {
+                bail!(
+                    "{}: these shards are a cross-tokenizer job's (the teacher has its own \
+                     vocabulary), but {} compares the teacher's ids with the student's: \
+                     weight ce, alm and xtoken only",
+                    dir.display(),
+                    o.objective.name()
+                );
+            }
+            SignalSource::Aligned { train_on }
+        }
+        (None, Vocabulary::Cross) => bail!(
+            "{}: these shards hold a teacher of the student's own vocabulary, not aligned \
+             chunks, which alm and xtoken read: score the corpus into a new directory with \
+             `k3mini teacher score {}`",
+            dir.display(),
+            plan.recipe_name()
+        ),
+    };
     let (seed, fraction) = (plan.seed, data.held_out_fraction);
     Ok(Opened {
         dir: dir.clone(),
         files: shard_files(dir, &m),
         held_out: Arc::new(move |key| is_held_out(seed, key, fraction)),
-        source: SignalSource::Scores {
-            train_on: data.train_on.clone(),
-        },
+        source,
         tokenizer_sha256: m.job.tokenizer_sha256,
         k: m.job.k,
         temperature: m.job.temperature as f64,
@@ -401,6 +426,62 @@ fn router_kl_loss(
     total / rk.design.layers.len() as f64
 }
 
+/// ALM over one micro-batch (`weight` times the mean over its chunks `c` of
+/// [`alm_chunk`]`(t_c, s_c)`, `s_c = Σ_{n ∈ c} log q(x_n)`), applied through the chunked head:
+/// its value from a first, undifferentiated pass over the head, and its gradient as the
+/// surrogate `Σ_n w_n log q(x_n)` (minus its own value) with `w_n = weight · ∂L_c/∂s_c / C` at
+/// chunk `c`'s positions: a function of sums of token log-probabilities differentiates through
+/// them linearly, so the head may cut a chunk across its own pieces.
+struct AlmTerms {
+    /// The loss's value.
+    value: f64,
+    /// `w_n` per flat position (0 outside every chunk), `[N]`.
+    coefficients: Vec<f32>,
+}
+
+impl AlmTerms {
+    /// From the batch's chunks (rows of `seq_len`) and `lq[n] = log q(x_n)` per flat position.
+    fn new(
+        plan: &crate::recipe::AlmPlan,
+        chunks: &[k3mini_data::signals::BatchChunk],
+        seq_len: usize,
+        lq: &[f32],
+    ) -> Self {
+        let mut coefficients = vec![0f32; lq.len()];
+        let mut value = 0.0;
+        let per_chunk = plan.weight / chunks.len().max(1) as f64;
+        for c in chunks {
+            let at = c.row * (seq_len - 1);
+            let positions = at + c.first..=at + c.last;
+            let s: f64 = lq[positions.clone()].iter().map(|&l| l as f64).sum();
+            let (loss, grad) = alm_chunk(c.logprob as f64, s, plan.temperature);
+            value += loss * per_chunk;
+            coefficients[positions].fill((grad * per_chunk) as f32);
+        }
+        Self {
+            value,
+            coefficients,
+        }
+    }
+
+    /// The gradient-carrying share of positions `rows` (value 0): `Σ w_n log q(x_n)` less itself
+    /// detached.
+    fn share(
+        &self,
+        logits: Tensor<2>,
+        targets: Tensor<1, burn::tensor::Int>,
+        rows: std::ops::Range<usize>,
+    ) -> Tensor<1> {
+        let device = logits.device();
+        let w = Tensor::<1>::from_data(
+            TensorData::new(self.coefficients[rows.clone()].to_vec(), [rows.len()]),
+            &device,
+        );
+        let term = (-k3mini_student::loss::cross_entropy(logits, targets) * w).sum();
+        term.clone() - term.detach()
+    }
+}
+
 /// `Σ weight · objective` over one batch whose teacher logprobs are at `temperature`, the LM head
 /// and the objectives run `chunks` of positions at a time. `seed` draws the sampled-KD targets.
 pub fn distill_loss(
@@ -432,14 +513,23 @@ pub fn distill_loss(
         flat.teacher.sampled = Some(Tensor::from_data(TensorData::new(freq, [n, k1]), &device));
     }
     let (hidden, routers) = position_hidden(model, flat.tokens.clone(), None);
-    let count = masked_count(flat.mask.clone());
+    let (count, teacher_count) = (
+        masked_count(flat.mask.clone()),
+        masked_count(flat.teacher_mask.clone()),
+    );
+    let alm = distill.alm.as_ref().map(|a| {
+        let lq = target_logprobs(model, hidden.clone(), chunks, flat.targets.clone());
+        AlmTerms::new(a, &batch.chunks, batch.seq_len, &lq)
+    });
     let loss = head_loss(model, hidden, chunks, |logits, rows| {
-        let (targets, mask) = (
+        let slice = |x: &Tensor<1>| x.clone().narrow(0, rows.start, rows.len());
+        let (targets, mask, teacher_mask) = (
             flat.targets.clone().narrow(0, rows.start, rows.len()),
-            flat.mask.clone().narrow(0, rows.start, rows.len()),
+            slice(&flat.mask),
+            slice(&flat.teacher_mask),
         );
-        let teacher = flat.teacher.rows(rows);
-        distill
+        let teacher = flat.teacher.rows(rows.clone());
+        let objectives = distill
             .objectives
             .iter()
             .map(|o| {
@@ -451,10 +541,27 @@ pub fn distill_loss(
                     temperature,
                     distill.tau,
                 );
-                masked_share(per, mask.clone(), count.clone()) * o.weight
+                // Projected top-k exist at chunk starts only.
+                let share = match o.objective {
+                    Objective::Xtoken => {
+                        masked_share(per, teacher_mask.clone(), teacher_count.clone())
+                    }
+                    _ => masked_share(per, mask.clone(), count.clone()),
+                };
+                share * o.weight
             })
-            .fold(Tensor::zeros([1], &device), |a, b| a + b)
+            .fold(Tensor::zeros([1], &device), |a, b| a + b);
+        match &alm {
+            Some(alm) => objectives + alm.share(logits, targets, rows),
+            None => objectives,
+        }
     });
+    let loss = match &alm {
+        Some(alm) => {
+            loss + Tensor::from_data(TensorData::new(vec![alm.value as f32], [1]), &device)
+        }
+        None => loss,
+    };
     let loss = match &distill.router_kl {
         Some(rk) => loss + router_kl_loss(&routers.routing, batch, rk, &device) * rk.weight,
         None => loss,

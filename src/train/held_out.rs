@@ -4,7 +4,8 @@
 //! - plain runs: the first packed rows of the held-out stream, cross-entropy of the next token;
 //! - distillation: held-out teacher-scored segments (from shards, or scored by the teacher for
 //!   online runs), cross-entropy plus the student's top-1 agreement with the teacher and the
-//!   forward `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k and tail.
+//!   forward `KL(p̂ ‖ q̂)` at τ = 1 over the teacher's top-k and tail (a cross-tokenizer run's:
+//!   at chunk starts, over the top-k projected onto the student's vocabulary).
 
 use crate::error::Result;
 use crate::recipe::RunPlan;
@@ -168,8 +169,10 @@ fn scored_targets(tokens: &[i64], mask: &[f32]) -> Vec<Vec<u32>> {
 }
 
 /// What one held-out batch adds: `[Σ CE, Σ KL, positions where the student's top-1 is the
-/// teacher's, scored positions]`, each mean weighted by the batch's scored positions.
-const SUMS: usize = 4;
+/// teacher's, scored positions, positions with the teacher's top-k]`, CE weighted by the
+/// batch's scored positions, KL and agreement by its positions with the teacher's top-k (the
+/// same positions unless the batch is a cross-tokenizer one's: its chunk starts).
+const SUMS: usize = 5;
 
 /// Token-weighted cross-entropy over the scored positions of a batch of packed rows.
 fn documents_sums(model: &K3Mini, b: &PackedBatch, device: &Device) -> [f64; SUMS] {
@@ -178,14 +181,14 @@ fn documents_sums(model: &K3Mini, b: &PackedBatch, device: &Device) -> [f64; SUM
     let t = b.seq_len;
     let weight = mask.clone().narrow(1, 0, t - 1).sum().into_scalar::<f32>() as f64;
     let mean = next_token_cross_entropy(logits, tokens, Some(mask)).into_scalar::<f32>() as f64;
-    [mean * weight, 0.0, 0.0, weight]
+    [mean * weight, 0.0, 0.0, weight, 0.0]
 }
 
 fn signals_sums(model: &K3Mini, b: &SignalBatch, temperature: f64, device: &Device) -> [f64; SUMS] {
     let flat = flatten(b, device);
     let logits = model.head(position_hidden(model, flat.tokens.clone(), None).0);
     let weight = flat.mask.clone().sum().into_scalar::<f32>() as f64;
-    let per = |o| {
+    let per = |o, mask: &burn::tensor::Tensor<1>, weight: f64| {
         let v = objective_per_position(
             o,
             logits.clone(),
@@ -194,16 +197,19 @@ fn signals_sums(model: &K3Mini, b: &SignalBatch, temperature: f64, device: &Devi
             temperature,
             1.0,
         );
-        masked_mean(v, flat.mask.clone()).into_scalar::<f32>() as f64 * weight
+        masked_mean(v, mask.clone()).into_scalar::<f32>() as f64 * weight
     };
-    let (ce, kl) = (per(Objective::CrossEntropy), per(Objective::ForwardKl));
+    let ce = per(Objective::CrossEntropy, &flat.mask, weight);
+    // The teacher's top-k are where its mask says (a cross-tokenizer batch's chunk starts).
+    let teacher_weight = flat.teacher_mask.clone().sum().into_scalar::<f32>() as f64;
+    let kl = per(Objective::ForwardKl, &flat.teacher_mask, teacher_weight);
     let n = flat.mask.dims()[0];
     let student_top = logits.argmax(1).reshape([n]);
     let teacher_top = flat.teacher.ids.clone().narrow(1, 0, 1).reshape([n]);
-    let agree = (student_top.equal(teacher_top).float() * flat.mask.clone())
+    let agree = (student_top.equal(teacher_top).float() * flat.teacher_mask.clone())
         .sum()
         .into_scalar::<f32>() as f64;
-    [ce, kl, agree, weight]
+    [ce, kl, agree, weight, teacher_weight]
 }
 
 /// The means over every scored position, the batches' sums added in batch order; `top1` and `kl`
@@ -215,9 +221,9 @@ fn fold(sums: &[f64], teacher: bool) -> HeldOutEval {
             *t += x;
         }
     }
-    let [ce, kl, agree, count] = total;
+    let [ce, kl, agree, count, teacher_count] = total;
     let per_position = |x: f64| match teacher {
-        true => x / f64::max(count, 1.0),
+        true => x / f64::max(teacher_count, 1.0),
         false => f64::NAN,
     };
     HeldOutEval {

@@ -59,6 +59,7 @@ pub fn score_batch(
             top_ids: s.top_ids,
             top_logprobs: s.top_logprobs,
             routing: None,
+            chunks: None,
         })
         .collect();
     let refs: Vec<&SignalRow> = rows.iter().collect();

@@ -46,6 +46,28 @@ pub enum Objective {
     /// Random-sampling KD (arXiv 2503.16870): `− Σ t log q̂` with `t` the frequencies of
     /// `samples` draws from `p̂` ([`sample_targets`]): unbiased for `p̂` where top-k truncation is not.
     Sampled { samples: usize },
+    /// Cross-vocabulary forward KL (X-Token style): [`Objective::ForwardKl`]'s formula on the
+    /// teacher's top-k projected onto the student's vocabulary, at each aligned chunk's first
+    /// position only (`k3mini_data::align`).
+    Xtoken,
+}
+
+impl Objective {
+    /// As a recipe names it (`kind`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CrossEntropy => "ce",
+            Self::ForwardKl => "forward_kl",
+            Self::TopkKl => "topk_kl",
+            Self::TopkKlRenormalised => "topk_kl_renormalised",
+            Self::ReverseKl => "reverse_kl",
+            Self::Jsd { .. } => "jsd",
+            Self::SkewKl { .. } => "skew_kl",
+            Self::SkewReverseKl { .. } => "skew_reverse_kl",
+            Self::Sampled { .. } => "sampled",
+            Self::Xtoken => "xtoken",
+        }
+    }
 }
 
 /// Router distillation at one MoE layer, per position: `KL(r ‖ π) = Σ_e r_e (log r_e − log π_e)`
@@ -162,7 +184,7 @@ pub fn objective_per_position(
     };
     let loss = match objective {
         Objective::CrossEntropy => unreachable!("handled above"),
-        Objective::ForwardKl => kl_rows(p_hat, q_hat),
+        Objective::ForwardKl | Objective::Xtoken => kl_rows(p_hat, q_hat),
         Objective::TopkKl => kl_rows(renormalise(p_k), q_k),
         Objective::TopkKlRenormalised => kl_rows(renormalise(p_k), renormalise(q_k)),
         Objective::ReverseKl => kl_rows(q_hat, p_hat),
@@ -235,4 +257,36 @@ pub fn on_policy_per_position(
     let log_q = -crate::loss::cross_entropy(logits, sampled);
     let advantage = (teacher_logprobs - log_q.clone()).detach();
     -(advantage * log_q)
+}
+
+/// `log(1 − e^x)` for `x < 0`, stably (Mächler's two branches).
+fn log1mexp(x: f64) -> f64 {
+    if x < -std::f64::consts::LN_2 {
+        (-x.exp()).ln_1p()
+    } else {
+        (-x.exp_m1()).ln()
+    }
+}
+
+/// ALM's chunk divergence (approximate likelihood matching, Minixhofer et al. 2025; tokenkit's
+/// `binary_ce` main path, less the teacher's entropy so it is 0 where the two agree). A chunk's
+/// log-likelihoods `t` (teacher) and `s` (student, `Σ log q` over its tokens), read at
+/// binarisation temperature `T` as Bernoulli probabilities `y = e^a`, `ŷ = e^b`:
+///
+/// ```text
+/// a = t/T − ε,  b = s/T − ε                              (ε = 1e-6 keeps both below 0)
+/// L = y (a − b) + (1 − y) (log(1 − y) − log(1 − ŷ))      KL(Bernoulli(y) ‖ Bernoulli(ŷ))
+/// ∂L/∂s = (ŷ − y) / (T (1 − ŷ))
+/// ```
+/// Returns `(L, ∂L/∂s)`: the loss is a function of chunk sums, so the trainer applies the
+/// derivative to each chunk's token log-probabilities (see `k3mini::train::distill`).
+pub fn alm_chunk(t: f64, s: f64, temperature: f64) -> (f64, f64) {
+    const EPS: f64 = 1e-6;
+    // Log-likelihoods are ≤ 0; f32 rounding must not take either Bernoulli past 1.
+    let (t, s) = (t.min(0.0), s.min(0.0));
+    let (a, b) = (t / temperature - EPS, s / temperature - EPS);
+    let (y, y_hat) = (a.exp(), b.exp());
+    let loss = y * (a - b) + (1.0 - y) * (log1mexp(a) - log1mexp(b));
+    let grad = (y_hat - y) / (temperature * (-b.exp_m1()));
+    (loss, grad)
 }

@@ -138,3 +138,28 @@ pub fn head_loss(
     }
     value + (surrogate.clone() - surrogate.detach())
 }
+
+/// `log q(targets[n])` at every row of `hidden [N, d]`, as constants (no graph is built): the
+/// head run `chunks` of rows at a time. What a loss that is a function of sums of token
+/// log-probabilities (ALM's chunk likelihoods) evaluates before the differentiated pass.
+pub fn target_logprobs(
+    model: &K3Mini,
+    hidden: Tensor<2>,
+    chunks: HeadChunks,
+    targets: Tensor<1, burn::tensor::Int>,
+) -> Vec<f32> {
+    let n = hidden.dims()[0];
+    let size = chunks.tokens_at_once(n);
+    let (hidden, weight) = (hidden.detach(), model.lm_head.weight.val().detach());
+    let mut out = Vec::with_capacity(n);
+    for s in (0..n).step_by(size.max(1)) {
+        let len = size.min(n - s);
+        let logits = model
+            .config
+            .precision
+            .project(hidden.clone().narrow(0, s, len), weight.clone());
+        let lq = -crate::loss::cross_entropy(logits, targets.clone().narrow(0, s, len));
+        out.extend(lq.into_data().iter::<f32>());
+    }
+    out
+}

@@ -17,6 +17,8 @@ use crate::manifest::{
 use crate::routing::RoutingShape;
 use crate::{Scored, Teacher, TeacherError};
 use k3mini_data::DataError;
+use k3mini_data::align::Aligner;
+use k3mini_data::aligned::{AlignedMeta, AlignedRow, write_aligned_shard};
 use k3mini_data::chat::Part;
 use k3mini_data::pool::run_many;
 use k3mini_data::routing::{RoutingMeta, RoutingRow, read_routing_shard, write_routing_shard};
@@ -24,6 +26,7 @@ use k3mini_data::shards::{ShardMeta, ShardRow, Storage, read_shard, write_shard}
 use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// What to score and where.
 #[derive(Clone, Debug)]
@@ -40,6 +43,10 @@ pub struct ScoreJob {
     pub sources_sha256: String,
     /// The corpus's sources by name, in order: routing shards say which each segment comes from.
     pub sources: Vec<String>,
+    /// A teacher of another vocabulary: each segment is retokenized for it and its signals are
+    /// aligned to the student's tokens ([`k3mini_data::aligned`] shards). `meta.vocab` is then
+    /// the student's.
+    pub cross: Option<Arc<Aligner>>,
 }
 
 /// A scoring job as its manifest records it: a rerun must match it to reuse the shards.
@@ -66,6 +73,10 @@ pub struct ScoreManifestJob {
     /// The teacher's routing, where routing shards are written beside the signal shards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingShape>,
+    /// A cross-tokenizer job: the teacher tokenizer's fingerprint (its shards are
+    /// `aligned-signals`, in the student's ids); absent when teacher and student share one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub teacher_tokenizer_sha256: Option<String>,
 }
 
 fn exact() -> Storage {
@@ -252,6 +263,7 @@ pub fn score_corpus(
         inputs_sha256: count.digest.finish(),
         sources_sha256: job.sources_sha256.clone(),
         routing: teacher.routing().cloned(),
+        teacher_tokenizer_sha256: job.cross.as_ref().map(|a| a.teacher_sha256().to_string()),
     };
     let inputs_sha256 = header.inputs_sha256.clone();
     report.update(|p| {
@@ -280,6 +292,11 @@ pub fn score_corpus(
             let chunk = range
                 .map(|_| stream.next()?.ok_or_else(corpus_changed))
                 .collect::<Result<Vec<Segment>, _>>()?;
+            if let Some(aligner) = &job.cross {
+                let written = score_aligned(teacher, aligner, job, chunk, path, &report)?;
+                report.update(|p| p.shards_done += 1);
+                return Ok(written);
+            }
             let inputs: Vec<&[u32]> = chunk.iter().map(|c| &c.ids[..]).collect();
             let scored = score_many(teacher, &inputs, job.meta.k, job.concurrency, &mut |n| {
                 report.update(|p| {
@@ -325,6 +342,91 @@ pub fn score_corpus(
         return Err(corpus_changed());
     }
     Ok(manifest)
+}
+
+/// Scores one shard's segments with a teacher of another vocabulary: each segment retokenized
+/// for it ([`Aligner::retokenize`]), scored, and its chunks' signals written as an aligned shard
+/// at `path` in the student's ids. A segment the teacher spells in fewer than two tokens has no
+/// chunk to score.
+fn score_aligned(
+    teacher: &dyn Teacher,
+    aligner: &Aligner,
+    job: &ScoreJob,
+    chunk: Vec<Segment>,
+    path: &Path,
+    report: &Reporter<'_, ScoreProgress>,
+) -> Result<Written, TeacherError> {
+    let k = job.meta.k;
+    let retokenized = chunk
+        .iter()
+        .map(|seg| aligner.retokenize(&seg.ids))
+        .collect::<Result<Vec<_>, _>>()?;
+    let scorable: Vec<usize> = (0..chunk.len())
+        .filter(|&i| retokenized[i].teacher_ids.len() >= 2)
+        .collect();
+    let inputs: Vec<&[u32]> = scorable
+        .iter()
+        .map(|&i| &retokenized[i].teacher_ids[..])
+        .collect();
+    let scored = score_many(teacher, &inputs, k, job.concurrency, &mut |n| {
+        report.update(|p| {
+            p.segments_done += 1;
+            p.positions += n;
+        })
+    })?;
+    report.update(|p| p.segments_done += chunk.len() - scorable.len());
+    for (&i, s) in scorable.iter().zip(&scored) {
+        let n = retokenized[i].teacher_ids.len();
+        if s.target_logprobs.len() != n - 1
+            || s.top_ids.len() != (n - 1) * k
+            || s.top_logprobs.len() != (n - 1) * k
+        {
+            return Err(TeacherError::Server(format!(
+                "{}: scoring {n} ids gave {} target logprobs and {} top-{k} entries, not {} and {}",
+                teacher.name(),
+                s.target_logprobs.len(),
+                s.top_ids.len(),
+                n - 1,
+                (n - 1) * k
+            )));
+        }
+    }
+    let mut scored = scorable.into_iter().zip(scored).peekable();
+    let rows: Vec<AlignedRow> = chunk
+        .into_iter()
+        .zip(&retokenized)
+        .enumerate()
+        .map(|(i, (seg, retok))| {
+            let chunks = match scored.next_if(|(j, _)| *j == i) {
+                Some((_, s)) => aligner.chunk_signals(
+                    &seg.ids,
+                    retok,
+                    &s.target_logprobs,
+                    &s.top_ids,
+                    &s.top_logprobs,
+                    k,
+                ),
+                None => Vec::new(),
+            };
+            AlignedRow {
+                doc_id: seg.doc,
+                segment: seg.index,
+                input_ids: seg.ids,
+                parts: seg.parts,
+                chunks,
+            }
+        })
+        .collect();
+    let meta = AlignedMeta {
+        signals: job.meta.clone(),
+        teacher_tokenizer_sha256: aligner.teacher_sha256().to_string(),
+    };
+    Ok(Written {
+        rows: rows.len(),
+        positions: rows.iter().map(|r| r.input_ids.len() - 1).sum(),
+        bytes: write_aligned_shard(path, &meta, &rows)?,
+        routing: false,
+    })
 }
 
 /// Writes a shard's routing shard at `path`: every segment's routing (each must have come back

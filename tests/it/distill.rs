@@ -328,3 +328,260 @@ fn students_distil_from_real_teacher_shards_and_resume_exactly() {
     assert!(e.contains("shards are finished"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `recipe_text` for a student on the 4k Shakespeare BPE (not the teacher's vocabulary), its
+/// shards in `cross-shards`.
+fn cross_recipe(dir: &Path, name: &str, objectives: &str, steps: usize) -> PathBuf {
+    for (file, text) in ["a.txt", "b.txt", "c.txt"].iter().zip(LINES) {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    std::fs::write(dir.join("prompts.jsonl"), "{\"prompt\": \"Say hello.\"}\n").unwrap();
+    let bpe = crate::fixture::root().join("recipes/corpus/shakespeare-bpe4k.json");
+    let text = recipe_text(dir, name, objectives, steps)
+        .replace(
+            "tokenizer = \"teacher\"",
+            &format!("tokenizer = \"{}\"", bpe.display()),
+        )
+        .replace("vocab_size = 49152", "vocab_size = 4096")
+        .replace("/shards\"", "/cross-shards\"");
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn students_distil_across_vocabularies_and_resume_exactly() {
+    let dir: PathBuf = std::env::temp_dir().join(format!("k3mini-cross-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    let all = r#"[{ kind = "ce", weight = 0.5 }, { kind = "alm", weight = 0.5 }, { kind = "xtoken", weight = 0.5 }]"#;
+    let path = cross_recipe(&dir, "cross", all, 4);
+    // `recipe check` says which objectives need which teacher.
+    let out = crate::fixture::k3mini_ok(["recipe".as_ref(), "check".as_ref(), path.as_os_str()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("its own vocabulary")
+            && said.contains("alm (cross-vocabulary")
+            && said.contains("xtoken (cross-vocabulary")
+            && said.contains("ce (hard labels"),
+        "{said}"
+    );
+    // A same-vocabulary objective beside a cross-vocabulary one is refused by name.
+    let mixed = cross_recipe(
+        &dir,
+        "mixed",
+        r#"[{ kind = "forward_kl" }, { kind = "alm" }]"#,
+        1,
+    );
+    let e = recipe::load(&mixed).unwrap_err().to_string();
+    assert!(
+        e.contains("forward_kl needs a teacher of the student's vocabulary"),
+        "{e}"
+    );
+    // Aligned shards carry no routing: a cross recipe asking for it is refused.
+    let routed = cross_recipe(&dir, "routed", all, 1);
+    let text = std::fs::read_to_string(&routed).unwrap();
+    std::fs::write(&routed, text.replace("k = 4\n", "k = 4\nrouting = true\n")).unwrap();
+    let e = recipe::load(&routed).unwrap_err().to_string();
+    assert!(e.contains("carry no routing"), "{e}");
+    // A same-vocabulary recipe whose teacher has another vocabulary is refused at scoring.
+    let same = cross_recipe(&dir, "same", r#"[{ kind = "forward_kl" }]"#, 1);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_k3mini"))
+        .args([
+            "teacher".as_ref(),
+            "score".as_ref(),
+            "--quiet".as_ref(),
+            same.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("`alm` / `xtoken`"),
+        "{e}"
+    );
+
+    teacher("score", &path);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cross-shards/manifest.json")).unwrap())
+            .unwrap();
+    assert!(
+        manifest["job"]["teacher_tokenizer_sha256"].is_string(),
+        "{manifest}"
+    );
+    // Straight, and stopped after 2 steps then resumed: the same weights.
+    let plan = recipe::load(&path).unwrap();
+    let straight = resumes_exactly(&plan, &dir, "cross-split", 2);
+    let last = metrics(&straight).pop().unwrap();
+    assert!(last.loss.is_finite() && last.eval_loss.is_some_and(f64::is_finite));
+    let (top1, kl) = (last.eval_top1.unwrap(), last.eval_kl.unwrap());
+    assert!(
+        (0.0..=1.0).contains(&top1) && kl.is_finite() && kl > 0.0,
+        "{top1} {kl}"
+    );
+    // Each cross objective alone, and the CE baseline, train from the same shards.
+    for objective in [
+        r#"[{ kind = "alm" }]"#,
+        r#"[{ kind = "xtoken" }]"#,
+        r#"[{ kind = "ce" }]"#,
+    ] {
+        let r = recipe::load(&cross_recipe(&dir, "each", objective, 1)).unwrap();
+        std::fs::remove_dir_all(dir.join("runs/each")).ok();
+        let s = train(&r, &quiet()).unwrap();
+        assert!(s.last_loss.unwrap().is_finite(), "{objective}");
+    }
+    // Same-vocabulary objectives over aligned shards are refused, not trained on projected ids.
+    std::fs::remove_dir_all(dir.join("runs/same")).ok();
+    let e = train(&recipe::load(&same).unwrap(), &quiet())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cross-tokenizer job's"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The cosine of two gradients.
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[test]
+fn one_tokenizer_through_the_cross_path_is_forward_kl() {
+    use burn::tensor::Device;
+    use k3mini_data::align::Aligner;
+    use k3mini_data::aligned::AlignedRow;
+    use k3mini_data::shards::ShardRow;
+    use k3mini_data::signals::{SignalRow, assemble};
+    use k3mini_student::distill::{Objective, alm_chunk};
+    use k3mini_student::head::HeadChunks;
+    let dir = std::env::temp_dir().join(format!("k3mini-cross-grad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let plan = recipe::load(&cross_recipe(
+        &dir,
+        "grad",
+        r#"[{ kind = "forward_kl" }]"#,
+        1,
+    ))
+    .unwrap();
+    let bpe = k3mini::teachers::student_tokenizer(&plan.data.tokenizer).unwrap();
+    let ids = bpe.encode(LINES[1]).unwrap();
+    let (n, k) = (ids.len(), 4);
+    // A teacher of the student's own vocabulary, made up: the next id and three others.
+    let mut seed = 3;
+    let mut top_ids = Vec::new();
+    let mut top_logprobs = Vec::new();
+    let mut targets = Vec::new();
+    for t in 0..n - 1 {
+        let u = k3mini_data::rng::uniform(&mut seed) as f32;
+        let row = [
+            ids[t + 1],
+            4000 + t as u32 % 50,
+            3000 + t as u32,
+            2000 + t as u32,
+        ];
+        let lp = [-0.3 - u, -1.9 - u, -2.5, -3.1 - u];
+        top_ids.extend(row);
+        top_logprobs.extend(lp);
+        targets.push(lp[0]);
+    }
+    let scored = ShardRow {
+        doc_id: 1,
+        segment: 0,
+        input_ids: ids.clone(),
+        parts: None,
+        target_logprobs: targets.clone(),
+        top_ids: top_ids.clone(),
+        top_logprobs: top_logprobs.clone(),
+    };
+    let aligner = Aligner::new(&bpe, &bpe).unwrap();
+    let retok = aligner.retokenize(&ids).unwrap();
+    assert_eq!(retok.teacher_ids, ids);
+    let aligned = AlignedRow {
+        doc_id: 1,
+        segment: 0,
+        input_ids: ids.clone(),
+        parts: None,
+        chunks: aligner.chunk_signals(&ids, &retok, &targets, &top_ids, &top_logprobs, k),
+    };
+    let train_on = Default::default();
+    let same = SignalRow::from_scores(scored, k, k, &train_on);
+    let cross = SignalRow::from_aligned(aligned, k, &train_on);
+    let vocab = plan.model.vocab_size;
+    let same_batch = assemble(&[&same], n, k, vocab);
+    let cross_batch = assemble(&[&cross], n, k, vocab);
+    assert_eq!(
+        cross_batch.chunks.len(),
+        n - 1,
+        "a chunk per predicted token"
+    );
+
+    let device = Device::flex().autodiff();
+    let model = k3mini_student::K3Mini::new(&plan.model, &device).unwrap();
+    let base = plan.distill.clone().unwrap();
+    let with = |objectives: Vec<Objective>, alm: bool| recipe::DistillPlan {
+        objectives: objectives
+            .into_iter()
+            .map(|objective| recipe::WeightedObjective {
+                weight: 1.0,
+                objective,
+            })
+            .collect(),
+        alm: alm.then_some(recipe::AlmPlan {
+            weight: 1.0,
+            temperature: 1.0,
+        }),
+        ..base.clone()
+    };
+    let grad = |batch, d: &recipe::DistillPlan, chunks| {
+        let loss = k3mini::train::distill::distill_loss(&model, batch, d, 1.0, chunks, 0).loss;
+        let value = loss.clone().into_scalar::<f32>() as f64;
+        let g = model.lm_head.weight.grad(&loss.backward()).unwrap();
+        (value, g.into_data().iter::<f32>().collect::<Vec<f32>>())
+    };
+    let whole = HeadChunks::Whole;
+    let (kl, g_kl) = grad(&same_batch, &with(vec![Objective::ForwardKl], false), whole);
+    let (xt, g_xt) = grad(&cross_batch, &with(vec![Objective::Xtoken], false), whole);
+    // The projection of a vocabulary onto itself is the identity: the same loss and gradient.
+    assert!(
+        (kl - xt).abs() < 1e-6 && cosine(&g_kl, &g_xt) > 1.0 - 1e-6,
+        "{kl} {xt}"
+    );
+    // ALM over one-token chunks matches the likelihood of the observed token only, so it agrees
+    // with the forward KL in direction, not magnitude (cosine 0.84 here at T = 1).
+    let alm = with(Vec::new(), true);
+    let (a, g_alm) = grad(&cross_batch, &alm, whole);
+    let c = cosine(&g_kl, &g_alm);
+    assert!(c > 0.5, "{c}");
+    // Its value is the mean over chunks of the binarised divergence of directly computed chunk
+    // log-likelihoods; cutting the head into pieces (here 5 positions) changes nothing.
+    let logits = model.forward(burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(ids.iter().map(|&i| i as i64).collect(), [1, n]),
+        &device,
+    ));
+    let lq: Vec<f32> = burn::tensor::activation::log_softmax(logits, 2)
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    let direct: f64 = cross_batch
+        .chunks
+        .iter()
+        .map(|c| {
+            let s: f64 = (c.first..=c.last)
+                .map(|p| lq[p * vocab + ids[p + 1] as usize] as f64)
+                .sum();
+            alm_chunk(c.logprob as f64, s, 1.0).0
+        })
+        .sum::<f64>()
+        / cross_batch.chunks.len() as f64;
+    assert!(
+        (a - direct).abs() < 1e-4 * direct.abs().max(1.0),
+        "{a} {direct}"
+    );
+    let (cut, g_cut) = grad(&cross_batch, &alm, HeadChunks::Tokens(5));
+    assert!(
+        (cut - a).abs() < 1e-5 && cosine(&g_cut, &g_alm) > 1.0 - 1e-5,
+        "{cut} {a}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -159,6 +159,8 @@ fn held_out_loss_and_bits_per_byte_count_scored_positions_and_their_text() {
             tokens,
             loss_mask,
             routing: vec![None; rows.len()],
+            teacher_mask: None,
+            chunks: Vec::new(),
         }
     };
     let held = HeldOut::Signals {

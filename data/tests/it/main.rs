@@ -1,4 +1,5 @@
 //! The data crate's integration tests, one binary (one link) with a module per area.
+mod align;
 mod chat;
 mod corpus;
 mod packing;

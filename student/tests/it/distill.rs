@@ -190,3 +190,39 @@ fn sampled_targets_are_unbiased_frequencies() {
         "same draws, same targets"
     );
 }
+
+#[test]
+fn alm_chunk_divergence_is_the_bernoulli_kl_and_its_derivative() {
+    use k3mini_student::distill::alm_chunk;
+    // Direct: KL between Bernoulli(p) and Bernoulli(q), p = e^{t/T − ε}, q = e^{s/T − ε}.
+    let direct = |t: f64, s: f64, temp: f64| {
+        let (p, q) = ((t / temp - 1e-6).exp(), (s / temp - 1e-6).exp());
+        p * (p / q).ln() + (1.0 - p) * ((1.0 - p) / (1.0 - q)).ln()
+    };
+    for (t, s, temp) in [
+        (-2.0, -5.0, 1.0),
+        (-0.1, -3.0, 1.0),
+        (-40.0, -12.0, 100.0),
+        (-3.0, -0.5, 2.0),
+    ] {
+        let (loss, grad) = alm_chunk(t, s, temp);
+        assert!((loss - direct(t, s, temp)).abs() < 1e-9, "{t} {s}: {loss}");
+        let h = 1e-5;
+        let fd = (alm_chunk(t, s + h, temp).0 - alm_chunk(t, s - h, temp).0) / (2.0 * h);
+        assert!(
+            (grad - fd).abs() < 1e-6 * fd.abs().max(1.0),
+            "{t} {s}: {grad} vs {fd}"
+        );
+        assert!(loss > 0.0);
+    }
+    // Zero, with zero gradient, where the student's chunk likelihood is the teacher's.
+    for t in [-0.01, -1.0, -30.0] {
+        let (loss, grad) = alm_chunk(t, t, 100.0);
+        assert!(
+            loss.abs() < 1e-12 && grad.abs() < 1e-12,
+            "{t}: {loss} {grad}"
+        );
+    }
+    // The student below the teacher is pushed up (a negative derivative), above it down.
+    assert!(alm_chunk(-1.0, -4.0, 1.0).1 < 0.0 && alm_chunk(-4.0, -1.0, 1.0).1 > 0.0);
+}

@@ -245,6 +245,7 @@ mod scoring {
             concurrency: 1,
             sources_sha256: "test corpus".into(),
             sources: vec!["even".into(), "odd".into()],
+            cross: None,
         };
         let segs: usize = docs
             .iter()
