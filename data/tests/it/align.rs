@@ -148,6 +148,17 @@ fn real_tokenizers_align_digits_characters_and_specials() {
     let retok = aligner.retokenize(&ids).unwrap();
     assert_eq!(retok.teacher_ids, bpe.encode(text).unwrap());
     check_chunks(&kimi, &bpe, &ids, &retok);
+    // One run of whole characters: exactly the brute force's chunks of the two tokenizations.
+    let lens = |t: &Tokenizer, ids: &[u32]| -> Vec<usize> {
+        let table = t.token_bytes().unwrap();
+        ids.iter()
+            .map(|&i| table[i as usize].as_ref().unwrap().len())
+            .collect()
+    };
+    assert_eq!(
+        retok.chunks,
+        brute_force(&lens(&kimi, &ids), &lens(&bpe, &retok.teacher_ids))
+    );
     // Kimi keeps "中" whole where the 4k BPE spells its bytes: a chunk of 1 against several.
     assert!(
         retok
