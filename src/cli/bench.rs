@@ -20,8 +20,9 @@ use k3mini_teacher::bench::{ShardSize, packed_id_bits, published_formats};
 pub struct ScoringInput {
     #[arg(long, default_value = "smollm2")]
     teacher: String,
-    /// Text to score.
-    #[arg(long, default_value = "recipes/corpus/shakespeare/hamlet.txt")]
+    /// Text to score (default: Hamlet from the source tree this k3mini was built from, so the
+    /// command works from any directory).
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/corpus/shakespeare/hamlet.txt"))]
     corpus: std::path::PathBuf,
     #[arg(long, default_value_t = 256)]
     seq_len: usize,

@@ -24,12 +24,12 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 #[derive(Subcommand)]
 pub enum DataCommand {
-    /// Tokenizer tools.
+    /// Tokenizers: `train` a byte-level BPE on text files, `encode` text and print the ids.
     Tokenizer {
         #[command(subcommand)]
         command: TokenizerCommand,
     },
-    /// Teacher-signal shard tools.
+    /// Teacher-signal shards: `convert` a directory into the compact schema.
     Shards {
         #[command(subcommand)]
         command: ShardsCommand,

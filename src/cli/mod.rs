@@ -30,14 +30,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Inspect model shapes: parameters, memory, inference state.
+    /// Model shapes: `info` gives a preset's or recipe's parameters per component, training memory
+    /// and inference state.
     Model {
         #[command(subcommand)]
         command: model::ModelCommand,
     },
-    /// Train from a recipe: plain next-token training, or distillation with [distill].
+    /// Train a recipe: plain next-token training, or distillation ([distill]) from `teacher score`
+    /// shards, trajectories or a teacher in the loop; `--resume` continues a run.
     Train(train::TrainArgs),
-    /// Export a trained student for other runtimes (transformers / vLLM / SGLang).
+    /// Export a trained student: a GGUF for llama.cpp (F32 to Q4_K_M) or safetensors with
+    /// config.json for transformers / vLLM / SGLang.
     Export(export::ExportArgs),
     /// Evaluate checkpoints: held-out perplexity and bits per byte, agreement with the teacher,
     /// passkey retrieval, exact-match reasoning, memory against context, decode speed; a report
@@ -62,7 +65,8 @@ enum Command {
         #[arg(required = true)]
         runs: Vec<std::path::PathBuf>,
     },
-    /// Data tools: tokenizers, chat rendering.
+    /// Data tools: `tokenizer` (train a BPE, encode), `shards` (inspect and convert teacher
+    /// shards), `chat` (render conversations and show which tokens carry loss).
     Data {
         #[command(subcommand)]
         command: data::DataCommand,
@@ -70,27 +74,31 @@ enum Command {
     /// Remove a MoE model's least salient experts (REAP, or by frequency), from a checkpoint or
     /// a GGUF, scored on a recipe's corpus.
     Prune(prune::PruneArgs),
-    /// Validate recipes.
+    /// Recipes: `check` validates one and prints its resolved plan, `reference` prints every key.
     Recipe {
         #[command(subcommand)]
         command: recipe::RecipeCommand,
     },
-    /// A MoE teacher's routing, harvested by `teacher score`: statistics and their report.
+    /// A MoE teacher's routing, harvested by `teacher score`: `report` (statistics, heatmaps),
+    /// `design` (a MoE student and the map `router_kl` distils through).
     Routing {
         #[command(subcommand)]
         command: routing::RoutingCommand,
     },
-    /// Teachers: fetch the built-in one, ask it a question.
+    /// Teachers: `fetch` the built-in one, `score` a corpus into shards, `generate` reasoning
+    /// trajectories, `serve` one over HTTP, write its `tokenizer`, `chat` with it.
     Teacher {
         #[command(subcommand)]
         command: teacher::TeacherCommand,
     },
-    /// The student as a local agent with the remote (K3) on call: a gateway that escalates.
+    /// The student as a local agent with the remote (K3) on call: `serve` the gateway that
+    /// escalates, `bench` its policies on tasks, `calibrate` the confidence threshold.
     Agent {
         #[command(subcommand)]
         command: agent::AgentCommand,
     },
-    /// Benchmarks (throughput, memory) on this machine.
+    /// Benchmarks on this machine (throughput, memory): `model`, `kda`, `train`, `teacher`,
+    /// `engines`, `shards`, `data`, `export`, `memory`, and `all` for the README's table.
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,

@@ -243,3 +243,49 @@ fn model_info_per_rank_memory_shards_the_optimizer_across_every_rank() {
         "{text}"
     );
 }
+
+/// A help text's commands, `(name, about)`, without `help`.
+fn commands(args: &[&str]) -> Vec<(String, String)> {
+    let out = k3mini().args(args).arg("--help").output().unwrap();
+    assert!(out.status.success(), "{args:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| {
+            let (name, about) = l.trim().split_once(' ')?;
+            Some((name.to_string(), about.trim().to_string()))
+        })
+        .filter(|(name, _)| name != "help")
+        .collect()
+}
+
+#[test]
+fn every_subcommand_is_named_in_its_parents_line() {
+    // Down the tree from `k3mini --help`: a command with subcommands names each in its own line,
+    // so a newcomer reading one level knows what the next holds.
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        for (name, about) in commands(&args) {
+            let mut child = path.clone();
+            child.push(name.clone());
+            let words: Vec<&str> = about
+                .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '-'))
+                .collect();
+            let args: Vec<&str> = child.iter().map(String::as_str).collect();
+            for (grandchild, _) in commands(&args) {
+                assert!(
+                    words.contains(&grandchild.as_str()),
+                    "`k3mini {}`'s line does not name its subcommand `{grandchild}`: {about}",
+                    child.join(" ")
+                );
+                seen += 1;
+            }
+            todo.push(child);
+        }
+    }
+    assert!(seen > 20, "{seen} subcommands checked");
+}
