@@ -542,9 +542,11 @@ fn one_tokenizer_through_the_cross_path_is_forward_kl() {
     let whole = HeadChunks::Whole;
     let (kl, g_kl) = grad(&same_batch, &with(vec![Objective::ForwardKl], false), whole);
     let (xt, g_xt) = grad(&cross_batch, &with(vec![Objective::Xtoken], false), whole);
-    // The projection of a vocabulary onto itself is the identity: the same loss and gradient.
+    // The projection of a vocabulary onto itself is the identity: the same loss and gradient, to
+    // f32 rounding (the two forwards run apart, and the backend's parallel sums may round
+    // differently under load: 1.9e-6 apart at 18.1 once).
     assert!(
-        (kl - xt).abs() < 1e-6 && cosine(&g_kl, &g_xt) > 1.0 - 1e-6,
+        (kl - xt).abs() < 1e-6 * kl.abs() && cosine(&g_kl, &g_xt) > 1.0 - 1e-6,
         "{kl} {xt}"
     );
     // ALM over one-token chunks matches the likelihood of the observed token only, so it agrees
