@@ -86,7 +86,6 @@ pub struct Retokenized {
 /// A student's and a teacher's tokenizers, read once into what alignment and projection need.
 pub struct Aligner {
     teacher: Tokenizer,
-    teacher_name: String,
     student_bytes: Vec<Option<Vec<u8>>>,
     teacher_bytes: Vec<Option<Vec<u8>>>,
     /// Each student special token's text, and the teacher id of the same special where it has one.
@@ -98,7 +97,7 @@ pub struct Aligner {
 
 impl std::fmt::Debug for Aligner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Aligner(teacher {})", self.teacher_name)
+        write!(f, "Aligner(teacher {})", self.teacher.name())
     }
 }
 
@@ -110,13 +109,27 @@ pub const UNMAPPED: u32 = u32::MAX;
 pub const PROBE: &str =
     " In 2026, 12345 + 678 = 13023.\n\tdef f(x):  return x ** 2  # café naïve ﬁle x² 中文 😀";
 
-/// Refuses a tokenizer whose tokens of [`PROBE`] do not spell it back.
-fn check_spelling(t: &Tokenizer, bytes: &[Option<Vec<u8>>], side: &str) -> Result<(), DataError> {
-    let ids = t.encode(PROBE)?;
-    let spelled: Vec<u8> = ids
+/// The bytes `ids` spell through a [`Tokenizer::token_bytes`] table, and each id's length (ids
+/// past the table and specials spell nothing).
+fn spell(table: &[Option<Vec<u8>>], ids: &[u32]) -> (Vec<u8>, Vec<usize>) {
+    let mut bytes = Vec::new();
+    let lens = ids
         .iter()
-        .flat_map(|&i| bytes.get(i as usize).cloned().flatten().unwrap_or_default())
+        .map(|&i| {
+            let b = table
+                .get(i as usize)
+                .and_then(Option::as_deref)
+                .unwrap_or_default();
+            bytes.extend_from_slice(b);
+            b.len()
+        })
         .collect();
+    (bytes, lens)
+}
+
+/// Refuses a tokenizer whose tokens of [`PROBE`] do not spell it back.
+fn check_spelling(t: &Tokenizer, table: &[Option<Vec<u8>>], side: &str) -> Result<(), DataError> {
+    let (spelled, _) = spell(table, &t.encode(PROBE)?);
     match spelled == PROBE.as_bytes() {
         true => Ok(()),
         false => Err(DataError::Tokenizer {
@@ -174,7 +187,6 @@ impl Aligner {
             .collect();
         Ok(Self {
             teacher: teacher.clone(),
-            teacher_name: teacher.name().to_string(),
             student_bytes,
             teacher_bytes,
             specials,
@@ -205,7 +217,7 @@ impl Aligner {
     /// student sees.
     pub fn retokenize(&self, ids: &[u32]) -> Result<Retokenized, DataError> {
         let err = |message: String| DataError::Tokenizer {
-            source_name: self.teacher_name.clone(),
+            source_name: self.teacher.name().to_string(),
             message,
         };
         let bytes_of = |id: u32| -> Result<Option<&[u8]>, DataError> {
@@ -252,14 +264,7 @@ impl Aligner {
         run: Range<usize>,
         out: &mut Retokenized,
     ) -> Result<(), DataError> {
-        let lens: Vec<usize> = ids[run.clone()]
-            .iter()
-            .map(|&id| self.student_bytes[id as usize].as_ref().map_or(0, Vec::len))
-            .collect();
-        let bytes: Vec<u8> = ids[run.clone()]
-            .iter()
-            .flat_map(|&id| self.student_bytes[id as usize].iter().flatten().copied())
-            .collect();
+        let (bytes, lens) = spell(&self.student_bytes, &ids[run.clone()]);
         // Whole characters only: drop leading tokens that start inside one, trailing tokens
         // that end inside one.
         let mut offsets = vec![0];
@@ -285,20 +290,10 @@ impl Aligner {
             }
         };
         let teacher_ids = self.teacher.encode(text)?;
-        let mut teacher_lens = Vec::with_capacity(teacher_ids.len());
-        let mut spelled = Vec::with_capacity(text.len());
-        for &t in &teacher_ids {
-            let tb = self
-                .teacher_bytes
-                .get(t as usize)
-                .and_then(Option::as_deref)
-                .unwrap_or_default();
-            teacher_lens.push(tb.len());
-            spelled.extend_from_slice(tb);
-        }
+        let (spelled, teacher_lens) = spell(&self.teacher_bytes, &teacher_ids);
         if spelled != text.as_bytes() {
             return Err(DataError::Tokenizer {
-                source_name: self.teacher_name.clone(),
+                source_name: self.teacher.name().to_string(),
                 message: format!(
                     "its tokens of {:?} spell other bytes back (it normalises the text or adds \
                      a prefix space): cross-tokenizer alignment needs a tokenizer that keeps the \

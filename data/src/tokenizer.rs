@@ -463,6 +463,7 @@ impl Tokenizer {
 
 /// GPT-2's byte-level table inverted: the printable character each byte is written as → the byte
 /// (bytes that print as themselves keep their character; the rest map to U+0100 onwards in order).
+/// The tokenizers crate keeps its own copy of this table crate-private.
 fn gpt2_char_bytes() -> std::collections::HashMap<char, u8> {
     let prints = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let mut shifted = 0u32;

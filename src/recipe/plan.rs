@@ -1111,29 +1111,7 @@ fn distill_plan(
     if objectives.is_empty() && router_kl.is_none() && alm.is_none() {
         return refuse("distill.objectives", "every weight is 0");
     }
-    let vocabulary = cross_vocabulary(d)?;
-    if vocabulary == Vocabulary::Cross && teacher.routing.is_some() {
-        return refuse(
-            "teacher.routing",
-            "aligned shards (alm / xtoken) carry no routing: router distillation needs a teacher \
-             of the student's vocabulary",
-        );
-    }
-    if vocabulary == Vocabulary::Cross
-        && matches!(
-            teacher.source,
-            TeacherSource::Served {
-                tokenizer: None,
-                ..
-            }
-        )
-    {
-        return refuse(
-            "teacher.tokenizer",
-            "a served teacher distilled across vocabularies (alm / xtoken) needs its own \
-             tokenizer named: a tokenizer.json or a built-in vocabulary",
-        );
-    }
+    let vocabulary = cross_vocabulary(d, &teacher)?;
     let needs_prompts = || {
         teacher.generate.as_ref().ok_or((
             "distill.mode".to_string(),
@@ -1251,8 +1229,9 @@ const DEFAULT_ALM_TEMPERATURE: f64 = 100.0;
 
 /// The vocabulary the objectives need the teacher in: its own where `alm` or `xtoken` is
 /// weighted, which only `ce` may join (the other objectives compare distributions id by id),
-/// from `teacher score` shards (mode `offline`).
-fn cross_vocabulary(d: &DistillConfig) -> Result<Vocabulary, Refusal> {
+/// from `teacher score` shards (mode `offline`), without routing, and with a served teacher's
+/// tokenizer named.
+fn cross_vocabulary(d: &DistillConfig, teacher: &TeacherPlan) -> Result<Vocabulary, Refusal> {
     let weighted = || {
         d.objectives
             .iter()
@@ -1262,9 +1241,7 @@ fn cross_vocabulary(d: &DistillConfig) -> Result<Vocabulary, Refusal> {
     let Some((_, cross)) = weighted().find(|(_, o)| o.kind.cross_vocabulary()) else {
         return Ok(Vocabulary::Same);
     };
-    if let Some((i, o)) =
-        weighted().find(|(_, o)| o.kind.needs_one_vocabulary() || o.kind == ObjectiveKind::RouterKl)
-    {
+    if let Some((i, o)) = weighted().find(|(_, o)| o.kind.needs_one_vocabulary()) {
         return refuse(
             &format!("distill.objectives.{i}.kind"),
             format!(
@@ -1284,6 +1261,23 @@ fn cross_vocabulary(d: &DistillConfig) -> Result<Vocabulary, Refusal> {
                  \"offline\"",
                 kind_name(cross.kind)
             ),
+        );
+    }
+    if teacher.routing.is_some() {
+        return refuse(
+            "teacher.routing",
+            "aligned shards (alm / xtoken) carry no routing: router distillation needs a teacher \
+             of the student's vocabulary",
+        );
+    }
+    if let TeacherSource::Served {
+        tokenizer: None, ..
+    } = teacher.source
+    {
+        return refuse(
+            "teacher.tokenizer",
+            "a served teacher distilled across vocabularies (alm / xtoken) needs its own \
+             tokenizer named: a tokenizer.json or a built-in vocabulary",
         );
     }
     Ok(Vocabulary::Cross)

@@ -163,10 +163,11 @@ pub enum ObjectiveKind {
 }
 
 impl ObjectiveKind {
-    /// Whether it compares the teacher's and the student's distributions id by id, and so needs
-    /// one vocabulary (`ce` needs no teacher; `alm` and `xtoken` work across vocabularies).
+    /// Whether it needs a teacher of the student's vocabulary: the divergences compare the two
+    /// distributions id by id, `router_kl` reads routing shards only such a job writes (`ce`
+    /// needs no teacher; `alm` and `xtoken` work across vocabularies).
     pub fn needs_one_vocabulary(self) -> bool {
-        !matches!(self, Self::Ce | Self::Alm | Self::Xtoken | Self::RouterKl)
+        !matches!(self, Self::Ce | Self::Alm | Self::Xtoken)
     }
 
     /// Whether it reads a teacher of another vocabulary (a cross-tokenizer job's shards).

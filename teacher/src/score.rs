@@ -368,13 +368,14 @@ fn score_aligned(
         .iter()
         .map(|&i| &retokenized[i].teacher_ids[..])
         .collect();
-    let scored = score_many(teacher, &inputs, k, job.concurrency, &mut |n| {
-        report.update(|p| {
-            p.segments_done += 1;
-            p.positions += n;
-        })
+    // Progress counts the student's positions, as the manifest does (the teacher's differ).
+    let scored = score_many(teacher, &inputs, k, job.concurrency, &mut |_| {
+        report.update(|p| p.segments_done += 1)
     })?;
-    report.update(|p| p.segments_done += chunk.len() - scorable.len());
+    report.update(|p| {
+        p.segments_done += chunk.len() - scorable.len();
+        p.positions += chunk.iter().map(|s| s.ids.len() - 1).sum::<usize>();
+    });
     for (&i, s) in scorable.iter().zip(&scored) {
         let n = retokenized[i].teacher_ids.len();
         if s.target_logprobs.len() != n - 1
