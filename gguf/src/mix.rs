@@ -12,6 +12,13 @@
 //!   `use_more_bits(i, n) = i < n/8 ∨ i ≥ 7n/8 ∨ (i − n/8) mod 3 = 2`.
 //! - Rows that are not whole blocks fall back: Q4_K → Q5_0, Q6_K → Q8_0, then F16 if those do
 //!   not fit either.
+//! - MXFP4 (llama.cpp's `MOSTLY_MXFP4_MOE`): MXFP4 for exactly the weights `[train.qat] format =
+//!   "mxfp4"` trains quantised, so a QAT student is stored as it was trained, not re-quantised:
+//!   with experts, the routed experts (`*_exps`, as K3 ships them) and Q8_0 for every other
+//!   weight, as llama.cpp does; without, every linear weight (`output.weight` too) and Q8_0 for
+//!   `token_embd` (an embedding, which QAT leaves alone). A dense student's `attn_k_b` is kv_b's
+//!   key rows transposed per head: QAT's blocks run along the latent rank, across its ggml rows,
+//!   so it is BF16, holding kv_b's MXFP4 values exactly (the export computes them).
 
 use super::GgmlType;
 
@@ -23,16 +30,18 @@ pub enum FileType {
     Q8_0,
     Q4_0,
     Q4KM,
+    Mxfp4,
 }
 
 impl FileType {
     /// Every file type with the name `--quant` takes.
-    pub const ALL: [(&'static str, Self); 5] = [
+    pub const ALL: [(&'static str, Self); 6] = [
         ("f32", Self::F32),
         ("f16", Self::F16),
         ("q8_0", Self::Q8_0),
         ("q4_0", Self::Q4_0),
         ("q4_k_m", Self::Q4KM),
+        ("mxfp4", Self::Mxfp4),
     ];
 
     pub fn parse(s: &str) -> Result<Self, crate::GgufError> {
@@ -59,6 +68,7 @@ impl FileType {
             Self::Q4_0 => 2,
             Self::Q8_0 => 7,
             Self::Q4KM => 15,
+            Self::Mxfp4 => 38,
         }
     }
 
@@ -69,6 +79,7 @@ impl FileType {
             Self::Q8_0 => GgmlType::Q8_0,
             Self::Q4_0 => GgmlType::Q4_0,
             Self::Q4KM => GgmlType::Q4K,
+            Self::Mxfp4 => GgmlType::MXFP4,
         }
     }
 }
@@ -107,6 +118,9 @@ pub fn tensor_types(tensors: &[(&str, &[u64])], n_layers: usize, ftype: FileType
     tensors
         .iter()
         .map(|&(name, ne)| {
+            if ftype == FileType::Mxfp4 {
+                return mxfp4_type(name, ne, has_experts);
+            }
             if !quantisable(name, ne)
                 || !matches!(ftype, FileType::Q8_0 | FileType::Q4_0 | FileType::Q4KM)
             {
@@ -144,6 +158,26 @@ pub fn tensor_types(tensors: &[(&str, &[u64])], n_layers: usize, ftype: FileType
             fallback(t, ne[0])
         })
         .collect()
+}
+
+/// The type of a tensor in an MXFP4 file (see the module's doc).
+fn mxfp4_type(name: &str, ne: &[u64], has_experts: bool) -> GgmlType {
+    let t = if !quantisable(name, ne) {
+        GgmlType::F32
+    } else if has_experts {
+        if name.contains("_exps") {
+            GgmlType::MXFP4
+        } else {
+            GgmlType::Q8_0
+        }
+    } else if name == "token_embd.weight" {
+        GgmlType::Q8_0
+    } else if name.contains("attn_k_b.weight") {
+        GgmlType::BF16
+    } else {
+        GgmlType::MXFP4
+    };
+    fallback(t, ne[0])
 }
 
 /// llama.cpp's `tensor_type_fallback`: a type whose blocks do not divide the rows.
@@ -234,6 +268,30 @@ mod tests {
         // Tied embeddings: without output.weight, token_embd is the output.
         let refs: Vec<(&str, &[u64])> = vec![("token_embd.weight", &[256, 10])];
         assert_eq!(tensor_types(&refs, 1, FileType::Q4KM), [GgmlType::Q6K]);
+        // MXFP4 of a dense student: every linear weight but attn_k_b, whose blocks would cut
+        // across QAT's; the embedding Q8_0.
+        let t = types(FileType::Mxfp4);
+        assert_eq!(of(&t, "output.weight"), GgmlType::MXFP4);
+        assert_eq!(of(&t, "token_embd.weight"), GgmlType::Q8_0);
+        assert_eq!(of(&t, "blk.0.attn_v.weight"), GgmlType::MXFP4);
+        assert_eq!(of(&t, "blk.3.attn_v_b.weight"), GgmlType::MXFP4);
+        assert_eq!(of(&t, "blk.0.attn_norm.weight"), GgmlType::F32);
+        // With experts, only they are MXFP4.
+        let refs: Vec<(&str, &[u64])> = vec![
+            ("blk.1.ffn_down_exps.weight", &[64, 256, 4]),
+            ("blk.1.attn_k_b.weight", &[32, 64, 2]),
+            ("blk.1.ffn_gate_inp.weight", &[256, 4]),
+            ("output.weight", &[256, 10]),
+        ];
+        assert_eq!(
+            tensor_types(&refs, 2, FileType::Mxfp4),
+            [
+                GgmlType::MXFP4,
+                GgmlType::Q8_0,
+                GgmlType::F32,
+                GgmlType::Q8_0
+            ]
+        );
         assert!(
             FileType::parse("q5_k")
                 .unwrap_err()

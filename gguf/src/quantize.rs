@@ -10,8 +10,11 @@
 //!   20 refinement steps); scales and mins are quantised to 6 bits against the block's largest.
 //! - Q6_K: per sub-block of 16, `make_qx_quants` (weights x², 18 scale trials); scales to i8
 //!   against the largest, values `q ∈ [−32, 31]`.
+//! - MXFP4: `e = ⌊log₂ amax⌋ − 2 + 127` (so amax/2^(e−127) ∈ [4, 8) and saturates at E2M1's 6),
+//!   each value the code of the nearest doubled E2M1 value times 2^(e − 128), ties to the lower
+//!   code (so towards zero, and +0 for 0).
 
-use super::quants::GgmlType;
+use super::quants::{GgmlType, KVALUES_MXFP4, dequantize, e8m0_to_f32_half};
 use half::{bf16, f16};
 
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -345,6 +348,34 @@ fn q6_k(x: &[f32], out: &mut Vec<u8>) {
     put_f16(out, d);
 }
 
+/// ggml's `best_index_mxfp4`: the first code whose value is nearest to `x` at scale `d`.
+fn best_index_mxfp4(x: f32, d: f32) -> u8 {
+    let mut best = (0, (KVALUES_MXFP4[0] as f32 * d - x).abs());
+    for (i, &k) in KVALUES_MXFP4.iter().enumerate().skip(1) {
+        let err = (k as f32 * d - x).abs();
+        if err < best.1 {
+            best = (i as u8, err);
+        }
+    }
+    best.0
+}
+
+fn mxfp4(x: &[f32], out: &mut Vec<u8>) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    // C's `(uint8_t)` of the float: through an int and its low byte, as x86 compilers emit it
+    // (an amax below 2^−125, where the value is negative, is out of C's defined range anyway).
+    let e = if amax > 0.0 {
+        (amax.log2().floor() - 2.0 + 127.0) as i32 as u8
+    } else {
+        0
+    };
+    let d = e8m0_to_f32_half(e);
+    out.push(e);
+    for j in 0..16 {
+        out.push(best_index_mxfp4(x[j], d) | (best_index_mxfp4(x[j + 16], d) << 4));
+    }
+}
+
 /// Quantises `x` (a whole number of blocks) to `ty`'s bytes, as ggml's reference quantiser does.
 pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, crate::GgufError> {
     let bs = ty.block_size();
@@ -366,10 +397,16 @@ pub fn quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<u8>, crate::GgufError> {
         GgmlType::Q5_0 => q5_0,
         GgmlType::Q4K => q4_k,
         GgmlType::Q6K => q6_k,
+        GgmlType::MXFP4 => mxfp4,
         other => return Err(crate::GgufError::Unsupported(other)),
     };
     for b in x.chunks_exact(bs) {
         block(b, &mut out);
     }
     Ok(out)
+}
+
+/// `x` as `ty` stores it, back in f32: what a forward through the quantised file computes with.
+pub fn fake_quantize(ty: GgmlType, x: &[f32]) -> Result<Vec<f32>, crate::GgufError> {
+    dequantize(ty, &quantize(ty, x)?, x.len())
 }

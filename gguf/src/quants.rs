@@ -9,6 +9,9 @@
 //!   bytes of nibbles; x = d·sc·q − dmin·m
 //! - Q6_K (256): 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 × i8 scales (sub-blocks of
 //!   16), `d`; x = d·sc·(q − 32)
+//! - MXFP4 (32, OCP MX): a UE8M0 exponent byte `e`, 16 bytes of E2M1 nibbles (low nibbles the
+//!   first 16 values); x = [`KVALUES_MXFP4`]\[q]·2^(e − 128) (ggml stores E2M1 doubled, so
+//!   the scale is halved: `GGML_E8M0_TO_FP32_HALF`).
 
 use half::{bf16, f16};
 
@@ -30,6 +33,20 @@ pub enum GgmlType {
     Q6K,
     Q8K,
     BF16,
+    MXFP4,
+}
+
+/// ggml's `kvalues_mxfp4`: the E2M1 values ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, doubled, by code.
+pub const KVALUES_MXFP4: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// ggml's `ggml_e8m0_to_fp32_half`: 2^(e − 128), built from its bits (subnormal for e < 2).
+pub fn e8m0_to_f32_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
 }
 
 impl GgmlType {
@@ -50,6 +67,7 @@ impl GgmlType {
             14 => Self::Q6K,
             15 => Self::Q8K,
             30 => Self::BF16,
+            39 => Self::MXFP4,
             other => return Err(crate::GgufError::UnknownType(other)),
         })
     }
@@ -71,6 +89,7 @@ impl GgmlType {
             Self::Q6K => 14,
             Self::Q8K => 15,
             Self::BF16 => 30,
+            Self::MXFP4 => 39,
         }
     }
 
@@ -78,7 +97,13 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             Self::F32 | Self::F16 | Self::BF16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Q8_1
+            | Self::MXFP4 => 32,
             Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => 256,
         }
     }
@@ -100,6 +125,7 @@ impl GgmlType {
             Self::Q5K => 176,
             Self::Q6K => 210,
             Self::Q8K => 292,
+            Self::MXFP4 => 17,
         }
     }
 
@@ -197,6 +223,13 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n: usize) -> Result<Vec<f32>, crat
                     y[l + 64] = s(4) * q3 as f32;
                     y[l + 96] = s(6) * q4 as f32;
                 }
+            }
+        }),
+        GgmlType::MXFP4 => blocks.for_each(|(b, y)| {
+            let d = e8m0_to_f32_half(b[0]);
+            for (j, &q) in b[1..17].iter().enumerate() {
+                y[j] = KVALUES_MXFP4[(q & 0xF) as usize] as f32 * d;
+                y[j + 16] = KVALUES_MXFP4[(q >> 4) as usize] as f32 * d;
             }
         }),
         other => return Err(crate::GgufError::Undecodable(other)),

@@ -196,6 +196,8 @@ fn every_quantiser_round_trips_within_its_format_error() {
         (GgmlType::Q4_0, 0.15),
         (GgmlType::Q4_1, 0.15),
         (GgmlType::Q4K, 0.15),
+        // Values in (6, 8)·2^k saturate at 6·2^k: a quarter of the block's amax.
+        (GgmlType::MXFP4, 0.25),
     ] {
         let q = quantize(ty, &x).unwrap();
         assert_eq!(q.len() as u64, ty.row_bytes(x.len() as u64), "{ty:?}");

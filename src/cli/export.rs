@@ -28,7 +28,8 @@ pub struct ExportArgs {
     /// Output directory (hf) or file (gguf).
     #[arg(long)]
     out: PathBuf,
-    /// GGUF file type: q4_k_m, q4_0, q8_0, f16 or f32.
+    /// GGUF file type: q4_k_m, q4_0, q8_0, f16, f32, or mxfp4 (what `[train.qat] format =
+    /// "mxfp4"` trained quantised, in MXFP4; see docs/export.md).
     #[arg(long, default_value = "q4_k_m")]
     quant: String,
     /// The student's tokenizer.json, to ship (default: the one the run trained with; a GGUF

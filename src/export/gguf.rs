@@ -9,12 +9,33 @@ use crate::run_dir::Checkpoint;
 use burn::tensor::Device;
 use k3mini_data::pool::run_many;
 use k3mini_data::{ChatFormat, Tokenizer};
-use k3mini_gguf::Value;
 use k3mini_gguf::mix::{FileType, tensor_types};
-use k3mini_gguf::quantize::quantize;
+use k3mini_gguf::quantize::{fake_quantize, quantize};
 use k3mini_gguf::writer::GgufWriter;
+use k3mini_gguf::{GgmlType, Value};
 use k3mini_student::K3Mini;
 use std::path::{Path, PathBuf};
+
+/// `values` (ggml `ne`, `ne[0]` contiguous) with MXFP4 blocks taken along `ne[1]` in each of the
+/// `ne[2..]` matrices: kv_b's blocks along the latent rank, in its transposed `attn_k_b`. Left
+/// as they are when `ne[1]` is not whole blocks (QAT left kv_b alone then too).
+fn mxfp4_down_columns(ne: &[u64], values: &[f32]) -> Vec<f32> {
+    let (cols, rows) = (ne[0] as usize, ne[1] as usize);
+    let mut out = values.to_vec();
+    if rows % GgmlType::MXFP4.block_size() != 0 {
+        return out;
+    }
+    for m in out.chunks_exact_mut(cols * rows) {
+        for c in 0..cols {
+            let column: Vec<f32> = (0..rows).map(|r| m[r * cols + c]).collect();
+            let q = fake_quantize(GgmlType::MXFP4, &column).expect("whole blocks");
+            for (r, v) in q.into_iter().enumerate() {
+                m[r * cols + c] = v;
+            }
+        }
+    }
+    out
+}
 
 /// Writes the student as a llama.cpp GGUF of file type `ftype` with its tokenizer (see
 /// [`gguf_tokenizer_metadata`]); returns the bytes written.
@@ -63,7 +84,13 @@ pub fn export_gguf(
         jobs.len(),
         cores,
         &|i| {
-            let ((name, _, values), ty) = &jobs[i];
+            let ((name, ne, values), ty) = &jobs[i];
+            let values = match (ftype, ty) {
+                // In an MXFP4 file, BF16 holds the MXFP4 values of a tensor whose blocks run
+                // across its rows (attn_k_b: see the mix).
+                (FileType::Mxfp4, GgmlType::BF16) => &mxfp4_down_columns(ne, values),
+                _ => values,
+            };
             quantize(*ty, values).map_err(|e| crate::refused!("{name}: {e}"))
         },
         &mut |_| bar.inc(1),

@@ -516,8 +516,10 @@ fn is_default_collective_timeout_s(s: &u64) -> bool {
     *s == default_collective_timeout_s()
 }
 
-/// `[train.qat]`: from `start_step` on, the forward pass sees every linear weight quantised to
-/// `format` (blocks of 32), with a straight-through gradient (see `train::qat`).
+/// `[train.qat]`: from `start_step` on, the forward pass sees the weights the export quantises to
+/// `format` (blocks of 32) as that file stores them, with a straight-through gradient (see
+/// `train::qat`): for q4_0 every linear weight; for mxfp4 a MoE student's routed experts, a dense
+/// student's linear weights (`export --quant mxfp4` stores exactly those in MXFP4).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QatConfig {

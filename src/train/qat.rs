@@ -1,72 +1,36 @@
-//! Quantisation-aware training: from a chosen step the forward pass sees every linear weight
-//! fake-quantised, and the gradient passes straight through to the f32 weights:
+//! Quantisation-aware training: from a chosen step the forward pass sees the weights the export
+//! will quantise fake-quantised, and the gradient passes straight through to the f32 weights:
 //!
 //! ```text
 //! w_fq = w + stop_gradient(Q(w) − w)        so  ∂L/∂w = ∂L/∂w_fq   (straight-through estimator)
 //! ```
 //!
-//! `Q` quantises blocks of 32 along the input dimension (ggml's rows), as the export will:
-//! - `q4_0`: ggml's Q4_0 exactly (`d = max/−8` with max the signed value of largest |x|, stored as
-//!   f16; `q = min(15, ⌊x/d + 8.5⌋)`; `x' = (q − 8)·d`), through k3mini's byte-exact quantiser.
-//! - `mxfp4` (OCP MX): a power-of-two scale `2^(⌊log₂ amax⌋ − 2)` (UE8M0) per block and E2M1
-//!   elements `±{0, 0.5, 1, 1.5, 2, 3, 4, 6}`, rounded to nearest (ties to even), saturating at 6.
+//! `Q` is the export's own byte-exact ggml quantiser and dequantiser, in blocks of 32 along the
+//! input dimension (ggml's rows), so the exported file computes with exactly the trained weights:
+//! - `q4_0`: every linear weight; `d = max/−8` (max the signed value of largest |x|, stored as
+//!   f16), `q = min(15, ⌊x/d + 8.5⌋)`, `x' = (q − 8)·d`.
+//! - `mxfp4` (OCP MX, ggml's `MXFP4`): a MoE student's routed experts (K3 trains and ships its
+//!   experts so), a dense student's linear weights; a power-of-two scale `2^(⌊log₂ amax⌋ − 2)`
+//!   (UE8M0) per block and E2M1 elements `±{0, 0.5, 1, 1.5, 2, 3, 4, 6}`, nearest, ties to the
+//!   smaller magnitude, saturating at 6 (ggml's `quantize_row_mxfp4_ref`).
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::{Tensor, TensorData};
 use k3mini_gguf::GgmlType;
-use k3mini_gguf::quantize::quantize;
-use k3mini_gguf::quants::dequantize;
+use k3mini_gguf::quantize::fake_quantize;
 use k3mini_student::K3Mini;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 pub use crate::recipe::QatFormat;
 
-/// The E2M1 magnitudes.
-const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
-
-/// The nearest E2M1 magnitude to `y ≥ 0` (ties to the even code), saturating at 6.
-fn e2m1(y: f32) -> f32 {
-    let mut best = 0;
-    for (i, &v) in E2M1.iter().enumerate() {
-        let (d, db) = ((y - v).abs(), (y - E2M1[best]).abs());
-        if d < db || (d == db && i % 2 == 0 && best % 2 == 1) {
-            best = i;
-        }
-    }
-    E2M1[best]
-}
-
-/// One MXFP4 block of 32, quantised and dequantised.
-fn mxfp4_block(x: &[f32], out: &mut Vec<f32>) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    if amax == 0.0 {
-        out.extend(std::iter::repeat_n(0.0, x.len()));
-        return;
-    }
-    let e = (amax.log2().floor() as i32 - 2).clamp(-127, 127);
-    let scale = (e as f32).exp2();
-    out.extend(
-        x.iter()
-            .map(|&v| v.signum() * e2m1(v.abs() / scale) * scale),
-    );
-}
-
 /// `rows` (row-major, each row a whole number of 32-blocks) as the format stores them, back in f32.
 pub fn fake_quantize_rows(rows: &[f32], format: QatFormat) -> Vec<f32> {
-    match format {
-        QatFormat::Q4_0 => {
-            let q = quantize(GgmlType::Q4_0, rows).expect("whole blocks");
-            dequantize(GgmlType::Q4_0, &q, rows.len()).expect("our own blocks")
-        }
-        QatFormat::Mxfp4 => {
-            let mut out = Vec::with_capacity(rows.len());
-            for b in rows.chunks(32) {
-                mxfp4_block(b, &mut out);
-            }
-            out
-        }
-    }
+    let ty = match format {
+        QatFormat::Q4_0 => GgmlType::Q4_0,
+        QatFormat::Mxfp4 => GgmlType::MXFP4,
+    };
+    fake_quantize(ty, rows).expect("whole blocks")
 }
 
 /// Fake-quantises a model's `Linear` weights (burn's `[in, out]`, `in` a multiple of 32) for one
@@ -88,10 +52,13 @@ impl FakeQuantizer {
         }
     }
 
-    /// The model whose linear weights are fake-quantised (gradients reach the original weights).
+    /// The model whose quantised weights (see the module's doc) are fake-quantised (gradients
+    /// reach the original weights).
     pub fn apply(&self, model: &K3Mini) -> K3Mini {
+        let experts_only = self.format == QatFormat::Mxfp4 && model.config.moe.is_some();
         model.clone().map(&mut FakeQuant {
             quantizer: self,
+            experts_only,
             containers: Vec::new(),
         })
     }
@@ -99,6 +66,8 @@ impl FakeQuantizer {
 
 struct FakeQuant<'a> {
     quantizer: &'a FakeQuantizer,
+    /// Quantise the routed experts and nothing else (MXFP4 of a MoE student).
+    experts_only: bool,
     /// Container types entered, innermost last.
     containers: Vec<String>,
 }
@@ -113,40 +82,45 @@ impl ModuleMapper for FakeQuant<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-        let in_linear = self.containers.last().is_some_and(|c| c == "Struct:Linear");
-        if D != 2 || !in_linear {
-            return param;
-        }
+        let container = self.containers.last().map(String::as_str);
+        // burn's Linear stores `[in, out]`: ggml's rows (along the input) are its transpose's.
+        // The experts are stacked `[E, out, in]`: their rows already run along the input.
+        let transposed = match (container, D, self.experts_only) {
+            (Some("Struct:Linear"), 2, false) => true,
+            (Some("Struct:Experts"), 3, true) => false,
+            _ => return param,
+        };
         let (format, id) = (self.quantizer.format, param.id);
         let cache = &self.quantizer.cache;
         param.map(|w| {
-            let [d_in, d_out] = [w.dims()[0], w.dims()[1]];
+            let dims = w.dims();
+            let d_in = if transposed { dims[0] } else { dims[D - 1] };
             if d_in % 32 != 0 {
                 return w;
             }
+            let rows_of = |w: Tensor<D>| {
+                let w = if transposed { w.transpose() } else { w };
+                w.into_data().convert::<f32>().try_into_vec::<f32>()
+            };
             let cached = cache
                 .lock()
                 .expect("no panic holds the cache")
                 .get(&id)
                 .cloned();
             let q = cached.unwrap_or_else(|| {
-                // ggml's rows run along the input dimension: quantise w^T [out, in]. Outside the
-                // lock: two workers may both quantise a weight, to the same values.
-                let rows: Vec<f32> = w
-                    .clone()
-                    .transpose()
-                    .into_data()
-                    .convert::<f32>()
-                    .try_into_vec()
-                    .expect("f32 weights");
+                // Outside the lock: two workers may both quantise a weight, to the same values.
+                let rows = rows_of(w.clone()).expect("f32 weights");
                 let q = Arc::new(fake_quantize_rows(&rows, format));
                 let mut cache = cache.lock().expect("no panic holds the cache");
                 cache.entry(id).or_insert(q).clone()
             });
-            let q: Tensor<D> =
-                Tensor::<2>::from_data(TensorData::new(q.to_vec(), [d_out, d_in]), &w.device())
+            let q: Tensor<D> = if transposed {
+                Tensor::<2>::from_data(TensorData::new(q.to_vec(), [dims[1], dims[0]]), &w.device())
                     .transpose()
-                    .reshape(w.dims());
+                    .reshape(dims)
+            } else {
+                Tensor::from_data(TensorData::new(q.to_vec(), dims), &w.device())
+            };
             w.clone() + (q - w).detach()
         })
     }
@@ -161,17 +135,14 @@ mod tests {
 
     #[test]
     fn mxfp4_rounds_to_e2m1_times_a_power_of_two() {
-        assert_eq!(e2m1(0.2), 0.0);
-        assert_eq!(e2m1(0.3), 0.5);
-        assert_eq!(e2m1(2.5), 2.0, "tie between 2 (even code) and 3");
-        assert_eq!(e2m1(5.0), 4.0, "tie between 4 (even code) and 6");
-        assert_eq!(e2m1(100.0), 6.0, "saturates");
-        // amax 6 → scale 2^(2 − 2) = 1: the grid itself.
+        // amax 6 → scale 2^(2 − 2) = 1: the grid itself; ties go to the smaller magnitude.
         let mut x = vec![0.0f32; 32];
-        x[..4].copy_from_slice(&[6.0, -1.4, 0.74, 2.6]);
+        x[..8].copy_from_slice(&[6.0, -1.4, 0.74, 2.6, 2.5, -5.0, 0.25, 0.2]);
         let q = fake_quantize_rows(&x, QatFormat::Mxfp4);
-        assert_eq!(&q[..4], &[6.0, -1.5, 0.5, 3.0]);
-        // amax 0.3 → scale 2^(−2 − 2): every value lands on a multiple of the scale.
+        assert_eq!(&q[..8], &[6.0, -1.5, 0.5, 3.0, 2.0, -4.0, 0.0, 0.0]);
+        // amax 7.9 saturates at 6; amax 0.3 → scale 2^(−2 − 2), values on the grid times it.
+        x[0] = 7.9;
+        assert_eq!(fake_quantize_rows(&x, QatFormat::Mxfp4)[0], 6.0);
         let y: Vec<f32> = (0..32).map(|i| (i as f32 - 16.0) * 0.3 / 16.0).collect();
         let s = 2f32.powi(-4);
         for v in fake_quantize_rows(&y, QatFormat::Mxfp4) {
@@ -180,6 +151,40 @@ mod tests {
                 "{v}"
             );
         }
+    }
+
+    #[test]
+    fn mxfp4_of_a_moe_student_quantises_its_experts_alone() {
+        let device = Device::default();
+        let overrides = "vocab_size = 256\nd_model = 64\nn_layers = 4\nn_heads = 2\n\
+                         ffn_hidden = 128\n[kda]\nhead_dim = 32\ngate_rank = 32\n[mla]\n\
+                         kv_lora_rank = 32\nqk_nope_head_dim = 16\nqk_rope_head_dim = 8\n\
+                         v_head_dim = 16\n[moe]\nnum_experts = 4\ntop_k = 2\nexpert_hidden = 32"
+            .parse()
+            .unwrap();
+        let cfg = k3mini_student::presets::resolve("k3-mini-moe", &overrides).unwrap();
+        let model = K3Mini::new(&cfg, &device).unwrap();
+        let fq = FakeQuantizer::new(QatFormat::Mxfp4).apply(&model);
+        let values = |t: Tensor<3>| -> Vec<f32> { t.into_data().try_into_vec().unwrap() };
+        let layer = cfg.moe.as_ref().unwrap().first_dense_layers;
+        use k3mini_student::model::Ffn;
+        let (Ffn::Moe(moe), Ffn::Moe(moe_q)) =
+            (&model.model.layers[layer].mlp, &fq.model.layers[layer].mlp)
+        else {
+            panic!("layer {layer} is a MoE layer");
+        };
+        // Each expert's down_proj row [E, d, I] (along I, its input) is one MXFP4 block.
+        let w = values(moe.experts.down_proj.val());
+        assert_eq!(
+            values(moe_q.experts.down_proj.val()),
+            fake_quantize_rows(&w, QatFormat::Mxfp4)
+        );
+        assert_ne!(w, values(moe_q.experts.down_proj.val()));
+        // The head, a linear weight, is left alone.
+        assert_eq!(
+            model.lm_head.weight.val().into_data(),
+            fq.lm_head.weight.val().into_data()
+        );
     }
 
     #[test]
