@@ -10,10 +10,12 @@ use crate::recipe::RunPlan;
 use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::teachers::{plan_prompts, same_tokenizer, student_tokenizer};
 use crate::train::modes::held_out;
+use k3mini_data::Tokenizer;
 use k3mini_eval::memory::memory_vs_context;
 use k3mini_eval::metrics::{bits_per_byte, perplexity};
 use k3mini_eval::report::{Curves, EvalReport};
 use k3mini_eval::tasks::{Problem, decode_tokens_per_s, exact_match, passkey};
+use k3mini_student::K3Mini;
 use std::path::{Path, PathBuf};
 
 /// How much to measure.
@@ -75,21 +77,7 @@ pub fn evaluate(
     if held_out_from.is_some() {
         same_tokenizer(held_plan, &tokenizer)?;
     }
-    let held = held_out(held_plan, &tokenizer, batches)?;
-    let Some(h) = held.evaluate(&model) else {
-        crate::bail!(
-            "{}: nothing is held out to evaluate on",
-            held_plan.recipe_name()
-        );
-    };
-    let bytes = held.predicted_bytes(&tokenizer)?;
-    if bytes == 0 {
-        crate::bail!(
-            "{}: the held-out positions predict no text (only special tokens): bits per byte \
-             would divide by nothing",
-            held_plan.recipe_name()
-        );
-    }
+    let h = held_out_score(held_plan, &tokenizer, &model, batches)?;
     let (contexts, depths): (&[usize], &[f64]) = match suite {
         Suite::Quick => (&[256, 1024], &[0.1, 0.5, 0.9]),
         Suite::Full => (&[256, 1024, 4096], &[0.0, 0.25, 0.5, 0.75, 1.0]),
@@ -133,7 +121,7 @@ pub fn evaluate(
         params: k3mini_student::info::param_breakdown(&plan.model).total(),
         ppl: perplexity(h.loss),
         loss: h.loss,
-        bits_per_byte: bits_per_byte(h.loss, h.positions, bytes),
+        bits_per_byte: h.bits_per_byte,
         teacher_top1: finite(h.top1),
         teacher_kl: finite(h.kl),
         passkey: passkeys,
@@ -143,6 +131,44 @@ pub fn evaluate(
         tokenizer_sha256: tokenizer.fingerprint(),
     };
     Ok((report, curves(&run)))
+}
+
+/// A model on a plan's held-out data.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldOutScore {
+    /// Mean next-token loss (nats).
+    pub loss: f64,
+    pub bits_per_byte: f64,
+    /// Distillation plans: top-1 agreement with the teacher and `KL(p̂ ‖ q̂)` (NaN otherwise).
+    pub top1: f64,
+    pub kl: f64,
+}
+
+/// `model` on `batches` of `plan`'s held-out set (read with the student's `tokenizer`).
+pub fn held_out_score(
+    plan: &RunPlan,
+    tokenizer: &Tokenizer,
+    model: &K3Mini,
+    batches: usize,
+) -> Result<HeldOutScore> {
+    let held = held_out(plan, tokenizer, batches)?;
+    let Some(h) = held.evaluate(model) else {
+        crate::bail!("{}: nothing is held out to evaluate on", plan.recipe_name());
+    };
+    let bytes = held.predicted_bytes(tokenizer)?;
+    if bytes == 0 {
+        crate::bail!(
+            "{}: the held-out positions predict no text (only special tokens): bits per byte \
+             would divide by nothing",
+            plan.recipe_name()
+        );
+    }
+    Ok(HeldOutScore {
+        loss: h.loss,
+        bits_per_byte: bits_per_byte(h.loss, h.positions, bytes),
+        top1: h.top1,
+        kl: h.kl,
+    })
 }
 
 /// A run's training curves from its metrics.jsonl (empty when it has none).

@@ -14,6 +14,7 @@ pub mod recipe;
 pub mod routing;
 pub mod run_dir;
 pub mod scratch;
+pub mod smoke;
 pub mod teachers;
 pub mod tensorboard;
 pub mod train;

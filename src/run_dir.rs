@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 pub const METRICS: &str = "metrics.jsonl";
 const IDS: &str = "param_ids.json";
 const OPTIMIZER: &str = "optimizer.bpk";
-const STATE: &str = "state.json";
+pub const STATE: &str = "state.json";
 /// The launch (torchrun's run id, a SLURM job's step) whose ranks last started training here: a
 /// group its launcher restarts resumes by itself only from its own launch's directory.
 const LAUNCH: &str = "launch";

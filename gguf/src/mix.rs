@@ -15,10 +15,12 @@
 //! - MXFP4 (llama.cpp's `MOSTLY_MXFP4_MOE`): MXFP4 for exactly the weights `[train.qat] format =
 //!   "mxfp4"` trains quantised, so a QAT student is stored as it was trained, not re-quantised:
 //!   with experts, the routed experts (`*_exps`, as K3 ships them) and Q8_0 for every other
-//!   weight, as llama.cpp does; without, every linear weight (`output.weight` too) and Q8_0 for
+//!   weight (llama.cpp also gives MXFP4 to MLA's 3-D `attn_k_b`/`attn_v_b`, which QAT leaves
+//!   alone in a MoE student); without, every linear weight (`output.weight` too) and Q8_0 for
 //!   `token_embd` (an embedding, which QAT leaves alone). A dense student's `attn_k_b` is kv_b's
-//!   key rows transposed per head: QAT's blocks run along the latent rank, across its ggml rows,
-//!   so it is BF16, holding kv_b's MXFP4 values exactly (the export computes them).
+//!   key rows transposed per head, so QAT's blocks run across its rows: BF16, which holds MXFP4
+//!   values exactly (F16 when kv_b's rows are not whole blocks, which QAT leaves alone). (The
+//!   export writes a tensor it computed from two trained ones, off any grid, as F16.)
 
 use super::GgmlType;
 
@@ -173,7 +175,10 @@ fn mxfp4_type(name: &str, ne: &[u64], has_experts: bool) -> GgmlType {
     } else if name == "token_embd.weight" {
         GgmlType::Q8_0
     } else if name.contains("attn_k_b.weight") {
-        GgmlType::BF16
+        match ne[1] % GgmlType::MXFP4.block_size() as u64 {
+            0 => GgmlType::BF16,
+            _ => GgmlType::F16,
+        }
     } else {
         GgmlType::MXFP4
     };

@@ -11,6 +11,7 @@ mod prune;
 mod recipe;
 mod routing;
 mod serve;
+mod smoke;
 mod teacher;
 mod train;
 
@@ -39,9 +40,12 @@ enum Command {
     /// Train a recipe: plain next-token training, or distillation ([distill]) from `teacher score`
     /// shards, trajectories or a teacher in the loop; `--resume` continues a run.
     Train(train::TrainArgs),
-    /// Export a trained student: a GGUF for llama.cpp (F32 to Q4_K_M) or safetensors with
+    /// Export a trained student: a GGUF for llama.cpp (F32 to Q4_K_M, MXFP4) or safetensors with
     /// config.json for transformers / vLLM / SGLang.
     Export(export::ExportArgs),
+    /// The nightly check of a recipe: train, stop and resume bit-identically, evaluate, run the
+    /// GGUF in llama.cpp, assert a healthy run and compare with a --baseline; JSON and JUnit XML.
+    Smoke(smoke::SmokeArgs),
     /// Evaluate checkpoints: held-out perplexity and bits per byte, agreement with the teacher,
     /// passkey retrieval, exact-match reasoning, memory against context, decode speed; a report
     /// with plots.
@@ -121,6 +125,7 @@ pub fn main() -> ExitCode {
         Command::Train(args) => train::run(args),
         Command::Export(args) => export::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Smoke(args) => smoke::run(args),
         Command::Quickstart { fast, out, engine } => {
             let out = out.unwrap_or_else(|| {
                 if fast {

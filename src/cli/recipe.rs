@@ -49,6 +49,20 @@ pub fn run(cmd: RecipeCommand) -> Result<()> {
                     eprintln!("  {line}");
                 }
             }
+            if let Some(s) = recipe::smoke_table(&file)? {
+                eprintln!(
+                    "smoke: stop after step {} and resume, the loss to drop {:.0}%, a {} GGUF \
+                     within KL {:.0e} of k3mini; against a baseline tokens/s ≥ {}x, peak memory \
+                     ≤ {}x, final loss ≤ {}x",
+                    s.resume_at,
+                    100.0 * s.loss_drop,
+                    s.quant.name(),
+                    s.max_gguf_kl,
+                    s.tolerances.min_tokens_per_s_ratio,
+                    s.tolerances.max_peak_memory_ratio,
+                    s.tolerances.max_final_loss_ratio
+                );
+            }
             if let Some(l) = launched {
                 let r = &l.rendezvous;
                 eprintln!(

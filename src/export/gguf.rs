@@ -2,10 +2,11 @@
 //! quantised in parallel with ggml's quantisers, the tokenizer added; and its benchmark.
 
 use super::arch::GgufArch;
-use super::tensors::student_gguf;
+use super::tensors::{GgufTensor, Metadata, student_gguf, student_gguf_of};
 use super::tokenizer::gguf_tokenizer_metadata;
 use crate::error::Result;
 use crate::run_dir::Checkpoint;
+use crate::train::qat::{FakeQuantizer, QatFormat};
 use burn::tensor::Device;
 use k3mini_data::pool::run_many;
 use k3mini_data::{ChatFormat, Tokenizer};
@@ -14,27 +15,29 @@ use k3mini_gguf::quantize::{fake_quantize, quantize};
 use k3mini_gguf::writer::GgufWriter;
 use k3mini_gguf::{GgmlType, Value};
 use k3mini_student::K3Mini;
+use k3mini_student::hf::{hf_weight_files, save_hf_files};
 use std::path::{Path, PathBuf};
 
-/// `values` (ggml `ne`, `ne[0]` contiguous) with MXFP4 blocks taken along `ne[1]` in each of the
-/// `ne[2..]` matrices: kv_b's blocks along the latent rank, in its transposed `attn_k_b`. Left
-/// as they are when `ne[1]` is not whole blocks (QAT left kv_b alone then too).
-fn mxfp4_down_columns(ne: &[u64], values: &[f32]) -> Vec<f32> {
-    let (cols, rows) = (ne[0] as usize, ne[1] as usize);
-    let mut out = values.to_vec();
-    if rows % GgmlType::MXFP4.block_size() != 0 {
-        return out;
+/// An MXFP4 file holds the model `[train.qat] format = "mxfp4"` computes with: the checkpoint's
+/// weights through QAT's own fake quantiser (`train::qat`, on the CPU whatever the run trained
+/// on), written out and mapped as usual. Tensors the mapping renames stay on the MXFP4 grid, so
+/// quantising them again is exact; those it computes from trained weights are not (see
+/// [`off_the_grid`]). Holds about three copies of the f32 weights at its peak (the model, its
+/// fake-quantised twin and their values), and one on disk in the temporary directory.
+fn fake_quantised_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
+    let scratch = crate::scratch::Scratch::new("mxfp4-export")?;
+    {
+        let trained = FakeQuantizer::new(QatFormat::Mxfp4).apply(&ck.model(&Device::default())?);
+        save_hf_files(&trained, scratch.path(), ck.plan.train.weights_shard_bytes)?;
     }
-    for m in out.chunks_exact_mut(cols * rows) {
-        for c in 0..cols {
-            let column: Vec<f32> = (0..rows).map(|r| m[r * cols + c]).collect();
-            let q = fake_quantize(GgmlType::MXFP4, &column).expect("whole blocks");
-            for (r, v) in q.into_iter().enumerate() {
-                m[r * cols + c] = v;
-            }
-        }
-    }
-    out
+    student_gguf_of(ck, &hf_weight_files(scratch.path())?)
+}
+
+/// A tensor the mix gives MXFP4 whose values are not on MXFP4's grid: one the mapping computed
+/// from two trained weights (kimi-k3's low-rank KDA output gate multiplied out, `g_b·g_a`). An
+/// MXFP4 file never re-quantises, so it is written F16 instead.
+fn off_the_grid(values: &[f32]) -> bool {
+    fake_quantize(GgmlType::MXFP4, values).map_or(true, |q| q != values)
 }
 
 /// Writes the student as a llama.cpp GGUF of file type `ftype` with its tokenizer (see
@@ -45,7 +48,10 @@ pub fn export_gguf(
     tokenizer: Option<&Tokenizer>,
     out: &Path,
 ) -> Result<u64> {
-    let (metadata, tensors) = student_gguf(ck)?;
+    let (metadata, tensors) = match ftype {
+        FileType::Mxfp4 => fake_quantised_gguf(ck)?,
+        _ => student_gguf(ck)?,
+    };
     let student = match tokenizer {
         Some(t) => t.clone(),
         None => crate::teachers::student_tokenizer(&ck.plan.data.tokenizer)?,
@@ -75,7 +81,12 @@ pub fn export_gguf(
         .iter()
         .map(|(n, ne, _)| (n.as_str(), &ne[..]))
         .collect();
-    let types = tensor_types(&shapes, ck.plan.model.n_layers, ftype);
+    let mut types = tensor_types(&shapes, ck.plan.model.n_layers, ftype);
+    for ((_, _, values), ty) in tensors.iter().zip(&mut types) {
+        if *ty == GgmlType::MXFP4 && off_the_grid(values) {
+            *ty = GgmlType::F16;
+        }
+    }
     let jobs: Vec<_> = tensors.iter().zip(types).collect();
     let bar = crate::progress::observer().bar("tensors quantised", jobs.len() as u64, 0);
     // Tensors quantise independently (K-quants are slow): one worker per core.
@@ -84,13 +95,7 @@ pub fn export_gguf(
         jobs.len(),
         cores,
         &|i| {
-            let ((name, ne, values), ty) = &jobs[i];
-            let values = match (ftype, ty) {
-                // In an MXFP4 file, BF16 holds the MXFP4 values of a tensor whose blocks run
-                // across its rows (attn_k_b: see the mix).
-                (FileType::Mxfp4, GgmlType::BF16) => &mxfp4_down_columns(ne, values),
-                _ => values,
-            };
+            let ((name, _, values), ty) = &jobs[i];
             quantize(*ty, values).map_err(|e| crate::refused!("{name}: {e}"))
         },
         &mut |_| bar.inc(1),

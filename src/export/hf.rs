@@ -90,7 +90,7 @@ pub fn write_reference(ck: &Checkpoint, tokenizer: Option<&Tokenizer>, path: &Pa
 }
 
 /// A text with spaces, newlines, punctuation, digits and non-ASCII, for tokenizer checks.
-const REFERENCE_TEXT: &str =
+pub const REFERENCE_TEXT: &str =
     "To be, or not to be: that is the question.\n  Whether 'tis nobler — Act III, 1603.\n";
 
 /// Fixed input ids (two rows of 40, seeded) and k3mini's logits for them, as safetensors; with a

@@ -28,8 +28,8 @@ mod tokenizer;
 
 pub use arch::{GgufArch, TensorNames};
 pub use gguf::{ExportTiming, bench_export, export_gguf};
-pub use hf::{export_hf, write_reference};
-pub use tensors::{GgufTensor, student_gguf};
+pub use hf::{REFERENCE_TEXT, export_hf, write_reference};
+pub use tensors::{GgufTensor, student_gguf, student_gguf_of};
 pub use tokenizer::{bpe_tokenizer_metadata, gguf_tokenizer_metadata, plan_tokenizer};
 
 use crate::bail;

@@ -10,7 +10,7 @@ use crate::run_dir::Checkpoint;
 use k3mini_gguf::Value;
 use k3mini_student::{LayerKind, ModelConfig};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// One GGUF tensor before quantisation: name, ggml `ne`, f32 values in ggml order.
 pub type GgufTensor = (String, Vec<u64>, Vec<f32>);
@@ -24,6 +24,15 @@ type HfTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 /// The student as a llama.cpp GGUF (metadata and f32 tensors) of architecture
 /// [`GgufArch::for_config`]. What neither architecture expresses is refused by name.
 pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
+    student_gguf_of(ck, &ck.weights)
+}
+
+/// [`student_gguf`] with the checkpoint's weights read from `weights` (safetensors files under
+/// transformers' names) instead of its own files.
+pub fn student_gguf_of(
+    ck: &Checkpoint,
+    weights: &[PathBuf],
+) -> Result<(Metadata, Vec<GgufTensor>)> {
     let cfg = &ck.plan.model;
     let arch = GgufArch::for_config(cfg);
     if let Some(ar) = &cfg.attn_res
@@ -36,8 +45,17 @@ pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
     }
     let t = arch.tensors();
     let kinds = cfg.layer_kinds()?;
+    if !kinds.contains(&LayerKind::Kda) {
+        bail!(
+            "a student without KDA layers (layer_pattern {:?}: a Transformer twin) has no \
+             llama.cpp architecture: kimi-linear aborts allocating its empty recurrent state \
+             (GGML_ASSERT(buffer) in ggml-backend.cpp), and deepseek2 applies RoPE where Kimi's \
+             MLA has none",
+            cfg.layer_pattern
+        );
+    }
     let mut m = Mapper {
-        tensors: hf_tensors(ck)?,
+        tensors: hf_tensors(weights)?,
         dir: &ck.dir,
         out: Vec::new(),
     };
@@ -68,9 +86,9 @@ pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
 }
 
 /// The student's tensors by transformers name: (shape, f32 values), from each weight file in turn.
-fn hf_tensors(ck: &Checkpoint) -> Result<HfTensors> {
+fn hf_tensors(weights: &[PathBuf]) -> Result<HfTensors> {
     let mut all = HfTensors::new();
-    for path in &ck.weights {
+    for path in weights {
         let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
         all.extend(file_tensors(&bytes)?);
     }

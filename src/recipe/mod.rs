@@ -6,9 +6,11 @@
 pub mod plan;
 pub mod reference;
 pub mod schema;
+pub mod smoke;
 
 pub use plan::*;
 pub use schema::*;
+pub use smoke::{BaselineTolerances, SmokePlan};
 
 use std::path::Path;
 
@@ -34,16 +36,44 @@ pub fn load_from(path: &Path, checkpoint: &Path) -> Result<RunPlan, RecipeError>
     })
 }
 
-fn load_with(path: &Path, edit: impl FnOnce(&mut Recipe)) -> Result<RunPlan, RecipeError> {
-    let refuse = |message: String| RecipeError {
+/// A recipe file's run and its `[smoke]` (`k3mini smoke`; its defaults where the recipe has
+/// none), resolved as [`load`] resolves the run.
+pub fn load_smoke(path: &Path) -> Result<SmokePlan, RecipeError> {
+    smoke_of(path, true).map(|s| s.expect("required"))
+}
+
+/// The recipe's own `[smoke]` table resolved (`recipe check`), or None when it has none.
+pub fn smoke_table(path: &Path) -> Result<Option<SmokePlan>, RecipeError> {
+    smoke_of(path, false)
+}
+
+fn smoke_of(path: &Path, required: bool) -> Result<Option<SmokePlan>, RecipeError> {
+    let text = read(path)?;
+    resolve_text(
+        path,
+        &text,
+        |_| {},
+        |r| {
+            let smoke = r.smoke.clone();
+            if smoke.is_none() && !required {
+                return Ok(None);
+            }
+            smoke::resolve_smoke(resolve_plan(path, r)?, smoke).map(Some)
+        },
+    )
+}
+
+fn read(path: &Path) -> Result<String, RecipeError> {
+    k3mini_durable::read_small(path, MAX_RECIPE_BYTES).map_err(|e| RecipeError {
         file: path.to_path_buf(),
         line: None,
         key: String::new(),
-        message,
-    };
-    let text = k3mini_durable::read_small(path, MAX_RECIPE_BYTES)
-        .map_err(|e| refuse(format!("cannot read a recipe (a TOML file): {e}")))?;
-    parse_with(path, &text, edit)
+        message: format!("cannot read a recipe (a TOML file): {e}"),
+    })
+}
+
+fn load_with(path: &Path, edit: impl FnOnce(&mut Recipe)) -> Result<RunPlan, RecipeError> {
+    parse_with(path, &read(path)?, edit)
 }
 
 /// Parses, validates and resolves recipe `text` (errors are reported against `path`; relative
@@ -57,6 +87,17 @@ fn parse_with(
     text: &str,
     edit: impl FnOnce(&mut Recipe),
 ) -> Result<RunPlan, RecipeError> {
+    resolve_text(path, text, edit, |r| resolve_plan(path, r))
+}
+
+/// Parses `text`, edits the recipe and resolves it; a refusal `(key, message)` is reported at
+/// the key's line.
+fn resolve_text<T>(
+    path: &Path,
+    text: &str,
+    edit: impl FnOnce(&mut Recipe),
+    resolve: impl FnOnce(Recipe) -> Result<T, (String, String)>,
+) -> Result<T, RecipeError> {
     let mut recipe: Recipe = toml::from_str(text).map_err(|e| RecipeError {
         file: path.to_path_buf(),
         line: e.span().map(|s| line_of(text, s.start)),
@@ -64,7 +105,7 @@ fn parse_with(
         message: e.message().trim().to_string(),
     })?;
     edit(&mut recipe);
-    resolve_plan(path, recipe).map_err(|(key, message)| RecipeError {
+    resolve(recipe).map_err(|(key, message)| RecipeError {
         file: path.to_path_buf(),
         line: key_line(text, &key),
         key,

@@ -18,6 +18,7 @@
 //! [distill.on_policy]  mix, max_tokens, temperature
 //! [teacher.generate]  prompts = [{path | dataset, limit}], template, system, max_tokens,
 //!             temperature, top_p, prompts_per_shard, out_dir
+//! [smoke]     resume_at, loss_drop, quant, max_gguf_kl, baseline tolerances (`k3mini smoke`)
 //! ```
 
 use crate::device::DeviceList;
@@ -45,6 +46,39 @@ pub struct Recipe {
     /// Train from the teacher's shards with these objectives (needs `[teacher]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distill: Option<DistillConfig>,
+    /// What `k3mini smoke` asserts about a run of this recipe (not part of the run's plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub smoke: Option<SmokeConfig>,
+}
+
+/// `[smoke]`: `k3mini smoke` trains the recipe's `train.steps`, stops and resumes, exports and
+/// evaluates, and checks what a healthy run must show; against `--baseline` (an earlier smoke's
+/// smoke.json) it compares the noisy figures as ratios. Every key has a default.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SmokeConfig {
+    /// The step the second run stops after and resumes from, its continuation checked bit for
+    /// bit against a straight run (default: half of train.steps).
+    #[serde(default)]
+    pub resume_at: Option<usize>,
+    /// The last step's loss must be below the first's by at least this fraction of it.
+    #[serde(default = "default_loss_drop")]
+    pub loss_drop: f64,
+    /// The GGUF file type the checkpoint is exported to and run in llama.cpp.
+    #[serde(default = "default_smoke_quant")]
+    pub quant: String,
+    /// The largest mean KL(k3mini ‖ llama.cpp) over a fixed text that the GGUF may show.
+    #[serde(default = "default_max_gguf_kl")]
+    pub max_gguf_kl: f64,
+    /// Against a baseline: the fewest training tokens/s, as a fraction of the baseline's.
+    #[serde(default = "default_min_speed_ratio")]
+    pub min_tokens_per_s_ratio: f64,
+    /// Against a baseline: the most peak memory, as a multiple of the baseline's.
+    #[serde(default = "default_max_memory_ratio")]
+    pub max_peak_memory_ratio: f64,
+    /// Against a baseline: the highest final training loss, as a multiple of the baseline's.
+    #[serde(default = "default_max_loss_ratio")]
+    pub max_final_loss_ratio: f64,
 }
 
 /// `[distill]`: what the student learns from the teacher's signals. The loss is
@@ -516,10 +550,10 @@ fn is_default_collective_timeout_s(s: &u64) -> bool {
     *s == default_collective_timeout_s()
 }
 
-/// `[train.qat]`: from `start_step` on, the forward pass sees the weights the export quantises to
-/// `format` (blocks of 32) as that file stores them, with a straight-through gradient (see
-/// `train::qat`): for q4_0 every linear weight; for mxfp4 a MoE student's routed experts, a dense
-/// student's linear weights (`export --quant mxfp4` stores exactly those in MXFP4).
+/// `[train.qat]`: from `start_step` on, the forward pass sees weights quantised to `format`
+/// (blocks of 32 along their input), with a straight-through gradient (see `train::qat`): for
+/// q4_0 every linear weight; for mxfp4 a MoE student's routed experts, else every linear weight
+/// (`export --quant mxfp4` stores exactly those as trained).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct QatConfig {
@@ -613,6 +647,24 @@ fn default_on_policy_tokens() -> usize {
 }
 fn default_sampling_temperature() -> f32 {
     1.0
+}
+fn default_loss_drop() -> f64 {
+    0.02
+}
+fn default_smoke_quant() -> String {
+    "q8_0".into()
+}
+fn default_max_gguf_kl() -> f64 {
+    1e-3
+}
+fn default_min_speed_ratio() -> f64 {
+    0.7
+}
+fn default_max_memory_ratio() -> f64 {
+    1.15
+}
+fn default_max_loss_ratio() -> f64 {
+    1.02
 }
 fn default_tau() -> f64 {
     1.0

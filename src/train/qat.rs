@@ -55,7 +55,9 @@ impl FakeQuantizer {
     /// The model whose quantised weights (see the module's doc) are fake-quantised (gradients
     /// reach the original weights).
     pub fn apply(&self, model: &K3Mini) -> K3Mini {
-        let experts_only = self.format == QatFormat::Mxfp4 && model.config.moe.is_some();
+        let cfg = &model.config;
+        let has_experts = (0..cfg.n_layers).any(|i| cfg.is_moe_layer(i));
+        let experts_only = self.format == QatFormat::Mxfp4 && has_experts;
         model.clone().map(&mut FakeQuant {
             quantizer: self,
             experts_only,

@@ -4,8 +4,19 @@ use crate::config::{
     Activation, AttnResConfig, ConfigError, KdaConfig, KdaKernel, MlaConfig, ModelConfig, MoeConfig,
 };
 
-/// Every preset name, in size order.
-pub const PRESETS: [&str; 4] = ["tiny", "smoke-300m", "k3-mini-3b", "k3-mini-moe"];
+/// Every preset name, in size order: the hybrids, and the same-size Transformer twins of the two a
+/// laptop trains (`NAME-transformer`, [`transformer_twin`]).
+pub const PRESETS: [&str; 6] = [
+    "tiny",
+    "tiny-transformer",
+    "smoke-300m",
+    "smoke-300m-transformer",
+    "k3-mini-3b",
+    "k3-mini-moe",
+];
+
+/// The suffix of a Transformer twin's preset name.
+const TWIN: &str = "-transformer";
 
 /// Kimi K2/K3 vocabulary size (tiktoken, 163,840 ids).
 pub const KIMI_VOCAB: usize = 163_840;
@@ -16,7 +27,9 @@ pub const SMOLLM2_VOCAB: usize = 49_152;
 pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
     match name {
         "tiny" => Ok(tiny()),
+        "tiny-transformer" => Ok(transformer_twin(&tiny())),
         "smoke-300m" => Ok(smoke_300m()),
+        "smoke-300m-transformer" => Ok(transformer_twin(&smoke_300m())),
         "k3-mini-3b" => Ok(k3_mini_3b()),
         "k3-mini-moe" => Ok(k3_mini_moe()),
         other => Err(ConfigError {
@@ -27,6 +40,28 @@ pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
             ),
         }),
     }
+}
+
+/// The same-size Transformer twin of a hybrid: every layer Gated MLA, the hybrid's own attention
+/// (so a comparison isolates KDA against full attention, and llama.cpp's kimi-linear runs the
+/// twin too), with the KDA layers' parameters moved into the dense FFNs: `ffn_hidden` grows by the
+/// multiple of 32 (ggml's block) that brings the total nearest to the hybrid's. Each FFN column is
+/// `3·d` parameters (SwiGLU's and SiTU's gate, up and down) in every dense layer.
+pub fn transformer_twin(hybrid: &ModelConfig) -> ModelConfig {
+    let mut twin = ModelConfig {
+        layer_pattern: "M".into(),
+        ..hybrid.clone()
+    };
+    let total = |c: &ModelConfig| crate::info::param_breakdown(c).total() as f64;
+    let dense = (0..twin.n_layers)
+        .filter(|&i| !twin.is_moe_layer(i))
+        .count();
+    if dense > 0 {
+        let per_block = (3 * twin.d_model * dense * 32) as f64;
+        let blocks = ((total(hybrid) - total(&twin)) / per_block).round() as i64;
+        twin.ffn_hidden = (twin.ffn_hidden as i64 + 32 * blocks).max(32) as usize;
+    }
+    twin
 }
 
 fn kimi_linear_kda(head_dim: usize) -> KdaConfig {
@@ -165,6 +200,22 @@ pub fn k3_mini_moe() -> ModelConfig {
 /// A preset with fields overridden by a TOML table (nested tables merge, e.g. `[model.kda]`).
 /// Unknown keys are rejected by name.
 pub fn resolve(name: &str, overrides: &toml::Table) -> Result<ModelConfig, ConfigError> {
+    // A twin is the twin of its hybrid as the overrides make it (a recipe's vocabulary, say).
+    if let Some(hybrid) = name.strip_suffix(TWIN).filter(|_| PRESETS.contains(&name)) {
+        if let Some(key) = ["layer_pattern", "ffn_hidden"]
+            .into_iter()
+            .find(|k| overrides.contains_key(*k))
+        {
+            return Err(ConfigError {
+                field: key.into(),
+                message: format!(
+                    "is what {name:?} sets (the all-MLA twin of {hybrid:?}, matched to its \
+                     parameters): override the hybrid's shape instead"
+                ),
+            });
+        }
+        return Ok(transformer_twin(&resolve(hybrid, overrides)?));
+    }
     let base = preset(name)?;
     let base = toml::Table::try_from(&base).expect("a config serialises to TOML");
     let mut value = base.clone();

@@ -25,6 +25,8 @@ mod routing;
 mod routing_design;
 mod routing_stats;
 mod sandbox;
+#[cfg(feature = "llama-cpp")]
+mod smoke;
 mod teacher_http;
 mod teacher_server;
 mod tensorboard;

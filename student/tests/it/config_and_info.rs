@@ -75,8 +75,43 @@ fn presets_have_their_advertised_sizes() {
             .iter()
             .filter(|k| **k == k3mini_student::LayerKind::Mla)
             .count();
-        assert_eq!(mla * 4, kinds.len(), "{name}: 3 KDA : 1 MLA");
+        let ratio = if name.ends_with("-transformer") { 1 } else { 4 };
+        assert_eq!(
+            mla * ratio,
+            kinds.len(),
+            "{name}: 3 KDA : 1 MLA, or all MLA"
+        );
     }
+}
+
+#[test]
+fn transformer_twins_match_their_hybrids_parameters_with_overrides_too() {
+    let total = |c: &ModelConfig| param_breakdown(c).total() as f64;
+    let overrides: toml::Table = "vocab_size = 49152\nd_model = 64".parse().unwrap();
+    for (hybrid, o) in [
+        ("tiny", toml::Table::new()),
+        ("smoke-300m", toml::Table::new()),
+        ("tiny", overrides),
+    ] {
+        let h = presets::resolve(hybrid, &o).unwrap();
+        let t = presets::resolve(&format!("{hybrid}-transformer"), &o).unwrap();
+        assert_eq!(t.layer_pattern, "M");
+        assert_eq!(
+            (t.d_model, t.n_layers, t.vocab_size),
+            (h.d_model, h.n_layers, h.vocab_size)
+        );
+        // Within one 32-column step of the FFN: 3·d·layers·16 parameters either way.
+        let step = (3 * h.d_model * h.n_layers * 16) as f64;
+        assert!(
+            (total(&t) - total(&h)).abs() <= step,
+            "{hybrid}: {} vs {}",
+            total(&t),
+            total(&h)
+        );
+        assert!(t.ffn_hidden > h.ffn_hidden && t.ffn_hidden % 32 == 0);
+    }
+    let e = presets::resolve("tiny-transformer", &"ffn_hidden = 64".parse().unwrap()).unwrap_err();
+    assert_eq!(e.field, "ffn_hidden");
 }
 
 #[test]
