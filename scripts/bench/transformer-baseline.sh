@@ -5,10 +5,12 @@
 # Gated MLA, the FFN grown to the same parameters), each trained on the same segments in the same
 # order as recipes/distill-smollm2.toml trains: distilled from SmolLM2-135M-Instruct (½ forward KL +
 # ½ CE) and with CE alone, for each seed (each holds other segments out). The teacher scores the
-# corpus once per seed. Every run is evaluated (`k3mini eval --suite quick`: held-out bits per
-# byte); training tokens/s and peak heap come from `k3mini bench train` of each recipe, hybrid and
-# twin interleaved (A B A B), and the inference state from `k3mini model info`. Reruns skip
-# finished runs. Writes OUT/results.md.
+# corpus once per seed. Every run is evaluated (`k3mini eval --suite quick` into RUN/eval:
+# held-out bits per byte, perplexity, agreement with the teacher); training tokens/s and peak heap
+# come from `k3mini bench train` of each distillation recipe, hybrid and twin interleaved
+# (A B A B). Reruns resume unfinished runs and skip evaluated ones. Writes OUT/results.md (the
+# 300M speed rows and the inference state of docs/results/transformer-baseline.md are separate
+# commands there).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: transformer-baseline.sh OUT [STEPS] [SEEDS]}
@@ -26,7 +28,7 @@ recipe() {
     kd) objectives='[{ kind = "forward_kl", weight = 0.5 }, { kind = "ce", weight = 0.5 }]' ;;
     ce) objectives='[{ kind = "ce" }]' ;;
   esac
-  local name=$preset-$objective-s$seed
+  local name=$preset-$objective-s$seed-n$steps
   cat > "$out/$name.toml" <<EOF
 [run]
 name = "$name"
@@ -62,7 +64,7 @@ batch_tokens = 1024
 micro_batch = 4
 eval_every = 25
 eval_batches = 8
-checkpoint_every = $steps
+checkpoint_every = 25
 EOF
   echo "$out/$name.toml"
 }
@@ -74,7 +76,7 @@ for seed in $seeds; do
   for preset in "${presets[@]}"; do
     for objective in kd ce; do
       r=$(recipe "$preset" "$objective" "$seed")
-      run=$out/runs/$preset-$objective-s$seed
+      run=$out/runs/$preset-$objective-s$seed-n$steps
       if [ ! -f "$run/eval/eval.json" ]; then
         echo "== $preset $objective seed $seed"
         if compgen -G "$run/step-*" >/dev/null; then
@@ -96,18 +98,19 @@ for round in 1 2; do
   done
 done
 
-python3 - "$out" "$seeds" "${presets[@]}" <<'PY'
-import json, statistics, sys
-out, seeds, presets = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
-rows = ["| preset | objective | seed | held-out bits/byte | held-out loss | top-1 with teacher |", "|---|---|---|---|---|---|"]
+python3 - "$out" "$seeds" "$steps" "${presets[@]}" <<'PY'
+import json, sys
+out, seeds, steps, presets = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4:]
+rows = ["| preset | objective | seed | held-out bits/byte | held-out loss | held-out ppl | top-1 with teacher | KL(teacher ‖ student) |", "|---|---|---|---|---|---|---|---|"]
 for seed in seeds:
     for p in presets:
         for o in ("kd", "ce"):
-            e = json.load(open(f"{out}/runs/{p}-{o}-s{seed}/eval/eval.json"))
+            e = json.load(open(f"{out}/runs/{p}-{o}-s{seed}-n{steps}/eval/eval.json"))
             rep = e[0] if isinstance(e, list) else e["reports"][0] if "reports" in e else e
-            top1 = rep.get("teacher_top1")
-            rows.append(f"| {p} | {o} | {seed} | {rep['bits_per_byte']:.4f} | {rep['loss']:.4f} | "
-                        + (f"{100 * top1:.1f}%" if top1 is not None else "–") + " |")
+            top1, kl = rep.get("teacher_top1"), rep.get("teacher_kl")
+            rows.append(f"| {p} | {o} | {seed} | {rep['bits_per_byte']:.4f} | {rep['loss']:.4f} | {rep['ppl']:.1f} | "
+                        + (f"{100 * top1:.1f}%" if top1 is not None else "–") + " | "
+                        + (f"{kl:.3f}" if kl is not None else "–") + " |")
 rows += ["", "| preset | tokens/s (median of 12 steps), rounds 1 / 2 | peak heap (GiB), rounds 1 / 2 |", "|---|---|---|"]
 for p in presets:
     b = [json.load(open(f"{out}/bench-{p}-{r}.json")) for r in (1, 2)]

@@ -43,8 +43,8 @@ pub fn preset(name: &str) -> Result<ModelConfig, ConfigError> {
 }
 
 /// The same-size Transformer twin of a hybrid: every layer Gated MLA, the hybrid's own attention
-/// (so a comparison isolates KDA against full attention, and llama.cpp's kimi-linear runs the
-/// twin too), with the KDA layers' parameters moved into the dense FFNs: `ffn_hidden` grows by the
+/// (so a comparison isolates KDA against full attention), with the KDA layers' parameters moved
+/// into the dense FFNs: `ffn_hidden` grows by the
 /// multiple of 32 (ggml's block) that brings the total nearest to the hybrid's. Each FFN column is
 /// `3·d` parameters (SwiGLU's and SiTU's gate, up and down) in every dense layer.
 pub fn transformer_twin(hybrid: &ModelConfig) -> ModelConfig {
