@@ -28,7 +28,7 @@
 use crate::error::{Context, Result};
 use crate::evaluate::held_out_score;
 use crate::recipe::{BaselineTolerances, SmokePlan};
-use crate::run_dir::{StepMetrics, open_checkpoint, read_metrics};
+use crate::run_dir::{Checkpoint, StepMetrics, open_checkpoint, read_metrics};
 use crate::train::trainer::{TrainOptions, train};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -194,18 +194,21 @@ pub fn smoke(plan: &SmokePlan, opts: &SmokeOptions) -> Result<SmokeReport> {
         .ok()
         .and_then(|s| s.first_loss.zip(s.last_loss));
     checks.extend(health(&rows, losses, plan.loss_drop, &mut figures));
-    if finished {
-        observer.note("smoke: held-out evaluation");
-        checks.push(held_out(&straight, &mut figures));
-        observer.note("smoke: stop and resume");
-        checks.push(resume(plan, &straight, &split));
-        observer.note("smoke: GGUF in llama.cpp");
-        let gguf = opts.dir.join(format!("student.{}.gguf", plan.quant.name()));
-        checks.push(gguf_check(plan, &straight, &gguf, &mut figures));
-    } else {
-        for name in ["held_out", "resume_bit_identical", "gguf_in_llama_cpp"] {
-            checks.push(skipped(name, "the straight run did not finish"));
+    let stages = ["held_out", "resume_bit_identical", "gguf_in_llama_cpp"];
+    // The straight run's checkpoint, verified once for the three stages that read it.
+    match finished.then(|| open_checkpoint(&straight)) {
+        Some(Ok(ck)) => {
+            observer.note("smoke: held-out evaluation");
+            checks.push(held_out(&ck, &mut figures));
+            observer.note("smoke: stop and resume");
+            checks.push(resume(plan, &ck, &straight, &split));
+            observer.note("smoke: GGUF in llama.cpp");
+            let gguf = opts.dir.join(format!("student.{}.gguf", plan.quant.name()));
+            checks.push(gguf_check(plan, &ck, &gguf, &mut figures));
         }
+        Some(Err(e)) => checks
+            .extend(stages.map(|n| check(n, false, format!("the straight run's checkpoint: {e}")))),
+        None => checks.extend(stages.map(|n| skipped(n, "the straight run did not finish"))),
     }
     let mut report = SmokeReport {
         run: plan.run.name.clone(),
@@ -333,9 +336,8 @@ pub fn health(
     ]
 }
 
-fn held_out(run: &Path, figures: &mut SmokeFigures) -> Check {
+fn held_out(ck: &Checkpoint, figures: &mut SmokeFigures) -> Check {
     let scored = (|| -> Result<_> {
-        let ck = open_checkpoint(run)?;
         let device = ck.plan.devices.open_main()?;
         let model = ck.model(&device)?;
         let tokenizer = crate::teachers::student_tokenizer(&ck.plan.data.tokenizer)?;
@@ -364,7 +366,7 @@ fn held_out(run: &Path, figures: &mut SmokeFigures) -> Check {
 /// weight tensor (by name: the files' metadata order varies) and the training state by their
 /// SHA-256, and every step's losses by their bits. (Optimizer moments are keyed by parameter ids,
 /// which differ between processes; equal weights after the last update need equal moments.)
-fn resume(plan: &SmokePlan, straight: &Path, split: &Path) -> Check {
+fn resume(plan: &SmokePlan, ck: &Checkpoint, straight: &Path, split: &Path) -> Check {
     let compared = (|| -> Result<String> {
         train(&plan.run, &options(split, Some(plan.resume_at), false))?;
         let resumed = train(&plan.run, &options(split, None, true))?;
@@ -377,7 +379,10 @@ fn resume(plan: &SmokePlan, straight: &Path, split: &Path) -> Check {
                 plan.run.train.steps
             );
         }
-        let (a, b) = (checkpoint_digest(straight)?, checkpoint_digest(split)?);
+        let (a, b) = (
+            checkpoint_digest(ck)?,
+            checkpoint_digest(&open_checkpoint(split)?)?,
+        );
         let differ: Vec<&str> = a
             .iter()
             .filter(|(name, sum)| b.get(*name) != Some(sum))
@@ -417,12 +422,11 @@ fn resume(plan: &SmokePlan, straight: &Path, split: &Path) -> Check {
     stage("resume_bit_identical", compared)
 }
 
-/// A run's newest checkpoint (verified) as SHA-256 digests: each weight tensor's dtype, shape and
-/// bytes by name, and its training state as `state.json`.
-fn checkpoint_digest(run: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+/// A (verified) checkpoint as SHA-256 digests: each weight tensor's dtype, shape and bytes by
+/// name, and its training state as `state.json`.
+fn checkpoint_digest(ck: &Checkpoint) -> Result<std::collections::BTreeMap<String, String>> {
     use k3mini_data::digest::{Digest, Sha256, hex};
     use std::io::{Read, Seek, SeekFrom};
-    let ck = open_checkpoint(run)?;
     let mut sums = std::collections::BTreeMap::new();
     let state = std::fs::read(ck.dir.join(crate::run_dir::STATE))
         .with_context(|| format!("{}", ck.dir.display()))?;
@@ -459,13 +463,12 @@ struct TensorEntry {
 }
 
 #[cfg(feature = "llama-cpp")]
-fn gguf_check(plan: &SmokePlan, run: &Path, gguf: &Path, figures: &mut SmokeFigures) -> Check {
+fn gguf_check(plan: &SmokePlan, ck: &Checkpoint, gguf: &Path, figures: &mut SmokeFigures) -> Check {
     use burn::tensor::{Int, Tensor, TensorData};
     use k3mini_student::precision::Precision;
     use k3mini_teacher::engine::llama_cpp::{LlamaCppModel, Placement};
     let measured = (|| -> Result<(f64, f64)> {
-        let ck = open_checkpoint(run)?;
-        crate::export::export_gguf(&ck, plan.quant, None, gguf)?;
+        crate::export::export_gguf(ck, plan.quant, None, gguf)?;
         let tokenizer = crate::teachers::student_tokenizer(&ck.plan.data.tokenizer)?;
         let text = crate::export::REFERENCE_TEXT;
         let ids = tokenizer.encode(text)?;
@@ -509,7 +512,7 @@ fn gguf_check(plan: &SmokePlan, run: &Path, gguf: &Path, figures: &mut SmokeFigu
 }
 
 #[cfg(not(feature = "llama-cpp"))]
-fn gguf_check(_: &SmokePlan, _: &Path, _: &Path, _: &mut SmokeFigures) -> Check {
+fn gguf_check(_: &SmokePlan, _: &Checkpoint, _: &Path, _: &mut SmokeFigures) -> Check {
     check(
         "gguf_in_llama_cpp",
         false,
