@@ -1,9 +1,9 @@
-//! llama.cpp's two Kimi architectures as k3mini writes them: which one a student maps to, each
-//! one's tensor names in one table (as llama.cpp's `llama-arch.cpp` lists them), and its
-//! hyperparameter keys.
+//! The llama.cpp architectures k3mini writes (its two Kimi ones, and deepseek2 for a Transformer
+//! twin): which one a student maps to, each one's tensor names in one table (as llama.cpp's
+//! `llama-arch.cpp` lists them), and its hyperparameter keys.
 
 use k3mini_gguf::Value;
-use k3mini_student::config::Activation;
+use k3mini_student::config::{Activation, KdaConfig};
 use k3mini_student::hf::kimi_linear_gap;
 use k3mini_student::mlp::{SITU_BETA, SITU_LINEAR_BETA};
 use k3mini_student::{LayerKind, ModelConfig};
@@ -16,13 +16,25 @@ pub enum GgufArch {
     /// `kimi-k3`: adds AttnRes, SiTU, the MLA output gate and q-LoRA, the full-rank and safe KDA
     /// gates, and LatentMoE.
     KimiK3,
+    /// `deepseek2`, for a student without KDA layers (a Transformer twin): both Kimi graphs abort
+    /// on a model with no recurrent layer (`GGML_ASSERT` on its empty recurrent-state buffer),
+    /// and deepseek2 computes the same absorbed MLA (q-LoRA included), SwiGLU FFN and
+    /// sigmoid-routed MoE with shared experts, its RoPE turned into the identity
+    /// ([`nope_as_rope`]).
+    Deepseek2,
 }
 
 impl GgufArch {
     /// `kimi-linear` where it expresses the student (the graph more llama.cpp builds have),
-    /// `kimi-k3` otherwise.
+    /// `kimi-k3` otherwise; `deepseek2` for a student without KDA layers that it expresses
+    /// ([`twin_gap`]; one it does not maps to `kimi-k3`, which the export refuses).
     pub fn for_config(cfg: &ModelConfig) -> Self {
-        if kimi_linear_gap(cfg).is_none() && cfg.mla.q_lora_rank.is_none() {
+        let has_kda = cfg
+            .layer_kinds()
+            .map_or(true, |k| k.contains(&LayerKind::Kda));
+        if !has_kda && twin_gap(cfg).is_none() {
+            Self::Deepseek2
+        } else if kimi_linear_gap(cfg).is_none() && cfg.mla.q_lora_rank.is_none() {
             Self::KimiLinear
         } else {
             Self::KimiK3
@@ -33,6 +45,7 @@ impl GgufArch {
         match self {
             Self::KimiLinear => "kimi-linear",
             Self::KimiK3 => "kimi-k3",
+            Self::Deepseek2 => "deepseek2",
         }
     }
 
@@ -41,8 +54,46 @@ impl GgufArch {
         match self {
             Self::KimiLinear => &KIMI_LINEAR,
             Self::KimiK3 => &KIMI_K3,
+            Self::Deepseek2 => &DEEPSEEK2,
         }
     }
+}
+
+/// What llama.cpp's deepseek2 cannot express of a student without KDA layers, as
+/// [`kimi_linear_gap`] names it; None when it runs as deepseek2. The student's KDA settings are
+/// moot without a KDA layer, so only its other features count.
+pub fn twin_gap(cfg: &ModelConfig) -> Option<(&'static str, &'static str)> {
+    let moot_kda = ModelConfig {
+        kda: KdaConfig {
+            gate_lower_bound: None,
+            gate_rank: Some(cfg.kda.head_dim),
+            ..cfg.kda.clone()
+        },
+        ..cfg.clone()
+    };
+    kimi_linear_gap(&moot_kda)
+}
+
+/// Kimi's MLA never rotates its "rope" slice (NoPE); deepseek2 rotates it by `pos·θ_i/F` under
+/// linear RoPE scaling by `F`. With `F = 2^56` every angle is below 2^-25 rad at any position
+/// llama.cpp takes (`pos < 2^31`, `θ_i ≤ 1`), so `cos` rounds to 1 and the `sin` term moves the
+/// slice by less than f32 rounding of its norm: the rotation is the identity. deepseek2 then
+/// pre-scales `q·k` by `mscale²`, `mscale = (1 + 0.1·ln F)·(1 + m·ln F)` (its YaRN correction,
+/// applied under any scaling type; `m` the stored `yarn_log_multiplier`), so
+/// `m = −0.1/(1 + 0.1·ln F)` makes `mscale = 1` (to one f32 ulp in llama.cpp's own arithmetic at
+/// this `F`; the cancellation in `1 + m·ln F` grows with `ln F`) and leaves Kimi's `q·k/√d_k`.
+/// Returns the three keys, without the architecture's prefix.
+pub fn nope_as_rope() -> [(&'static str, Value); 3] {
+    let factor = 2f64.powi(56);
+    let ln_f = factor.ln();
+    [
+        ("rope.scaling.type", Value::String("linear".into())),
+        ("rope.scaling.factor", Value::F32(factor as f32)),
+        (
+            "rope.scaling.yarn_log_multiplier",
+            Value::F32((-0.1 / (1.0 + 0.1 * ln_f)) as f32),
+        ),
+    ]
 }
 
 /// kimi-k3 applies SiTU in every FFN. SwiGLU is its limit as the caps go to infinity: with
@@ -193,6 +244,12 @@ const KIMI_LINEAR: TensorNames = TensorNames {
     attn_res: None,
 };
 
+/// deepseek2 names the MLA, FFN and MoE tensors as kimi-linear does; its q-LoRA as kimi-k3.
+const DEEPSEEK2: TensorNames = TensorNames {
+    mla_q_lora: KIMI_K3.mla_q_lora,
+    ..KIMI_LINEAR
+};
+
 /// kimi-k3: kimi-linear's tensors with K3's features (llama.cpp's conversion/kimi_k3.py).
 const KIMI_K3: TensorNames = TensorNames {
     kda_decay: ("self_attn.forget_gate.A_log", "ssm_a", false),
@@ -261,8 +318,6 @@ pub fn gguf_metadata(
             u(mla.qk_nope_head_dim + mla.qk_rope_head_dim),
         ),
         (k("attention.value_length_mla"), u(mla.v_head_dim)),
-        (k("ssm.conv_kernel"), u(kda.conv_kernel)),
-        (k("kda.head_dim"), u(kda.head_dim)),
         (
             k("expert_feed_forward_length"),
             u(moe.map_or(cfg.ffn_hidden, |m| m.expert_hidden)),
@@ -285,6 +340,20 @@ pub fn gguf_metadata(
         metadata.extend([
             (k("expert_count"), u(m.num_experts)),
             (k("expert_used_count"), u(m.top_k)),
+        ]);
+    }
+    if arch == GgufArch::Deepseek2 {
+        metadata.extend(nope_as_rope().map(|(key, v)| (k(key), v)));
+        metadata.extend([
+            // Required (0: no q-LoRA); Kimi's router renormalises its top-k weights, which
+            // kimi-linear's graph does unasked.
+            (k("attention.q_lora_rank"), u(mla.q_lora_rank.unwrap_or(0))),
+            (k("expert_weights_norm"), Value::Bool(true)),
+        ]);
+    } else {
+        metadata.extend([
+            (k("ssm.conv_kernel"), u(kda.conv_kernel)),
+            (k("kda.head_dim"), u(kda.head_dim)),
         ]);
     }
     if arch == GgufArch::KimiK3 {

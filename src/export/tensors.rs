@@ -3,7 +3,7 @@
 //! architecture's table (`arch.rs`); what is computed rather than renamed is here, beside the
 //! reason.
 
-use super::arch::{GgufArch, KdaGate, Rename, TensorNames, gguf_metadata};
+use super::arch::{GgufArch, KdaGate, Rename, TensorNames, gguf_metadata, twin_gap};
 use crate::bail;
 use crate::error::{Context, Result};
 use crate::run_dir::Checkpoint;
@@ -22,7 +22,7 @@ pub type Metadata = Vec<(String, Value)>;
 type HfTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
 
 /// The student as a llama.cpp GGUF (metadata and f32 tensors) of architecture
-/// [`GgufArch::for_config`]. What neither architecture expresses is refused by name.
+/// [`GgufArch::for_config`]. What no architecture expresses is refused by name.
 pub fn student_gguf(ck: &Checkpoint) -> Result<(Metadata, Vec<GgufTensor>)> {
     student_gguf_of(ck, &ck.weights)
 }
@@ -45,12 +45,13 @@ pub fn student_gguf_of(
     }
     let t = arch.tensors();
     let kinds = cfg.layer_kinds()?;
-    if !kinds.contains(&LayerKind::Kda) {
+    if !kinds.contains(&LayerKind::Kda)
+        && let Some((field, feature)) = twin_gap(cfg)
+    {
         bail!(
-            "a student without KDA layers (layer_pattern {:?}: a Transformer twin) has no \
-             llama.cpp architecture: kimi-linear aborts allocating its empty recurrent state \
-             (GGML_ASSERT(buffer) in ggml-backend.cpp), and deepseek2 applies RoPE where Kimi's \
-             MLA has none",
+            "a student without KDA layers (layer_pattern {:?}, a Transformer twin) runs in llama.cpp \
+             as deepseek2 (the Kimi graphs abort without a recurrent layer), which has no \
+             equivalent of {feature} ({field})",
             cfg.layer_pattern
         );
     }

@@ -1,8 +1,9 @@
 //! Every GGUF export, run in the llama.cpp k3mini embeds: F32, Q8_0 and Q4_K_M files of dense and
-//! MoE Kimi Linear students, of students with K3 features (llama.cpp's `kimi-k3`), and of one with
-//! its own tokenizer. llama.cpp must tokenise text as k3mini does, compute k3mini's logits (F32
-//! to float rounding; quantised files to the quantisation's error), and route every token of a
-//! MoE student to the experts k3mini's router picks, with its weights and output norms.
+//! MoE Kimi Linear students, of students with K3 features (llama.cpp's `kimi-k3`), of students
+//! without KDA layers (`deepseek2`), and of one with its own tokenizer. llama.cpp must tokenise
+//! text as k3mini does, compute k3mini's logits (F32 to float rounding; quantised files to the
+//! quantisation's error), and route every token of a MoE student to the experts k3mini's router
+//! picks, with its weights and output norms.
 //! (scripts/interop/check_gguf.py makes the same checks in llama-cpp-python, for the record.)
 use crate::export::checkpoint_with;
 use burn::tensor::{Device, Int, Tensor, TensorData};
@@ -70,7 +71,7 @@ fn check(tag: &str, model_table: &str, tokenizer: &str) {
         Tensor::<2, Int>::from_data(TensorData::new(tokens, [1, ids.len()]), &Device::default());
     let out = model.forward_with(tokens, None);
     let want: Vec<f32> = out.logits.into_data().try_into_vec().unwrap();
-    // Measured on these students: F32 max |Δ| ≤ 3.1e-4 and KL ≤ 5.6e-10; Q8_0 KL ≤ 1.2e-5,
+    // Measured on these students: F32 max |Δ| ≤ 6.5e-4 and KL ≤ 5.7e-9; Q8_0 KL ≤ 1.2e-5,
     // Q4_K_M ≤ 4.8e-4 (random weights give flat logits, so top-1 is no gate for quantised files).
     for (ftype, max_kl) in [
         (FileType::F32, 1e-8),
@@ -102,8 +103,10 @@ fn check(tag: &str, model_table: &str, tokenizer: &str) {
         eprintln!("{tag} {ftype:?}: max |Δ logit| {max:.2e}, KL {kl:.2e}, top-1 {top1:.3}");
         assert!(kl < max_kl, "{tag} {ftype:?}: KL {kl}");
         if ftype == FileType::F32 {
-            // llama.cpp's F32 arithmetic (as scripts/interop/check_gguf.py's default --tol).
-            assert!(max < 5e-4, "{tag} F32: max |Δ logit| {max}");
+            // llama.cpp's F32 arithmetic with its default F16 KV cache, which every MLA layer
+            // reads: measured up to 2.0e-4 for the Kimi files (one MLA layer in four) and 6.5e-4
+            // for the all-MLA twin (1.6e-4 with an F32 cache and flash attention off).
+            assert!(max < 1e-3, "{tag} F32: max |Δ logit| {max}");
             assert_eq!(top1, 1.0, "{tag} F32: top-1");
             check_routing(tag, &out.routing, routing);
         }
@@ -187,16 +190,43 @@ fn llama_cpp_runs_the_kimi_k3_latent_moe_export_and_routes_as_k3mini() {
 }
 
 #[test]
-fn a_transformer_twin_is_refused_by_the_gguf_export_by_name() {
-    // Every layer Gated MLA (`tiny-transformer`): llama.cpp's kimi-linear aborts on it (an empty
-    // recurrent state buffer), so the export says so instead of writing a file that crashes.
-    let dir = std::env::temp_dir().join(format!("k3mini-llama-twin-{}", std::process::id()));
+fn llama_cpp_runs_the_transformer_twin_as_deepseek2() {
+    // Every layer MLA (`tiny-transformer`): the Kimi graphs abort without a recurrent layer, so
+    // the twin goes out as deepseek2 with its RoPE scaled away; positions up to ~40 here would
+    // move the logits by whole units if any rotation were left.
+    check(
+        "twin",
+        "preset = \"tiny-transformer\"\nvocab_size = 49152\nd_model = 64",
+        "teacher",
+    );
+}
+
+#[test]
+fn llama_cpp_runs_an_all_mla_moe_student_with_q_lora_as_deepseek2() {
+    let table = format!(
+        "layer_pattern = \"M\"\n{}",
+        MOE.replace("[model.mla]\n", "[model.mla]\nq_lora_rank = 24\n")
+    );
+    check("moe-twin", &table, "teacher");
+}
+
+#[test]
+fn a_twin_of_a_k3_featured_student_is_refused_by_name() {
+    // deepseek2 has no AttnRes, SiTU, MLA output gate or LatentMoE: such a student without KDA
+    // layers has no llama.cpp graph, and the export says which feature, writing nothing.
+    let dir = std::env::temp_dir().join(format!("k3mini-llama-k3twin-{}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
-    let twin = "preset = \"tiny-transformer\"\nvocab_size = 49152\nd_model = 64";
-    checkpoint_with(&dir.join("run"), twin, "teacher");
+    checkpoint_with(
+        &dir.join("run"),
+        &format!("layer_pattern = \"M\"\n{K3}"),
+        "teacher",
+    );
     let ck = open_checkpoint(&dir.join("run")).unwrap();
     let e = export_gguf(&ck, FileType::F32, None, &dir.join("twin.gguf")).unwrap_err();
-    assert!(e.to_string().contains("without KDA layers"), "{e}");
+    assert!(
+        e.to_string().contains("deepseek2") && e.to_string().contains("(attn_res)"),
+        "{e}"
+    );
     assert!(!dir.join("twin.gguf").exists());
     std::fs::remove_dir_all(&dir).ok();
 }
