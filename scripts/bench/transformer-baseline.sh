@@ -8,9 +8,10 @@
 # corpus once per seed. Every run is evaluated (`k3mini eval --suite quick` into RUN/eval:
 # held-out bits per byte, perplexity, agreement with the teacher); training tokens/s and peak heap
 # come from `k3mini bench train` of each distillation recipe, hybrid and twin interleaved
-# (A B A B). Reruns resume unfinished runs and skip evaluated ones. Writes OUT/results.md (the
-# 300M speed rows and the inference state of docs/results/transformer-baseline.md are separate
-# commands there).
+# (A B A B); decode tokens/s and sequence state in llama.cpp from `k3mini bench decode` of each
+# distilled run's Q8_0 GGUF at 2K, 8K and 32K (the twin exports as deepseek2). Reruns resume
+# unfinished runs and skip evaluated ones. Writes OUT/results.md (the 300M rows of
+# docs/results/transformer-baseline.md are separate commands there).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: transformer-baseline.sh OUT [STEPS] [SEEDS]}
@@ -98,8 +99,17 @@ for round in 1 2; do
   done
 done
 
+echo "== decode in llama.cpp (bench decode, A B A B)"
+ggufs=()
+for preset in "${presets[@]}"; do
+  gguf=$out/$preset-kd-s$first-n$steps.q8_0.gguf
+  [ -f "$gguf" ] || "$k3mini" export "$out/runs/$preset-kd-s$first-n$steps" --format gguf --quant q8_0 --out "$gguf" > /dev/null
+  ggufs+=("$gguf")
+done
+"$k3mini" bench decode "${ggufs[@]}" --contexts 2048,8192,32768 --tokens 64 --rounds 2 --json > "$out/decode.jsonl"
+
 python3 - "$out" "$seeds" "$steps" "${presets[@]}" <<'PY'
-import json, sys
+import json, os, sys
 out, seeds, steps, presets = sys.argv[1], sys.argv[2].split(), sys.argv[3], sys.argv[4:]
 rows = ["| preset | objective | seed | held-out bits/byte | held-out loss | held-out ppl | top-1 with teacher | KL(teacher ‖ student) |", "|---|---|---|---|---|---|---|---|"]
 for seed in seeds:
@@ -117,6 +127,11 @@ for p in presets:
     tps = " / ".join(f"{x['median_tokens_per_s']:.0f}" for x in b)
     heap = " / ".join(f"{(x.get('peak_heap_bytes') or 0) / 2**30:.3f}" for x in b)
     rows.append(f"| {p} | {tps} | {heap} |")
+rows += ["", "| GGUF (Q8_0, distilled) | context | round | prefill tok/s | decode tok/s | sequence state (MiB) |", "|---|---|---|---|---|---|"]
+for line in open(f"{out}/decode.jsonl"):
+    d = json.loads(line)
+    rows.append(f"| {os.path.basename(d['file'])} | {d['context']} | {d['round']} | {d['prefill_tokens_per_s']:.0f} | "
+                f"{d['decode_tokens_per_s']:.1f} | {d['state_bytes'] / 2**20:.2f} |")
 open(f"{out}/results.md", "w").write("\n".join(rows) + "\n")
 print("\n".join(rows))
 PY

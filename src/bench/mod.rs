@@ -1,13 +1,15 @@
 //! `k3mini bench`'s measurements that span crates or processes (the numbers go in the README and
 //! `docs/results/`, never in tests): a model shape's forward + backward, a recipe's training steps
 //! ([`recipe`]), the data loader as a corpus grows ([`loader`]), teacher scoring and shard sizes
-//! ([`teacher`]).
+//! ([`teacher`]), GGUF decode speed and state in llama.cpp ([`decode`]).
 //!
 //! Tables that compare peak memory run each measurement in a child process of the `k3mini` binary,
 //! so each peak RSS is its own: the parent sends a [`Child`] as JSON (`k3mini bench child
 //! REQUEST`, [`CHILD_COMMAND`]) and reads the measurement back as JSON from the child's stdout
 //! ([`answer`] is the child's side).
 
+#[cfg(feature = "llama-cpp")]
+pub mod decode;
 pub mod loader;
 pub mod recipe;
 pub mod teacher;

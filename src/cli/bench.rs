@@ -1,5 +1,5 @@
 //! `k3mini bench`: forward+backward throughput, KDA kernels, training-memory peak, teacher
-//! scoring and shard sizes, export.
+//! scoring and shard sizes, export, GGUF decode in llama.cpp.
 
 use crate::cli::model::bytes;
 use anyhow::{Context, Result};
@@ -101,6 +101,34 @@ pub enum BenchCommand {
         /// CPU threads for llama.cpp.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+    },
+    /// Decode speed and per-sequence state of GGUF files in llama.cpp at several contexts:
+    /// prefill that many ids of a text, decode greedily, the files alternating (A B A B).
+    #[cfg(feature = "llama-cpp")]
+    Decode {
+        #[arg(required = true)]
+        gguf: Vec<std::path::PathBuf>,
+        /// Prompt lengths (ids).
+        #[arg(long, value_delimiter = ',', default_value = "2048,8192,32768",
+              value_parser = clap::value_parser!(u32).range(1..))]
+        contexts: Vec<u32>,
+        /// Ids decoded after each prompt.
+        #[arg(long, default_value_t = 32)]
+        tokens: usize,
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        /// CPU threads for llama.cpp.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// llama.cpp's flash attention: auto (its choice), on or off.
+        #[arg(long, value_enum, default_value_t = Flash::Auto)]
+        flash_attn: Flash,
+        /// The prompt text, repeated to each length (default: Hamlet from the source tree this
+        /// k3mini was built from).
+        #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/recipes/corpus/shakespeare/hamlet.txt"))]
+        text: std::path::PathBuf,
+        #[arg(long)]
+        json: bool,
     },
     /// Shard bytes per token in both schemas at several k, and what the compact one loses
     /// (KL, largest logprob error), measured on exact (schema v1) shards, e.g. from
@@ -309,6 +337,31 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
             rounds,
             threads,
         } => engines(&input, &k, rounds, threads),
+        #[cfg(feature = "llama-cpp")]
+        BenchCommand::Decode {
+            gguf,
+            contexts,
+            tokens,
+            rounds,
+            threads,
+            flash_attn,
+            text,
+            json,
+        } => {
+            let contexts: Vec<usize> = contexts.into_iter().map(|c| c as usize).collect();
+            decode(
+                &bench::decode::DecodeBench {
+                    files: &gguf,
+                    text: &text,
+                    contexts: &contexts,
+                    tokens,
+                    rounds,
+                    threads,
+                    flash: flash_attn.into(),
+                },
+                json,
+            )
+        }
         BenchCommand::Shards {
             dir,
             k,
@@ -434,6 +487,58 @@ fn teacher_scoring(
     );
     println!();
     print_shard_sizes(&r.shards, r.vocab);
+    Ok(())
+}
+
+/// llama.cpp's flash-attention setting on the command line.
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Flash {
+    Auto,
+    On,
+    Off,
+}
+
+#[cfg(feature = "llama-cpp")]
+impl From<Flash> for k3mini_teacher::engine::llama_cpp::FlashAttn {
+    fn from(f: Flash) -> Self {
+        match f {
+            Flash::Auto => Self::Auto,
+            Flash::On => Self::On,
+            Flash::Off => Self::Off,
+        }
+    }
+}
+
+#[cfg(feature = "llama-cpp")]
+fn decode(b: &bench::decode::DecodeBench, json: bool) -> Result<()> {
+    if !json {
+        println!("| file | context | round | prefill tok/s | decode tok/s | sequence state |");
+        println!("|---|---|---|---|---|---|");
+    }
+    bench::decode::decode(b, |r| {
+        if json {
+            println!("{}", serde_json::to_string(r).expect("a row serialises"));
+        } else {
+            println!(
+                "| {} | {} | {} | {:.1} | {:.2} | {} |",
+                r.file.display(),
+                r.speed.context,
+                r.round,
+                r.speed.prefill_tokens_per_s,
+                r.speed.decode_tokens_per_s,
+                bytes(r.speed.state_bytes)
+            );
+        }
+    })?;
+    if !json {
+        println!(
+            "({} ids decoded after each prompt of {}; llama.cpp on {} threads, flash attention {:?})",
+            b.tokens,
+            b.text.display(),
+            b.threads,
+            b.flash
+        );
+    }
     Ok(())
 }
 

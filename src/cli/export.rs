@@ -15,7 +15,7 @@ use std::path::PathBuf;
 enum Format {
     /// safetensors + config.json (+ tokenizer.json) for transformers' KimiLinearForCausalLM.
     Hf,
-    /// A llama.cpp GGUF (kimi-linear, or kimi-k3 for K3 features), quantised per --quant.
+    /// A llama.cpp GGUF (kimi-linear; kimi-k3 for K3 features; deepseek2 without KDA layers), quantised per --quant.
     Gguf,
 }
 

@@ -102,7 +102,8 @@ enum Command {
         command: agent::AgentCommand,
     },
     /// Benchmarks on this machine (throughput, memory): `model`, `kda`, `train`, `teacher`,
-    /// `engines`, `shards`, `data`, `export`, `memory`, and `all` for the README's table.
+    /// `engines`, `decode` (GGUFs in llama.cpp), `shards`, `data`, `export`, `memory`, and `all`
+    /// for the README's table.
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,

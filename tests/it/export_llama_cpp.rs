@@ -566,3 +566,57 @@ fn a_qat_mxfp4_moe_student_runs_in_llama_cpp_as_trained() {
     // experts move its logits little; the bit-exact experts above are the check that counts.
     assert!(kl < 1e-4 && kl < kl_plain, "{kl} vs {kl_plain}");
 }
+
+#[test]
+fn the_decode_bench_counts_the_state_each_architecture_keeps() {
+    // The hybrid (KKKM) caches one MLA layer per position and keeps three KDA states whatever
+    // the length; its twin caches four MLA layers. Between two prompt lengths the twin's state
+    // must grow by three more MLA latent rows per position than the hybrid's.
+    let dir = std::env::temp_dir().join(format!("k3mini-llama-decode-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    let mut files = Vec::new();
+    for (name, preset) in [("hybrid", "tiny"), ("twin", "tiny-transformer")] {
+        let run = dir.join(name);
+        checkpoint_with(
+            &run,
+            &format!("preset = \"{preset}\"\nvocab_size = 49152\nd_model = 64"),
+            "teacher",
+        );
+        let path = dir.join(format!("{name}.gguf"));
+        export_gguf(&open_checkpoint(&run).unwrap(), FileType::F32, None, &path).unwrap();
+        files.push(path);
+    }
+    let text = dir.join("text.txt");
+    std::fs::write(&text, TEXT).unwrap();
+    let mut rows = Vec::new();
+    k3mini::bench::decode::decode(
+        &k3mini::bench::decode::DecodeBench {
+            files: &files,
+            text: &text,
+            contexts: &[64, 192],
+            tokens: 4,
+            rounds: 1,
+            threads: 2,
+            flash: Default::default(),
+        },
+        |r| rows.push(r.clone()),
+    )
+    .unwrap();
+    // Rows alternate the files within each context: hybrid 64, twin 64, hybrid 192, twin 192.
+    let state: Vec<usize> = rows.iter().map(|r| r.speed.state_bytes).collect();
+    assert_eq!(
+        rows.iter().map(|r| r.speed.context).collect::<Vec<_>>(),
+        [64, 64, 192, 192]
+    );
+    let (hybrid, twin) = (state[2] - state[0], state[3] - state[1]);
+    // tiny's MLA caches kv_lora 64 + rope 16 values per position in F16; the saved state adds
+    // a few bytes of bookkeeping per position (its position and sequence ids) once.
+    let row = (64 + 16) * 2;
+    assert_eq!(twin - hybrid, 128 * 3 * row, "{state:?}");
+    assert!((128 * row..128 * (row + 32)).contains(&hybrid), "{state:?}");
+    for r in &rows {
+        assert!(r.speed.prefill_tokens_per_s.is_finite() && r.speed.prefill_tokens_per_s > 0.0);
+        assert!(r.speed.decode_tokens_per_s.is_finite() && r.speed.decode_tokens_per_s > 0.0);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -221,17 +221,28 @@ impl LlamaCppModel {
     /// A context for one sequence of up to `len` ids, recording the MoE routing when `routing`
     /// (a fresh one: llama.cpp holds the address of what it records into).
     fn context(&self, len: usize, routing: bool) -> Result<Context<'_>, TeacherError> {
+        self.context_with(len.clamp(1, self.context) as u32, routing, FlashAttn::Auto)
+    }
+
+    /// A context of `n_ctx` positions. Only one without routing and with llama.cpp's own
+    /// flash-attention choice is lent again afterwards.
+    fn context_with(
+        &self,
+        n_ctx: u32,
+        routing: bool,
+        flash: FlashAttn,
+    ) -> Result<Context<'_>, TeacherError> {
         let mut guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
-        let n_ctx = len.clamp(1, self.context) as u32;
+        let pooled = !routing && flash == FlashAttn::Auto;
         let capture = routing.then(|| Box::into_raw(Box::<Capture>::default()));
         let ctx = match guard.take() {
-            Some(idle) if idle.n_ctx == n_ctx && !routing => {
+            Some(idle) if idle.n_ctx == n_ctx && pooled => {
                 let ctx = std::mem::ManuallyDrop::new(idle).ctx;
                 // SAFETY: the idle context is ours under the compute lock held here.
                 unsafe { sys::llama_memory_clear(sys::llama_get_memory(ctx), true) };
                 ctx
             }
-            _ => match self.new_context(n_ctx, capture) {
+            _ => match self.new_context(n_ctx, capture, flash) {
                 Ok(ctx) => ctx,
                 Err(e) => {
                     // SAFETY: from `Box::into_raw` above; no context was made to hold it.
@@ -249,6 +260,7 @@ impl LlamaCppModel {
             batch: unsafe { sys::llama_batch_init(CHUNK as i32, 0, 1) },
             pos: 0,
             capture,
+            pooled,
             failed: false,
             compute: guard,
         })
@@ -258,6 +270,7 @@ impl LlamaCppModel {
         &self,
         n_ctx: u32,
         capture: Option<*mut Capture>,
+        flash: FlashAttn,
     ) -> Result<*mut sys::llama_context, TeacherError> {
         let mut params = unsafe { sys::llama_context_default_params() };
         params.n_ctx = n_ctx;
@@ -267,6 +280,11 @@ impl LlamaCppModel {
         params.n_threads = self.threads;
         params.n_threads_batch = self.threads;
         params.no_perf = true;
+        params.flash_attn_type = match flash {
+            FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        };
         if let Some(capture) = capture {
             params.cb_eval = Some(observe);
             params.cb_eval_user_data = capture.cast();
@@ -296,6 +314,89 @@ impl LlamaCppModel {
         }
         Ok((logits, ctx.routing()?))
     }
+
+    /// Prefills `prompt` (logits of its last id alone), then decodes `tokens` more one at a time,
+    /// each the argmax of the last logits, in a context of exactly that length (beyond the
+    /// model's training context if asked). Returns both speeds and the bytes of the sequence's
+    /// state at the end.
+    pub fn decode_speed(
+        &self,
+        prompt: &[u32],
+        tokens: usize,
+        flash: FlashAttn,
+    ) -> Result<DecodeSpeed, TeacherError> {
+        if prompt.is_empty() {
+            return Err(TeacherError::Request(
+                "an empty prompt to decode from".into(),
+            ));
+        }
+        let n_ctx = u32::try_from(prompt.len() + tokens)
+            .map_err(|_| TeacherError::Request("a context beyond 2^32 positions".into()))?;
+        let mut ctx = self.context_with(n_ctx, false, flash)?;
+        let start = std::time::Instant::now();
+        let chunks = prompt.len().div_ceil(CHUNK);
+        for (i, piece) in prompt.chunks(CHUNK).enumerate() {
+            ctx.decode(
+                piece,
+                if i + 1 == chunks {
+                    Outputs::Last
+                } else {
+                    Outputs::None
+                },
+            )?;
+        }
+        let prefill = start.elapsed().as_secs_f64();
+        let start = std::time::Instant::now();
+        for _ in 0..tokens {
+            let last = ctx.row(-1)?;
+            let next =
+                (0..last.len()).fold(0, |best, i| if last[i] > last[best] { i } else { best });
+            ctx.decode(&[next as u32], Outputs::Last)?;
+        }
+        let decode = start.elapsed().as_secs_f64();
+        Ok(DecodeSpeed {
+            context: prompt.len(),
+            tokens,
+            prefill_tokens_per_s: prompt.len() as f64 / prefill,
+            decode_tokens_per_s: tokens as f64 / decode,
+            // SAFETY: this context is this call's, under the compute lock its `Context` holds.
+            state_bytes: unsafe { sys::llama_state_seq_get_size(ctx.ctx, 0) },
+        })
+    }
+}
+
+/// llama.cpp's flash-attention setting for a context.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlashAttn {
+    /// llama.cpp's choice (on where the backend supports the graph's attention).
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// What [`LlamaCppModel::decode_speed`] measured.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DecodeSpeed {
+    /// Prompt ids prefilled.
+    pub context: usize,
+    /// Ids decoded after them.
+    pub tokens: usize,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    /// The sequence's state after decoding, as llama.cpp saves it (`llama_state_seq_get_size`):
+    /// the attention layers' KV cache, which grows with context, and the recurrent layers'
+    /// fixed state.
+    pub state_bytes: usize,
+}
+
+/// Which positions of a batch llama.cpp computes logits for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outputs {
+    All,
+    Last,
+    None,
 }
 
 impl Model for LlamaCppModel {
@@ -324,6 +425,8 @@ struct Context<'a> {
     /// `Box::into_raw` gave — never a `Box` or a `&mut` that could claim it while llama.cpp
     /// writes — and freed in `Drop` after the context.
     capture: Option<*mut Capture>,
+    /// Lent again after use (see `context_with`).
+    pooled: bool,
     /// A decode failed: the context is freed, not lent again.
     failed: bool,
     compute: MutexGuard<'a, Option<Idle>>,
@@ -339,7 +442,7 @@ impl Drop for Context<'_> {
         };
         // A recording context keeps the callback's pointer to its capture: never lent again.
         match self.capture {
-            None if !self.failed => *self.compute = Some(idle),
+            None if self.pooled && !self.failed => *self.compute = Some(idle),
             _ => drop(idle), // frees the context
         }
         if let Some(capture) = self.capture.take() {
@@ -350,8 +453,9 @@ impl Drop for Context<'_> {
     }
 }
 
-impl Session for Context<'_> {
-    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError> {
+impl Context<'_> {
+    /// Decodes `ids` (at most [`CHUNK`]) at the next positions, computing logits for `outputs`.
+    fn decode(&mut self, ids: &[u32], outputs: Outputs) -> Result<(), TeacherError> {
         assert!(ids.len() <= CHUNK, "fed in chunks of at most {CHUNK}");
         let n = ids.len();
         // SAFETY: the batch was made for CHUNK tokens of one sequence each.
@@ -362,7 +466,11 @@ impl Session for Context<'_> {
                 *b.pos.add(i) = self.pos + i as i32;
                 *b.n_seq_id.add(i) = 1;
                 **b.seq_id.add(i) = 0;
-                *b.logits.add(i) = 1;
+                *b.logits.add(i) = match outputs {
+                    Outputs::All => 1,
+                    Outputs::Last => (i + 1 == n) as i8,
+                    Outputs::None => 0,
+                };
             }
             b.n_tokens = n as i32;
         }
@@ -378,20 +486,31 @@ impl Session for Context<'_> {
             )));
         }
         self.pos += n as i32;
-        let vocab = self.model.n_vocab;
-        let mut logits = Vec::with_capacity(n * vocab);
-        for i in 0..n {
-            // SAFETY: position i was decoded with logits requested; a row holds `vocab` floats
-            // and stays valid until the next decode.
-            let row = unsafe { sys::llama_get_logits_ith(self.ctx, i as i32) };
-            if row.is_null() {
-                self.failed = true;
-                return Err(TeacherError::Request(format!(
-                    "llama.cpp returned no logits for position {}",
-                    self.pos as usize - n + i
-                )));
-            }
-            logits.extend_from_slice(unsafe { std::slice::from_raw_parts(row, vocab) });
+        Ok(())
+    }
+
+    /// The logits of the last decode's batch position `i` (negative: from its last output).
+    fn row(&mut self, i: i32) -> Result<&[f32], TeacherError> {
+        // SAFETY: a row holds `vocab` floats and stays valid until the next decode, which the
+        // borrow of `self` rules out; null when `i` had no logits computed.
+        let row = unsafe { sys::llama_get_logits_ith(self.ctx, i) };
+        if row.is_null() {
+            self.failed = true;
+            return Err(TeacherError::Request(format!(
+                "llama.cpp returned no logits for batch position {i} before position {}",
+                self.pos
+            )));
+        }
+        Ok(unsafe { std::slice::from_raw_parts(row, self.model.n_vocab) })
+    }
+}
+
+impl Session for Context<'_> {
+    fn feed(&mut self, ids: &[u32]) -> Result<Vec<f32>, TeacherError> {
+        self.decode(ids, Outputs::All)?;
+        let mut logits = Vec::with_capacity(ids.len() * self.model.n_vocab);
+        for i in 0..ids.len() {
+            logits.extend_from_slice(self.row(i as i32)?);
         }
         Ok(logits)
     }
