@@ -106,7 +106,7 @@ for preset in "${presets[@]}"; do
   [ -f "$gguf" ] || "$k3mini" export "$out/runs/$preset-kd-s$first-n$steps" --format gguf --quant q8_0 --out "$gguf" > /dev/null
   ggufs+=("$gguf")
 done
-"$k3mini" bench decode "${ggufs[@]}" --contexts 2048,8192,32768 --tokens 64 --rounds 2 --json > "$out/decode.jsonl"
+"$k3mini" bench decode "${ggufs[@]}" --contexts 2048,8192,32768 --tokens 256 --rounds 2 --json > "$out/decode.jsonl"
 
 python3 - "$out" "$seeds" "$steps" "${presets[@]}" <<'PY'
 import json, os, sys

@@ -1,10 +1,12 @@
 //! Decode speed and per-sequence state of GGUF files in the llama.cpp k3mini embeds: for each
 //! context length, prefill that many ids of a text, then decode greedily one id at a time. The
-//! files alternate within each context and round (A B A B), so a shared machine's drift falls on
-//! both sides of a ratio.
+//! files alternate within each context, in reverse order every other round (A B, B A), so a
+//! shared machine's drift and the order itself fall on both sides of a ratio.
 
 use crate::error::{Context, Result};
-use k3mini_teacher::engine::llama_cpp::{DecodeSpeed, FlashAttn, LlamaCppModel, Placement};
+use k3mini_teacher::engine::llama_cpp::{
+    DecodeSpeed, FlashAttn, LlamaCppModel, Placement, decode_context,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +36,9 @@ pub struct DecodeRow {
 pub fn decode(bench: &DecodeBench, mut each: impl FnMut(&DecodeRow)) -> Result<()> {
     let text = std::fs::read_to_string(bench.text)
         .with_context(|| format!("the prompt text {}", bench.text.display()))?;
+    for &context in bench.contexts {
+        decode_context(context, bench.tokens)?;
+    }
     let longest = bench.contexts.iter().copied().max().unwrap_or(0);
     let mut models = Vec::new();
     for file in bench.files {
@@ -55,7 +60,12 @@ pub fn decode(bench: &DecodeBench, mut each: impl FnMut(&DecodeRow)) -> Result<(
     }
     for round in 1..=bench.rounds {
         for &context in bench.contexts {
-            for (file, model, prompt) in &models {
+            let order: Vec<_> = if round % 2 == 1 {
+                models.iter().collect()
+            } else {
+                models.iter().rev().collect()
+            };
+            for (file, model, prompt) in order {
                 let speed = model
                     .decode_speed(&prompt[..context], bench.tokens, bench.flash)
                     .with_context(|| format!("{} at {context} ids", file.display()))?;

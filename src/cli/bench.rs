@@ -113,10 +113,11 @@ pub enum BenchCommand {
               value_parser = clap::value_parser!(u32).range(1..))]
         contexts: Vec<u32>,
         /// Ids decoded after each prompt.
-        #[arg(long, default_value_t = 32)]
-        tokens: usize,
-        #[arg(long, default_value_t = 1)]
-        rounds: usize,
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        tokens: u32,
+        /// Rounds over every context, the files' order reversed in each even one.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        rounds: u32,
         /// CPU threads for llama.cpp.
         #[arg(long, default_value_t = 2)]
         threads: usize,
@@ -354,9 +355,9 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
                     files: &gguf,
                     text: &text,
                     contexts: &contexts,
-                    tokens,
-                    rounds,
-                    threads,
+                    tokens: tokens as usize,
+                    rounds: rounds as usize,
+                    threads: threads.max(1),
                     flash: flash_attn.into(),
                 },
                 json,
@@ -491,6 +492,7 @@ fn teacher_scoring(
 }
 
 /// llama.cpp's flash-attention setting on the command line.
+#[cfg(feature = "llama-cpp")]
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Flash {
     Auto,
@@ -512,7 +514,9 @@ impl From<Flash> for k3mini_teacher::engine::llama_cpp::FlashAttn {
 #[cfg(feature = "llama-cpp")]
 fn decode(b: &bench::decode::DecodeBench, json: bool) -> Result<()> {
     if !json {
-        println!("| file | context | round | prefill tok/s | decode tok/s | sequence state |");
+        println!(
+            "| file | context | round | prefill tok/s | decode tok/s | sequence state (MiB) |"
+        );
         println!("|---|---|---|---|---|---|");
     }
     bench::decode::decode(b, |r| {
@@ -520,19 +524,20 @@ fn decode(b: &bench::decode::DecodeBench, json: bool) -> Result<()> {
             println!("{}", serde_json::to_string(r).expect("a row serialises"));
         } else {
             println!(
-                "| {} | {} | {} | {:.1} | {:.2} | {} |",
+                "| {} | {} | {} | {:.1} | {:.2} | {:.3} |",
                 r.file.display(),
                 r.speed.context,
                 r.round,
                 r.speed.prefill_tokens_per_s,
                 r.speed.decode_tokens_per_s,
-                bytes(r.speed.state_bytes)
+                r.speed.state_bytes as f64 / (1u64 << 20) as f64
             );
         }
     })?;
     if !json {
         println!(
-            "({} ids decoded after each prompt of {}; llama.cpp on {} threads, flash attention {:?})",
+            "({} ids decoded after each prompt of {}, the state taken after them; llama.cpp on {} \
+             threads, flash attention {:?})",
             b.tokens,
             b.text.display(),
             b.threads,

@@ -60,13 +60,22 @@ pub fn run(args: ExportArgs) -> Result<()> {
         Format::Gguf => {
             let ftype = FileType::parse(&args.quant)?;
             let bytes = export_gguf(&ck, ftype, given.as_ref(), &args.out)?;
+            let arch = GgufArch::for_config(&ck.plan.model);
             println!(
                 "{} ({:.1} MB, {}, {})",
                 args.out.display(),
                 bytes as f64 / 1e6,
-                GgufArch::for_config(&ck.plan.model).name(),
+                arch.name(),
                 args.quant
             );
+            if arch == GgufArch::Deepseek2 {
+                eprintln!(
+                    "note: deepseek2 with its RoPE scaled away (docs/export.md) computes this \
+                     student only in llama.cpp from December 2025 on (PR 17945's attention scale; \
+                     any build that runs kimi-linear); older builds and forks load it and compute \
+                     something else"
+                );
+            }
             if args.with_reference {
                 let reference = args.out.with_extension("reference.safetensors");
                 write_reference(&ck, tokenizer.as_ref(), &reference)?;

@@ -59,9 +59,11 @@ impl GgufArch {
     }
 }
 
-/// What llama.cpp's deepseek2 cannot express of a student without KDA layers, as
+/// What llama.cpp's deepseek2 cannot express of a student without KDA layers, named as
 /// [`kimi_linear_gap`] names it; None when it runs as deepseek2. The student's KDA settings are
-/// moot without a KDA layer, so only its other features count.
+/// moot without a KDA layer, so only its other features count, and three of deepseek2's own:
+/// it rotates the rope slice in pairs, requires a shared expert, and reads 26 or 27 layers (or
+/// 48 at Llama 3's 128,256 ids) as DeepSeek-V2-Lite's shape, without q-LoRA.
 pub fn twin_gap(cfg: &ModelConfig) -> Option<(&'static str, &'static str)> {
     let moot_kda = ModelConfig {
         kda: KdaConfig {
@@ -71,7 +73,21 @@ pub fn twin_gap(cfg: &ModelConfig) -> Option<(&'static str, &'static str)> {
         },
         ..cfg.clone()
     };
-    kimi_linear_gap(&moot_kda)
+    let lite = matches!(cfg.n_layers, 26 | 27) || (cfg.n_layers == 48 && cfg.vocab_size == 128_256);
+    if let Some(gap) = kimi_linear_gap(&moot_kda) {
+        Some(gap)
+    } else if cfg.mla.qk_rope_head_dim % 2 == 1 || cfg.mla.qk_rope_head_dim == 0 {
+        Some(("mla.qk_rope_head_dim", "an odd or empty rope slice"))
+    } else if cfg.moe.as_ref().is_some_and(|m| m.num_shared_experts == 0) {
+        Some(("moe.num_shared_experts", "MoE without a shared expert"))
+    } else if cfg.mla.q_lora_rank.is_some() && lite {
+        Some((
+            "mla.q_lora_rank",
+            "q-LoRA at 26 or 27 layers (or 48 at 128,256 ids: DeepSeek-V2-Lite's shapes)",
+        ))
+    } else {
+        None
+    }
 }
 
 /// Kimi's MLA never rotates its "rope" slice (NoPE); deepseek2 rotates it by `pos·θ_i/F` under
@@ -382,4 +398,55 @@ pub fn gguf_metadata(
         }
     }
     metadata
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k3mini_student::presets::{tiny, transformer_twin};
+
+    /// deepseek2's attention scale under [`nope_as_rope`], in llama.cpp's own f32 arithmetic
+    /// (llama-model.cpp's `1/factor`, llama-context.cpp's linear scaling with `ext_factor = 0`,
+    /// deepseek2.cpp's `attn_factor_org`, `mscale` and the loader's `/ 0.1`).
+    #[test]
+    fn nope_as_rope_leaves_q_k_unscaled_and_every_angle_below_f32_rounding() {
+        let keys = nope_as_rope();
+        let f32_of = |key: &str| match keys.iter().find(|(k, _)| *k == key).map(|(_, v)| v) {
+            Some(Value::F32(x)) => *x,
+            other => panic!("{key}: {other:?}"),
+        };
+        let freq_scale = 1.0f32 / f32_of("rope.scaling.factor");
+        let log_mul = f32_of("rope.scaling.yarn_log_multiplier") / 0.1f32;
+        let attn_factor = 1.0f32; // yarn_attn_factor · rope_attn_factor, both unset
+        let ln = (1.0f32 / freq_scale).ln();
+        let attn_factor_org = attn_factor * (1.0 + 0.1 * ln);
+        let mscale = attn_factor_org * (1.0 + 0.1 * log_mul * ln);
+        assert!(
+            (mscale * mscale - 1.0).abs() <= 2.0 * f32::EPSILON,
+            "mscale {mscale}"
+        );
+        // θ_i ≤ 1 (i = 0), positions below 2^31: every angle under 2^-25 rad.
+        assert!(2f32.powi(31) * freq_scale <= 2f32.powi(-25));
+        assert!(matches!(&keys[0].1, Value::String(s) if s == "linear"));
+    }
+
+    #[test]
+    fn a_twin_maps_to_deepseek2_whatever_its_kda_settings_and_the_hybrid_does_not() {
+        assert_eq!(GgufArch::for_config(&tiny()), GgufArch::KimiLinear);
+        let mut twin = transformer_twin(&tiny());
+        assert_eq!(GgufArch::for_config(&twin), GgufArch::Deepseek2);
+        twin.kda.gate_lower_bound = Some(-5.0);
+        twin.kda.gate_rank = None;
+        assert_eq!(GgufArch::for_config(&twin), GgufArch::Deepseek2);
+        twin.mla.qk_rope_head_dim = 15;
+        assert_eq!(twin_gap(&twin).map(|g| g.0), Some("mla.qk_rope_head_dim"));
+        twin.mla.qk_rope_head_dim = 16;
+        twin.mla.q_lora_rank = Some(32);
+        twin.n_layers = 27;
+        assert_eq!(twin_gap(&twin).map(|g| g.0), Some("mla.q_lora_rank"));
+        twin.n_layers = 28;
+        assert_eq!(GgufArch::for_config(&twin), GgufArch::Deepseek2);
+        twin.mla.output_gate = true;
+        assert_eq!(GgufArch::for_config(&twin), GgufArch::KimiK3);
+    }
 }

@@ -221,37 +221,42 @@ impl LlamaCppModel {
     /// A context for one sequence of up to `len` ids, recording the MoE routing when `routing`
     /// (a fresh one: llama.cpp holds the address of what it records into).
     fn context(&self, len: usize, routing: bool) -> Result<Context<'_>, TeacherError> {
-        self.context_with(len.clamp(1, self.context) as u32, routing, FlashAttn::Auto)
+        self.context_with(len.clamp(1, self.context) as u32, routing, None)
     }
 
-    /// A context of `n_ctx` positions. Only one without routing and with llama.cpp's own
-    /// flash-attention choice is lent again afterwards.
+    /// A context of `n_ctx` positions, with `flash` set or llama.cpp's default. Only a context
+    /// for scoring (no routing, the default) is lent again afterwards; an idle one that does not
+    /// fit is freed before a new one is made.
     fn context_with(
         &self,
         n_ctx: u32,
         routing: bool,
-        flash: FlashAttn,
+        flash: Option<FlashAttn>,
     ) -> Result<Context<'_>, TeacherError> {
         let mut guard = self.compute.lock().unwrap_or_else(|p| p.into_inner());
-        let pooled = !routing && flash == FlashAttn::Auto;
+        let pooled = !routing && flash.is_none();
         let capture = routing.then(|| Box::into_raw(Box::<Capture>::default()));
-        let ctx = match guard.take() {
+        let idle = guard.take();
+        let ctx = match idle {
             Some(idle) if idle.n_ctx == n_ctx && pooled => {
                 let ctx = std::mem::ManuallyDrop::new(idle).ctx;
                 // SAFETY: the idle context is ours under the compute lock held here.
                 unsafe { sys::llama_memory_clear(sys::llama_get_memory(ctx), true) };
                 ctx
             }
-            _ => match self.new_context(n_ctx, capture, flash) {
-                Ok(ctx) => ctx,
-                Err(e) => {
-                    // SAFETY: from `Box::into_raw` above; no context was made to hold it.
-                    if let Some(c) = capture {
-                        drop(unsafe { Box::from_raw(c) });
+            other => {
+                drop(other);
+                match self.new_context(n_ctx, capture, flash.unwrap_or_default()) {
+                    Ok(ctx) => ctx,
+                    Err(e) => {
+                        // SAFETY: from `Box::into_raw` above; no context was made to hold it.
+                        if let Some(c) = capture {
+                            drop(unsafe { Box::from_raw(c) });
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
-            },
+            }
         };
         Ok(Context {
             model: self,
@@ -325,35 +330,29 @@ impl LlamaCppModel {
         tokens: usize,
         flash: FlashAttn,
     ) -> Result<DecodeSpeed, TeacherError> {
-        if prompt.is_empty() {
-            return Err(TeacherError::Request(
-                "an empty prompt to decode from".into(),
-            ));
-        }
-        let n_ctx = u32::try_from(prompt.len() + tokens)
-            .map_err(|_| TeacherError::Request("a context beyond 2^32 positions".into()))?;
-        let mut ctx = self.context_with(n_ctx, false, flash)?;
+        let n_ctx = decode_context(prompt.len(), tokens)?;
+        let mut ctx = self.context_with(n_ctx, false, Some(flash))?;
         let start = std::time::Instant::now();
         let chunks = prompt.len().div_ceil(CHUNK);
         for (i, piece) in prompt.chunks(CHUNK).enumerate() {
-            ctx.decode(
-                piece,
-                if i + 1 == chunks {
-                    Outputs::Last
-                } else {
-                    Outputs::None
-                },
-            )?;
+            let outputs = if i + 1 == chunks {
+                Outputs::Last
+            } else {
+                Outputs::None
+            };
+            ctx.decode(piece, outputs)?;
         }
         let prefill = start.elapsed().as_secs_f64();
-        let start = std::time::Instant::now();
+        // Only llama.cpp's steps are timed, not the host's argmax over the vocabulary.
+        let mut decode = 0.0;
         for _ in 0..tokens {
             let last = ctx.row(-1)?;
             let next =
                 (0..last.len()).fold(0, |best, i| if last[i] > last[best] { i } else { best });
+            let start = std::time::Instant::now();
             ctx.decode(&[next as u32], Outputs::Last)?;
+            decode += start.elapsed().as_secs_f64();
         }
-        let decode = start.elapsed().as_secs_f64();
         Ok(DecodeSpeed {
             context: prompt.len(),
             tokens,
@@ -362,6 +361,24 @@ impl LlamaCppModel {
             // SAFETY: this context is this call's, under the compute lock its `Context` holds.
             state_bytes: unsafe { sys::llama_state_seq_get_size(ctx.ctx, 0) },
         })
+    }
+}
+
+/// The context [`LlamaCppModel::decode_speed`] needs for `prompt` ids and `tokens` more: at
+/// least one of each, positions within llama.cpp's `i32` with room for its padding of the
+/// context to 256.
+pub fn decode_context(prompt: usize, tokens: usize) -> Result<u32, TeacherError> {
+    let bad = |why: &str| {
+        Err(TeacherError::Request(format!(
+            "decode {tokens} ids after {prompt}: {why}"
+        )))
+    };
+    if prompt == 0 || tokens == 0 {
+        return bad("needs at least one of each");
+    }
+    match prompt.checked_add(tokens) {
+        Some(n) if n <= i32::MAX as usize - 256 => Ok(n as u32),
+        _ => bad("beyond llama.cpp's 2^31 positions"),
     }
 }
 
@@ -385,9 +402,10 @@ pub struct DecodeSpeed {
     pub tokens: usize,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
-    /// The sequence's state after decoding, as llama.cpp saves it (`llama_state_seq_get_size`):
-    /// the attention layers' KV cache, which grows with context, and the recurrent layers'
-    /// fixed state.
+    /// The sequence's state after decoding (`context + tokens` positions), as llama.cpp saves it
+    /// (`llama_state_seq_get_size`): the attention layers' KV cache and, per position, its
+    /// bookkeeping (position and sequence id, 12 bytes), which grow with context, and the
+    /// recurrent layers' fixed state.
     pub state_bytes: usize,
 }
 
