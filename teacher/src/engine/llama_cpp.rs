@@ -741,3 +741,17 @@ unsafe extern "C" fn observe(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_v
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::decode_context;
+
+    #[test]
+    fn a_decode_context_needs_ids_and_fits_llama_cpp_s_positions() {
+        assert_eq!(decode_context(2048, 32).unwrap(), 2080);
+        for (prompt, tokens) in [(0, 1), (1, 0), (usize::MAX, 1), (i32::MAX as usize, 1)] {
+            let e = decode_context(prompt, tokens).unwrap_err().to_string();
+            assert!(e.contains(&format!("after {prompt}")), "{e}");
+        }
+    }
+}
